@@ -1,0 +1,206 @@
+"""Code that runs inside each ipyparallel engine.
+
+The notebook side (:mod:`pdl_magics.session`) calls these functions through
+``apply``. They never raise for user errors: :func:`run_cell` returns a plain dict
+describing what happened, so the driver can pick the root cause across ranks and
+decide whether the process group has to be torn down.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import gc
+import os
+import socket
+import time
+import traceback
+
+#: Key of the process group this engine belongs to, or None.
+_group_key: tuple | None = None
+
+#: Names the cell sees, set by :func:`init_torch`.
+CELL_NAMES = ("rank", "world_size", "local_rank", "device")
+
+
+def _shell():
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def describe() -> dict:
+    """Who this engine is: host name, address, pid and its slot."""
+    host = socket.gethostname()
+    return {
+        "host": host,
+        "addr": os.environ.get("PDL_ENGINE_ADDR") or _routable_addr(),
+        "pid": os.getpid(),
+        "slot": os.environ.get("PDL_SLOT", ""),
+        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def _routable_addr() -> str:
+    """This host's address as peers on other hosts would reach it."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def free_port(addr: str = "") -> int:
+    """A TCP port that is free on this host now (for the rendezvous store)."""
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def init_torch(
+    key: tuple,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    master_addr: str,
+    master_port: int,
+    timeout_s: float,
+) -> dict:
+    """Join the torch.distributed group named by ``key`` (no-op if already in it).
+
+    Uses NCCL when this engine sees a GPU, else gloo. Defines ``rank``,
+    ``world_size``, ``local_rank`` and ``device`` in the engine's namespace.
+    All ranks of the group must call this concurrently.
+    """
+    global _group_key
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if _group_key != key or not dist.is_initialized():
+        abort_group()
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        _group_key = key
+    _shell().user_ns.update(
+        rank=rank, world_size=world_size, local_rank=local_rank, device=device
+    )
+    return {"backend": backend, "device": str(device)}
+
+
+def abort_group() -> bool:
+    """Tear down this engine's process group, releasing peers blocked in a collective.
+
+    Returns True if there was a group. Peers waiting on this rank fail at once
+    with a connection error instead of hanging until the group's timeout.
+    """
+    global _group_key
+    import torch.distributed as dist
+
+    _group_key = None
+    if not dist.is_initialized():
+        return False
+    try:
+        if dist.get_backend() == "nccl":
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group()
+        else:
+            # destroy_process_group() alone leaves gloo's connections open while a
+            # Work is pending, so a peer blocked on this rank would wait forever.
+            import torch
+
+            dist.group.WORLD._get_backend(torch.device("cpu")).abort()
+    except Exception:
+        pass  # a group that is already broken may refuse to abort; destroy it anyway
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    gc.collect()  # free the group now: its sockets close and peers are released
+    return True
+
+
+def _is_comm_error(exc: BaseException) -> bool:
+    """True for errors caused by a peer failing, not by this rank's code."""
+    try:
+        import torch.distributed as dist
+
+        if isinstance(exc, (dist.DistBackendError, dist.DistNetworkError)):
+            return True
+    except ImportError:
+        pass
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "Connection closed by peer" in text
+        or "Connection reset by peer" in text
+        or "Default process group has not been initialized" in text
+    )
+
+
+def _compile_cell(shell, code: str, cell_number: int):
+    """Compile a cell the way IPython does: magics allowed, source kept for tracebacks.
+
+    Returns (body, last_expr) code objects; last_expr is None unless the cell
+    ends in an expression, whose value is returned to the notebook.
+    """
+    source = shell.transform_cell(code)
+    filename = shell.compile.cache(source, cell_number, raw_code=code)
+    tree = ast.parse(source, filename=filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+        last = compile(last, filename, "eval")
+    return compile(tree, filename, "exec"), last
+
+
+def run_cell(code: str, cell_number: int) -> dict:
+    """Run one notebook cell in this engine's namespace.
+
+    Returns ``{"status": "ok", "value": repr-or-None}`` or, for any exception
+    (KeyboardInterrupt included), ``{"status": "error" | "interrupted", "ename",
+    "evalue", "traceback": [ANSI lines], "comm_error": bool, "time": epoch s}``.
+    The traceback starts at the user's cell, not at PDL's frames.
+    """
+    shell = _shell()
+    try:
+        body, last = _compile_cell(shell, code, cell_number)
+        exec(body, shell.user_ns)
+        value = eval(last, shell.user_ns) if last is not None else None
+        return {"status": "ok", "value": None if value is None else repr(value)}
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back as data
+        failure = _describe_failure(shell, exc)
+        # Frames of a failed collective hold its Work, which keeps the group's
+        # sockets open; drop them so a later abort_group() releases the peers.
+        traceback.clear_frames(exc.__traceback__)
+        del exc
+        return failure
+
+
+def _describe_failure(shell, exc: BaseException) -> dict:
+    failed_at = time.time()
+    tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # skip run_cell
+    while True:
+        try:  # a second SIGINT may land while formatting; format again
+            lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
+            break
+        except KeyboardInterrupt:
+            continue
+    return {
+        "status": "interrupted" if isinstance(exc, KeyboardInterrupt) else "error",
+        "ename": type(exc).__name__,
+        "evalue": str(exc),
+        "traceback": lines,
+        "comm_error": _is_comm_error(exc),
+        "time": failed_at,
+    }

@@ -1,0 +1,95 @@
+"""Worker slots: one slot is one engine's share of the machine.
+
+A slot is named ``"gpu:<index>"`` (one whole GPU) or ``"cpu:<index>"`` (a share of
+the CPU cores when there is no GPU). These functions are pure, apart from
+:func:`detect_gpus`, which asks ``nvidia-smi``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+_SLOT_RE = re.compile(r"^(gpu|cpu):(\d+)$")
+
+#: CPU slots offered when a machine has no GPU and the admin configured none.
+DEFAULT_CPU_SLOTS = 4
+
+
+def parse_slot(slot: str) -> tuple[str, int]:
+    """Split ``"gpu:1"`` into ``("gpu", 1)``.
+
+    Raises ValueError naming the valid forms for anything else.
+    """
+    m = _SLOT_RE.match(slot)
+    if not m:
+        raise ValueError(f"invalid slot {slot!r}: use 'gpu:<index>' or 'cpu:<index>'")
+    return m.group(1), int(m.group(2))
+
+
+def detect_gpus(nvidia_smi: str | None = None) -> list[str]:
+    """Return the GPU indices visible on this machine as slot names.
+
+    Uses ``nvidia-smi``; returns ``[]`` when it is missing or fails.
+    """
+    exe = nvidia_smi or shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [f"gpu:{int(line)}" for line in out.split() if line.strip().isdigit()]
+
+
+def default_pool(cpu_slots: int = DEFAULT_CPU_SLOTS) -> list[str]:
+    """The machine's pool: every GPU if there are any, else ``cpu_slots`` CPU slots."""
+    gpus = detect_gpus()
+    if gpus:
+        return gpus
+    return [f"cpu:{i}" for i in range(cpu_slots)]
+
+
+def cpus_for_slot(slot: str, pool_size: int, n_cpus: int) -> list[int]:
+    """The CPU cores an engine in ``slot`` is pinned to.
+
+    The machine's ``n_cpus`` cores are split evenly over the ``pool_size`` slots;
+    when there are more slots than cores, slots share cores round-robin.
+    """
+    _, index = parse_slot(slot)
+    per = max(1, n_cpus // max(1, pool_size))
+    first = (index * per) % n_cpus
+    return [(first + k) % n_cpus for k in range(per)]
+
+
+def engine_env(slot: str, pool_size: int, n_cpus: int | None = None) -> dict[str, str]:
+    """Environment that pins one engine process to ``slot``.
+
+    A GPU slot sees only its GPU (``CUDA_VISIBLE_DEVICES``); a CPU slot sees no GPU.
+    Both get their share of CPU cores (``PDL_CPUS``, applied as CPU affinity by
+    :mod:`pdl.engine_boot`) and a matching thread count for OpenMP/MKL/torch.
+    """
+    kind, index = parse_slot(slot)
+    n_cpus = n_cpus or os.cpu_count() or 1
+    cpus = cpus_for_slot(slot, pool_size, n_cpus)
+    threads = str(len(cpus))
+    return {
+        "PDL_SLOT": slot,
+        "PDL_CPUS": ",".join(map(str, cpus)),
+        "CUDA_VISIBLE_DEVICES": str(index) if kind == "gpu" else "",
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+    }
+
+
+def parse_slot_list(text: str) -> list[str]:
+    """Parse ``"gpu:0,gpu:1"`` (as passed in ``PDL_SLOTS``), validating each slot."""
+    slots = [s.strip() for s in text.split(",") if s.strip()]
+    for s in slots:
+        parse_slot(s)
+    return slots

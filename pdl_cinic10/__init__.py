@@ -1,0 +1,31 @@
+"""CINIC-10 for PDL notebooks: load the official PNG layout, shard it across
+ranks, and train a CIFAR-style ResNet-18 with torch.distributed.
+
+Importing this package is cheap (no torch); the heavy modules are
+``pdl_cinic10.data``, ``.model`` and ``.train``.
+"""
+
+CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+"""Official class names; a label is the index into this tuple."""
+
+SPLITS = ("train", "valid", "test")
+"""Official split folder names."""
+
+IMAGE_SIZE = 32
+"""Every CINIC-10 image is IMAGE_SIZE x IMAGE_SIZE RGB."""
+
+ARCHIVE_URL = "https://datashare.ed.ac.uk/bitstream/handle/10283/3192/CINIC-10.tar.gz"
+ARCHIVE_MD5 = "6ee4d0c996905fe93221de577967a372"
+
+__all__ = ["CLASSES", "SPLITS", "IMAGE_SIZE", "ARCHIVE_URL", "ARCHIVE_MD5"]

@@ -1,0 +1,238 @@
+"""Data-parallel training of a classifier on CINIC-10 tensors.
+
+Works in one process, or on every rank of an initialised torch.distributed
+group (e.g. on ipyparallel engines): each rank trains on its shard, DDP
+averages gradients, and evaluation splits the test set across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .data import seed_from, shard_indices
+
+__all__ = ["Hyper", "normalize", "augment", "lr_factor", "fit", "evaluate"]
+
+MEAN = (0.47889522, 0.47227842, 0.43047404)
+STD = (0.24205776, 0.23828046, 0.25874835)
+
+Split = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Hyper:
+    """All hyperparameters in one place.
+
+    ``batch_size`` is images per rank per step; ``lr`` is the peak rate for a
+    global batch of 256 and is scaled linearly by batch_size * world size;
+    ``warmup_epochs`` may be fractional; ``width`` is for ``ResNet18(width=...)``,
+    which the caller builds; ``seed`` drives shuffling and augmentation.
+    """
+
+    epochs: int = 15
+    batch_size: int = 256
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.1
+    warmup_epochs: float = 1
+    width: int = 64
+    seed: int = 0
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, 3, H, W] -> float32 standardised with the CINIC-10 channel mean/std."""
+    mean = torch.tensor(MEAN, device=images.device).view(3, 1, 1)
+    std = torch.tensor(STD, device=images.device).view(3, 1, 1)
+    return (images.float() / 255 - mean) / std
+
+
+def augment(batch: torch.Tensor, generator: torch.Generator, *, pad: int = 4) -> torch.Tensor:
+    """Random crop of the ``pad``-pixel reflect-padded image, and a random
+    horizontal flip (p=0.5), drawn per image from ``generator`` (a CPU generator).
+
+    ``batch`` is [B, C, H, W] of any dtype and device; the result has the same shape.
+    """
+    b, c, h, w = batch.shape
+    shifts = torch.randint(-pad, pad + 1, (2, b, 1), generator=generator)
+    flips = torch.rand(b, 1, generator=generator) < 0.5
+    rows = _reflect(torch.arange(h) + shifts[0], h)
+    cols = _reflect(torch.arange(w) + shifts[1], w)
+    cols = torch.where(flips, cols.flip(1), cols)
+    rows, cols = rows.to(batch.device), cols.to(batch.device)
+    images = torch.arange(b, device=batch.device).view(b, 1, 1, 1)
+    channels = torch.arange(c, device=batch.device).view(1, c, 1, 1)
+    return batch[images, channels, rows.view(b, 1, h, 1), cols.view(b, 1, 1, w)]
+
+
+def _reflect(index: torch.Tensor, size: int) -> torch.Tensor:
+    """Mirror out-of-range indices back into 0..size-1 (edge pixel not repeated)."""
+    index = index.abs()
+    return torch.where(index >= size, 2 * (size - 1) - index, index)
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Multiplier of the peak lr: linear warmup to 1 over ``warmup_steps``,
+    then cosine decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def fit(
+    model: nn.Module,
+    train: Split,
+    test: Split,
+    hp: Hyper,
+    *,
+    device: str | torch.device,
+    log: Callable[[str], object] = print,
+) -> dict:
+    """Train ``model`` for ``hp.epochs`` epochs and evaluate after each.
+
+    ``train``/``test`` are ``(uint8 images [N,3,32,32], int64 labels [N])``, the
+    same on every rank. ``log`` gets one line per epoch, on rank 0 only.
+    Returns ``{"history": [{epoch, train_loss, test_acc, images_per_sec}, ...],
+    "test_acc": final accuracy 0..1, "model": the trained (unwrapped) module}``.
+    """
+    device = torch.device(device)
+    rank, world = _rank_and_world()
+    module = _unwrap(model).to(device)
+    net = module
+    if world > 1:
+        device_ids = [device] if device.type == "cuda" else None
+        net = DistributedDataParallel(module, device_ids=device_ids)
+
+    images, labels = train
+    shard = len(images) // world
+    if shard == 0:
+        raise ValueError(f"need at least {world} training images for {world} ranks; got {len(images)}")
+    steps_per_epoch = math.ceil(shard / hp.batch_size)
+    total_steps = hp.epochs * steps_per_epoch
+    warmup_steps = round(hp.warmup_epochs * steps_per_epoch)
+    peak_lr = hp.lr * hp.batch_size * world / 256
+
+    optimizer = torch.optim.SGD(
+        net.parameters(),
+        lr=peak_lr,
+        momentum=hp.momentum,
+        nesterov=hp.nesterov,
+        weight_decay=hp.weight_decay,
+    )
+    criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
+    generator = torch.Generator().manual_seed(seed_from(hp.seed, rank))  # per-rank augmentations
+
+    history, step = [], 0
+    for epoch in range(hp.epochs):
+        net.train()
+        order = shard_indices(len(images), rank, world, epoch=epoch, seed=hp.seed)
+        _synchronize(device)
+        started = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for start in range(0, shard, hp.batch_size):
+            batch = order[start : start + hp.batch_size]
+            x = augment(images[batch.to(images.device)].to(device, non_blocking=True), generator)
+            y = labels[batch.to(labels.device)].to(device, non_blocking=True)
+            for group in optimizer.param_groups:
+                group["lr"] = peak_lr * lr_factor(step, total_steps, warmup_steps)
+            loss = criterion(net(normalize(x)), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach() * len(batch)
+            step += 1
+        _synchronize(device)
+        seconds = torch.tensor(time.perf_counter() - started, device=device)
+        _all_reduce(loss_sum)
+        _all_reduce(seconds, dist.ReduceOp.MAX)
+        _broadcast_buffers(module)  # BatchNorm statistics: rank 0's, so every rank holds one model
+
+        accuracy = evaluate(module, *test, device=device)
+        record = {
+            "epoch": epoch + 1,
+            "train_loss": loss_sum.item() / (shard * world),
+            "test_acc": accuracy,
+            "images_per_sec": shard * world / seconds.item(),
+        }
+        history.append(record)
+        if rank == 0:
+            log(
+                f"epoch {epoch + 1:>{len(str(hp.epochs))}}/{hp.epochs}"
+                f"  train loss {record['train_loss']:.3f}"
+                f"  test acc {100 * accuracy:.1f}%"
+                f"  {record['images_per_sec']:.0f} img/s"
+            )
+    return {
+        "history": history,
+        "test_acc": history[-1]["test_acc"] if history else evaluate(module, *test, device=device),
+        "model": module,
+    }
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    device: str | torch.device,
+    batch_size: int = 1024,
+) -> float:
+    """Top-1 accuracy 0..1 of ``model`` over all of ``images``/``labels``.
+
+    When torch.distributed is initialised, call it on every rank: each rank
+    scores a contiguous slice and the counts are summed across ranks.
+    """
+    device = torch.device(device)
+    rank, world = _rank_and_world()
+    module = _unwrap(model)  # DDP's forward would run collectives; ranks' slices differ in size
+    was_training = module.training
+    module.eval()
+    lo, hi = rank * len(labels) // world, (rank + 1) * len(labels) // world
+    counts = torch.zeros(2, dtype=torch.int64, device=device)  # correct, total
+    for start in range(lo, hi, batch_size):
+        stop = min(start + batch_size, hi)
+        x = normalize(images[start:stop].to(device, non_blocking=True))
+        y = labels[start:stop].to(device, non_blocking=True)
+        counts[0] += (module(x).argmax(1) == y).sum()
+        counts[1] += stop - start
+    module.train(was_training)
+    _all_reduce(counts)
+    return counts[0].item() / max(1, counts[1].item())
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
+    if _rank_and_world()[1] > 1:
+        dist.all_reduce(tensor, op=op)
+
+
+def _broadcast_buffers(module: nn.Module) -> None:
+    if _rank_and_world()[1] > 1:
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+

@@ -1,0 +1,41 @@
+"""Errors the notebook side raises, each rendering as the user should see it."""
+
+from __future__ import annotations
+
+
+class DistributedUsageError(ValueError):
+    """Bad input to a distributed run (a count, a backend); nothing was run."""
+
+
+class RankFailed(Exception):
+    """One rank raised; carries that rank's remote traceback.
+
+    IPython shows :meth:`_render_traceback_`: a header naming the rank and its
+    host, then the traceback exactly as the engine formatted it.
+    """
+
+    def __init__(self, rank: int, host: str, failure: dict, note: str = ""):
+        self.rank = rank
+        self.host = host
+        self.ename = failure["ename"]
+        self.evalue = failure["evalue"]
+        self.remote_traceback = list(failure.get("traceback") or [])
+        self.note = note
+        super().__init__(f"rank {rank} on {host} raised {self.ename}: {self.evalue}")
+
+    def _render_traceback_(self) -> list[str]:
+        header = f"Rank {self.rank} on host {self.host} raised {self.ename}:"
+        lines = [header, *self.remote_traceback]
+        if self.note:
+            lines.append(self.note)
+        return lines
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.remote_traceback:
+            text += "\n" + "\n".join(self.remote_traceback)
+        return text + (f"\n{self.note}" if self.note else "")
+
+
+class RanksStuck(RuntimeError):
+    """Some ranks did not stop after an interrupt or a peer's failure."""

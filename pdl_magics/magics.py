@@ -1,0 +1,76 @@
+"""``%%distributed``: parse and validate, then hand off to :class:`DistributedSession`."""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .errors import DistributedUsageError
+from .session import BACKENDS, DistributedSession
+
+_OPTIONS = "-n N, --backend {%s}, --all-output, --timeout SECONDS, --output RANK" % "|".join(BACKENDS)
+
+
+@magics_class
+class DistributedMagics(Magics):
+    """Run a cell on every rank of the user's cluster with torch.distributed set up."""
+
+    def __init__(self, shell, session: DistributedSession | None = None):
+        super().__init__(shell)
+        self._session = session
+
+    @property
+    def session(self) -> DistributedSession:
+        if self._session is None:
+            self._session = DistributedSession.default()
+        return self._session
+
+    @magic_arguments()
+    @argument("-n", type=int, default=None, metavar="N",
+              help="number of ranks (engines) to run on; default: all of them")
+    @argument("--backend", default="torch", metavar="NAME",
+              help=f"collective backend: {', '.join(BACKENDS)} (default torch)")
+    @argument("--all-output", action="store_true",
+              help="after the cell, also print every other rank's output")
+    @argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+              help="how long a collective may wait for its peers (default 1800)")
+    @argument("--output", type=int, default=None, metavar="RANK",
+              help="line form only: print the kept output of RANK from the last cell")
+    @line_cell_magic
+    def distributed(self, line: str, cell: str | None = None):
+        """Run the cell on N engines; ``rank``, ``world_size``, ``local_rank``, ``device`` are set.
+
+        Rank 0's output streams live; ``--all-output`` prints the others afterwards.
+        A failing rank raises here with its remote traceback.
+        """
+        args = self._parse(line)
+        try:
+            if cell is None:
+                if args.output is None:
+                    raise DistributedUsageError(
+                        f"%distributed needs --output RANK (or use %%distributed as a cell magic); options: {_OPTIONS}"
+                    )
+                self.session.show_output([args.output])
+                return None
+            if args.output is not None:
+                raise DistributedUsageError("--output RANK is for the line magic %distributed")
+            if args.timeout <= 0:
+                raise DistributedUsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
+            self.session.run(
+                cell,
+                args.n,
+                backend=args.backend,
+                all_output=args.all_output,
+                timeout_s=args.timeout,
+            )
+        except DistributedUsageError as e:
+            raise UsageError(str(e)) from None
+        return None
+
+    def _parse(self, line: str):
+        try:
+            return parse_argstring(self.distributed, line)
+        except UsageError as e:
+            message = " ".join(str(e).split())
+            raise UsageError(f"{message}; options: {_OPTIONS}") from None

@@ -1,0 +1,446 @@
+"""A distributed session: run one cell on N engines with torch.distributed ready.
+
+This is the plain-Python object behind ``%%distributed``; it can be used without
+IPython::
+
+    from pdl_magics import DistributedSession
+    s = DistributedSession()
+    s.run("print(rank, world_size)", n=2)
+
+Contract of :meth:`DistributedSession.run`:
+
+- the first ``n`` engines in rank order (host, then slot) form the world; the
+  process group is created once and reused while ``n`` and the backend stay the same;
+- rank 0's stdout/stderr are written to ``out``/``err`` live; every rank's output
+  is kept in :attr:`DistributedSession.last_outputs`;
+- when a rank raises, :class:`~pdl_magics.errors.RankFailed` is raised for the
+  rank that failed first on its own (not one that merely lost its peer), after
+  every other rank has stopped;
+- on KeyboardInterrupt every rank is interrupted; the call returns (re-raising
+  KeyboardInterrupt) once they have all stopped, leaving the engines usable.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import ipyparallel as ipp
+
+from pdl.slots import default_pool
+
+from . import clusters
+from .errors import DistributedUsageError, RankFailed, RanksStuck
+
+#: Backends ``--backend`` accepts.
+BACKENDS = ("torch",)
+
+#: Seconds a peer may keep running after another rank failed before PDL
+#: releases it (tears down the group it waits in, then interrupts it).
+PEER_GRACE_S = 1.0
+#: Seconds after which a rank that ignores interrupts is reported as stuck.
+STOP_TIMEOUT_S = 5.0
+#: Seconds between polls for output and results.
+POLL_S = 0.05
+
+
+def _remote(fname, *args):
+    """Call ``pdl.engine.<fname>`` on an engine (imported there, not pickled)."""
+    import pdl.engine
+
+    return getattr(pdl.engine, fname)(*args)
+
+
+@dataclass
+class Rank:
+    """One member of the world: which engine it is and where it runs."""
+
+    rank: int
+    engine_id: int
+    host: str
+    addr: str
+    slot: str
+
+
+@dataclass
+class CellResult:
+    """What a successful run returns: each rank's value (repr of the last expression)."""
+
+    values: list = field(default_factory=list)
+
+
+class DistributedSession:
+    """Runs cells on the engines of this user's cluster (hub) or a local one.
+
+    ``cluster_file`` selects an existing cluster (the hub case; default from
+    ``$PDL_CLUSTER_FILE``). Without one, a local cluster is started on first use
+    over ``local_slots`` (default: this machine's GPUs, else CPU slots).
+    """
+
+    _default: DistributedSession | None = None
+
+    def __init__(self, cluster_file: str | None = None, local_slots: list[str] | None = None):
+        self.cluster_file = cluster_file or clusters.hub_cluster_file()
+        self.local_slots = list(local_slots) if local_slots is not None else None
+        self.client: ipp.Client | None = None
+        self._cluster = None
+        self._engines: dict[int, dict] = {}
+        self._replaced: set[int] = set()  # killed engines the controller may still list
+        self._group_key: tuple | None = None
+        self._generation = 0
+        self._cell_number = 0
+        self.last_outputs: dict[int, tuple[str, str]] = {}
+        self.last_world: list[Rank] = []
+
+    @classmethod
+    def default(cls) -> DistributedSession:
+        """The process-wide session the magics use."""
+        if cls._default is None:
+            cls._default = cls()
+        return cls._default
+
+    # -- engines -------------------------------------------------------------
+
+    @property
+    def is_hub(self) -> bool:
+        return self.cluster_file is not None
+
+    def pool(self) -> list[str]:
+        """Slots this session may use: the hub reservation, or the local pool."""
+        if self.is_hub:
+            return clusters.hub_slots()
+        if self.local_slots is None:
+            self.local_slots = default_pool()
+        return self.local_slots
+
+    def available(self) -> int:
+        """How many engines ``-n`` may ask for."""
+        return len(self.pool()) if self.pool() else len(self._connect().ids)
+
+    def validate(self, n: int, backend: str) -> None:
+        """Raise DistributedUsageError (one line, naming what is valid) for bad input."""
+        if backend not in BACKENDS:
+            raise DistributedUsageError(
+                f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}"
+            )
+        avail = self.available()
+        where = "reserved for you" if self.is_hub else "in the local pool"
+        if not 1 <= n <= avail:
+            raise DistributedUsageError(
+                f"-n {n} is not available: {avail} engine(s) {where}; use -n 1..{avail}"
+            )
+
+    def _connect(self) -> ipp.Client:
+        if self.client is None:
+            if self.is_hub:
+                self._cluster = ipp.Cluster.from_file(self.cluster_file)
+                self.client = self._cluster.connect_client_sync()
+            else:
+                self._cluster = clusters.new_cluster(cluster_id=f"pdl-local-{id(self):x}")
+                clusters.start_controller(self._cluster)
+                self.client = self._cluster.connect_client_sync()
+            self.client.block = False
+        return self.client
+
+    def _grow(self, n: int) -> None:
+        """Make sure at least ``n`` engines are up (starting local ones if needed)."""
+        client = self._connect()
+        if not self.is_hub:
+            running = {info["slot"] for info in self._engines.values()}
+            started = sum(1 for es in self._cluster.engines.values())
+            missing = [s for s in self.pool()[started:n] if s not in running]
+            if missing:
+                clusters.start_slot_engines(self._cluster, missing, len(self.pool()))
+            target = n
+        else:
+            target = len(self.pool()) or n
+        client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=True)
+        self._refresh_engines()
+
+    def _refresh_engines(self) -> None:
+        ids = [i for i in self.client.ids if i not in self._replaced]
+        new = [i for i in ids if i not in self._engines]
+        if new:
+            infos = self.client[new].apply_sync(_remote, "describe")
+            self._engines.update(zip(new, infos))
+        for gone in set(self._engines) - set(ids):
+            del self._engines[gone]
+
+    def world(self, n: int) -> list[Rank]:
+        """The first ``n`` engines in rank order (host, then slot)."""
+        self._grow(n)
+
+        def order(item):
+            eid, info = item
+            return (info["host"], _slot_index(info["slot"]), eid)
+
+        chosen = sorted(self._engines.items(), key=order)[:n]
+        return [
+            Rank(rank, eid, info["host"], info["addr"], info["slot"])
+            for rank, (eid, info) in enumerate(chosen)
+        ]
+
+    # -- process group ---------------------------------------------------------
+
+    def _ensure_group(self, world: list[Rank], backend: str, timeout_s: float) -> None:
+        key = (tuple(r.engine_id for r in world), backend, self._generation)
+        if key == self._group_key:
+            return
+        hosts = {r.host for r in world}
+        master = world[0]
+        addr = "127.0.0.1" if len(hosts) == 1 else master.addr
+        port = self.client[master.engine_id].apply_sync(_remote, "free_port", "")
+        local = _local_ranks(world)
+        ars = [
+            self.client[r.engine_id].apply_async(
+                _remote, "init_torch", key, r.rank, len(world), local[r.rank], addr, port, timeout_s
+            )
+            for r in world
+        ]
+        try:
+            for r, ar in zip(world, ars):
+                ar.get(timeout=clusters.ENGINE_TIMEOUT_S)
+        except ipp.error.RemoteError as e:
+            self._generation += 1
+            raise RuntimeError(
+                f"could not set up torch.distributed on rank {r.rank} ({r.host}): "
+                f"{e.ename}: {e.evalue}"
+            ) from None
+        self._group_key = key
+
+    # -- running ---------------------------------------------------------------
+
+    def run(
+        self,
+        code: str,
+        n: int | None = None,
+        *,
+        backend: str = "torch",
+        all_output: bool = False,
+        timeout_s: float = 1800.0,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> CellResult:
+        """Run ``code`` on ``n`` ranks (default: every available engine). See module doc."""
+        out = out or sys.stdout
+        err = err or sys.stderr
+        if n is None:
+            n = self.available()
+        self.validate(n, backend)
+        world = self.world(n)
+        self._ensure_group(world, backend, timeout_s)
+        self._cell_number += 1
+        ars = [
+            self.client[r.engine_id].apply_async(_remote, "run_cell", code, self._cell_number)
+            for r in world
+        ]
+        self.last_world = world
+        outcome = _Watch(self, world, ars, out, err).wait()
+        self.last_outputs = {r.rank: (ar.stdout or "", ar.stderr or "") for r, ar in zip(world, ars)}
+        if outcome.aborted or outcome.stuck:
+            self._group_key = None
+            self._generation += 1
+        if outcome.stuck:
+            self.replace_engines(outcome.stuck, err)
+        if all_output:
+            self.show_output(range(1, n), out)
+        return outcome.finish()
+
+    def show_output(self, ranks, out: TextIO | None = None) -> None:
+        """Print the kept stdout/stderr of ``ranks`` from the last cell."""
+        out = out or sys.stdout
+        by_rank = {r.rank: r for r in self.last_world}
+        for rank in ranks:
+            if rank not in self.last_outputs:
+                raise DistributedUsageError(
+                    f"no output kept for rank {rank}; ranks of the last cell: "
+                    f"{', '.join(map(str, sorted(self.last_outputs))) or 'none'}"
+                )
+            stdout, stderr = self.last_outputs[rank]
+            print(f"--- rank {rank} ({by_rank[rank].host}) ---", file=out)
+            if stdout:
+                out.write(stdout if stdout.endswith("\n") else stdout + "\n")
+            if stderr:
+                out.write(stderr if stderr.endswith("\n") else stderr + "\n")
+        out.flush()
+
+    def interrupt(self, ranks: list[Rank]) -> None:
+        """Send SIGINT to the engines of ``ranks`` (through ipyparallel's control channel)."""
+        if ranks:
+            self.client.send_signal(signal.SIGINT, targets=[r.engine_id for r in ranks], block=True)
+
+    def replace_engines(self, ranks: list[Rank], err: TextIO | None = None) -> None:
+        """Kill the engines of ``ranks`` (stuck in native code) and bring up fresh ones.
+
+        Each replacement gets the same slot. Under the hub, ``pdl-singleuser``
+        restarts the engine; locally this session does. Variables on those ranks are lost.
+        """
+        err = err or sys.stderr
+        target = len(self._engines)
+        for r in ranks:
+            info = self._engines.pop(r.engine_id, None)
+            self._replaced.add(r.engine_id)
+            print(
+                f"rank {r.rank} ({r.host}) did not stop within {STOP_TIMEOUT_S:.0f} s (stuck in a "
+                f"collective or native code); restarting its engine: variables on that rank are lost.",
+                file=err, flush=True,
+            )
+            if info is None or info["host"] != socket.gethostname():
+                raise RanksStuck(f"rank {r.rank} on {r.host} is stuck and cannot be restarted from here")
+            try:
+                os.kill(info["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if not self.is_hub:
+                clusters.restart_slot_engine(self._cluster, info["slot"], len(self.pool()))
+        deadline = time.monotonic() + clusters.ENGINE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self._refresh_engines()
+            if len(self._engines) >= target:
+                return
+            time.sleep(0.2)
+        raise RanksStuck("the replacement engines did not register within "
+                         f"{clusters.ENGINE_TIMEOUT_S} s")
+
+    def close(self) -> None:
+        """Disconnect; a local cluster is stopped, a hub cluster is left running."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self._cluster is not None and not self.is_hub:
+            self._cluster.stop_cluster_sync()
+        self._cluster = None
+        self._engines.clear()
+        self._group_key = None
+
+
+class _Watch:
+    """Waits for one cell on every rank, streaming rank 0 and stopping the rest on failure."""
+
+    def __init__(self, session: DistributedSession, world, ars, out, err):
+        self.session, self.world, self.ars = session, world, ars
+        self.out, self.err = out, err
+        self.streamed = [0, 0]
+        self.results: dict[int, dict] = {}
+        self.trigger_at: float | None = None
+        self.user_interrupt = False
+        self.aborted = False
+        self._aborted_ranks: set[int] = set()
+        self.stuck: list[Rank] = []
+        self._signalled_at: float | None = None
+
+    def pending(self) -> list[Rank]:
+        return [r for r in self.world if r.rank not in self.results]
+
+    def wait(self) -> _Watch:
+        while self.pending():
+            try:
+                time.sleep(POLL_S)
+                self._pump()
+                self._collect()
+                self._escalate()
+            except KeyboardInterrupt:
+                if self.trigger_at is None or not self.user_interrupt:
+                    self.user_interrupt = True
+                    self.trigger_at = time.monotonic()
+                    print(f"Interrupting {len(self.pending())} rank(s)...", file=self.err, flush=True)
+                    self._signal_pending()
+            if self.trigger_at is not None and time.monotonic() - self.trigger_at > STOP_TIMEOUT_S:
+                self.stuck = self.pending()
+                for r in self.stuck:
+                    self.results[r.rank] = {
+                        "status": "interrupted", "ename": "Stuck", "comm_error": True,
+                        "evalue": "did not respond to interrupts", "traceback": [], "time": time.time(),
+                    }
+        self._pump()
+        return self
+
+    def _pump(self) -> None:
+        """Write rank 0's new output since the last poll."""
+        ar = self.ars[0]
+        for i, (text, stream) in enumerate(((ar.stdout, self.out), (ar.stderr, self.err))):
+            text = text or ""
+            if len(text) > self.streamed[i]:
+                stream.write(text[self.streamed[i]:])
+                stream.flush()
+                self.streamed[i] = len(text)
+
+    def _collect(self) -> None:
+        for r, ar in zip(self.world, self.ars):
+            if r.rank in self.results or not ar.ready():
+                continue
+            try:
+                res = ar.get()
+            except ipp.error.EngineError as e:
+                res = {"status": "error", "ename": "EngineError", "evalue": str(e),
+                       "traceback": [f"the engine of rank {r.rank} died: {e}"],
+                       "comm_error": False, "time": time.time()}
+            except ipp.error.RemoteError as e:
+                res = {"status": "error", "ename": e.ename, "evalue": e.evalue,
+                       "traceback": e.render_traceback(), "comm_error": False, "time": time.time()}
+            self.results[r.rank] = res
+            if res["status"] != "ok" and self.trigger_at is None:
+                self.trigger_at = time.monotonic()
+
+    def _escalate(self) -> None:
+        """After a failure: release peers stuck in a collective, then interrupt them."""
+        if self.trigger_at is None or not self.pending():
+            return
+        waited = time.monotonic() - self.trigger_at
+        if waited < PEER_GRACE_S:
+            return
+        # Finished ranks are idle: tearing down their group frees peers blocked on them.
+        finished = [r for r in self.world if r.rank in self.results and r.rank not in self._aborted_ranks]
+        for r in finished:
+            self.session.client[r.engine_id].apply_async(_remote, "abort_group")
+            self._aborted_ranks.add(r.rank)
+            self.aborted = True
+        if self._signalled_at is None or time.monotonic() - self._signalled_at > 5.0:
+            self._signal_pending()
+
+    def _signal_pending(self) -> None:
+        self._signalled_at = time.monotonic()
+        self.session.interrupt(self.pending())
+
+    def finish(self) -> CellResult:
+        failures = {k: v for k, v in self.results.items() if v["status"] != "ok"}
+        if not failures:
+            value = self.results[0].get("value")
+            if value is not None:
+                print(value, file=self.out)
+            return CellResult(values=[self.results[r.rank].get("value") for r in self.world])
+        own = {k: v for k, v in failures.items() if v["status"] == "error" and not v["comm_error"]}
+        if self.user_interrupt and not own:
+            print(f"Interrupted: all {len(self.world)} ranks stopped.", file=self.err, flush=True)
+            raise KeyboardInterrupt
+        pick_from = own or failures
+        rank = min(pick_from, key=lambda k: (pick_from[k]["time"], k))
+        others = sorted(set(failures) - {rank})
+        note = ""
+        if others:
+            note = f"(ranks {', '.join(map(str, others))} were stopped as a result"
+            note += "; the process group is rebuilt at the next cell)" if self.aborted else ")"
+        host = self.world[rank].host
+        raise RankFailed(rank, host, failures[rank], note=note)
+
+
+def _slot_index(slot: str) -> int:
+    try:
+        return int(slot.split(":")[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _local_ranks(world: list[Rank]) -> dict[int, int]:
+    """Rank -> index among the ranks on the same host."""
+    seen: dict[str, int] = {}
+    local = {}
+    for r in world:
+        local[r.rank] = seen.get(r.host, 0)
+        seen[r.host] = local[r.rank] + 1
+    return local

@@ -1,0 +1,96 @@
+"""``pdl-singleuser``: a user's server plus their ipyparallel cluster, as one process tree.
+
+The PDL spawner runs ``pdl-singleuser <jupyterhub-singleuser args>`` with
+``PDL_SLOTS`` (the reserved slots) in the environment. This process
+
+1. runs ``jupyterhub-singleuser`` with ``PDL_CLUSTER_FILE`` exported, so every
+   kernel's ``%%distributed`` finds the cluster;
+2. starts the user's ipyparallel controller on 127.0.0.1, in ``$PDL_CLUSTER_DIR``
+   (default ``~/.pdl/cluster``);
+3. starts one engine per reserved slot, pinned to it, and restarts an engine that
+   dies, so the reservation always has its engines;
+4. on SIGINT/SIGTERM, or when the server exits, stops the server and the cluster.
+
+Every engine and the controller get SIGTERM if this process dies, even by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from pdl.slots import parse_slot_list
+
+from . import clusters
+
+#: Seconds between checks that every slot's engine is alive.
+SUPERVISE_PERIOD_S = 2.0
+
+
+def cluster_dir() -> Path:
+    return Path(os.environ.get("PDL_CLUSTER_DIR") or Path.home() / ".pdl" / "cluster")
+
+
+def supervise(cluster, slots: list[str], stop: threading.Event) -> None:
+    """Restart the engine of any slot whose process has exited, until ``stop`` is set."""
+    while not stop.wait(SUPERVISE_PERIOD_S):
+        for slot in slots:
+            engine_set = cluster.engines.get(clusters.slot_engine_set_id(slot))
+            if engine_set is not None and engine_set.running:
+                continue
+            print(f"pdl-singleuser: engine for {slot} exited; restarting it", file=sys.stderr, flush=True)
+            try:
+                clusters.restart_slot_engine(cluster, slot, len(slots))
+            except Exception as e:  # keep supervising the other slots
+                print(f"pdl-singleuser: could not restart {slot}: {e}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    slots = parse_slot_list(os.environ.get("PDL_SLOTS", ""))
+    profile_dir = cluster_dir() / "profile"
+    cluster = clusters.new_cluster(cluster_id="pdl", profile_dir=str(profile_dir), shutdown_atexit=False)
+    env = dict(os.environ, PDL_CLUSTER_FILE=cluster.cluster_file)
+
+    stop = threading.Event()
+    server = None
+
+    def on_signal(signum, frame):
+        stop.set()
+        if server is not None and server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        # The server first, so the user's spawn finishes without waiting for engines;
+        # %%distributed waits for them on first use.
+        server = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *argv], env=env)
+        clusters.start_controller(cluster)
+        clusters.start_slot_engines(cluster, slots, len(slots))
+        watcher = threading.Thread(target=supervise, args=(cluster, slots, stop), daemon=True)
+        watcher.start()
+        if not stop.is_set():
+            while server.poll() is None:
+                try:
+                    server.wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    pass
+        return server.returncode if server is not None else 0
+    finally:
+        stop.set()
+        if server is not None and server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        cluster.stop_cluster_sync()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The spawn form and the messages about free slots: pure functions, no I/O."""
+
+from __future__ import annotations
+
+from html import escape
+
+
+def describe_holders(holders: dict[str, int], *, show_names: bool) -> str:
+    """``"alice (2), bob (1)"`` for admins; ``"3 held by other users"`` for everyone else."""
+    total = sum(holders.values())
+    if not total:
+        return "none held"
+    if not show_names:
+        return f"{total} held by other users"
+    return ", ".join(f"{owner} ({k})" for owner, k in sorted(holders.items()))
+
+
+def not_enough_message(wanted: int, free: int, pool_size: int, holders: dict[str, int], *, show_names: bool) -> str:
+    """One line for a spawn that asked for more slots than are free."""
+    return (
+        f"Not enough free workers: you asked for {wanted}, {free} of {pool_size} are free "
+        f"({describe_holders(holders, show_names=show_names)}). "
+        f"Ask for at most {free}, or try again when a worker frees up."
+    )
+
+
+def render_form(
+    *, kind: str, pool_size: int, free: int, holders: dict[str, int], default: int, maximum: int, show_names: bool
+) -> str:
+    """HTML for the spawn page: how many workers, with what is free and who holds the rest."""
+    unit = "GPU" if kind == "gpu" else "CPU worker"
+    value = max(1, min(default, maximum))
+    return f"""
+<div class="form-group pdl-workers">
+  <label for="pdl-workers">Workers ({unit}s, one engine each)</label>
+  <input id="pdl-workers" name="workers" type="number" class="form-control"
+         min="1" max="{maximum}" value="{value}" required>
+  <p class="help-block pdl-free">{free} of {pool_size} {unit}s free;
+     {escape(describe_holders(holders, show_names=show_names))}.</p>
+</div>
+"""
+
+
+def parse_workers(formdata: dict, *, maximum: int) -> int:
+    """Read ``workers`` from submitted form data; ValueError naming the valid range."""
+    raw = (formdata.get("workers") or [""])[0]
+    try:
+        n = int(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"workers must be a whole number from 1 to {maximum}, got {raw!r}") from None
+    check_workers(n, maximum=maximum)
+    return n
+
+
+def check_workers(n, *, maximum: int) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= maximum:
+        raise ValueError(f"workers must be a whole number from 1 to {maximum}, got {n!r}")

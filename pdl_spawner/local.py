@@ -1,0 +1,235 @@
+"""The embedded-default spawner: the user's server and engines as local processes.
+
+Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner`:
+
+- ``start()`` reserves ``workers`` slots from :attr:`PDLLocalSpawner.pool` in the
+  :class:`~pdl_spawner.reservations.SlotLedger` before anything is launched. If they
+  are not free it fails at once (no process started, nothing reserved) with a
+  one-line message saying what is free. It then runs ``pdl-singleuser`` with
+  ``PDL_SLOTS``, which starts the server and one pinned engine per slot.
+- ``stop()`` stops that process tree and releases the slots; so does a ``poll()``
+  that finds the server gone (``clear_state``).
+- The reservation is in the spawner state and in the ledger file, so it survives
+  hub restarts (with ``JupyterHub.cleanup_servers = False`` the servers do too).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from jupyterhub.spawner import LocalProcessSpawner
+from tornado import web
+from traitlets import Bool, Integer, List, Unicode, default, validate
+
+from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
+
+from . import form
+from .reservations import NotEnoughSlots, SlotLedger
+
+
+class PDLLocalSpawner(LocalProcessSpawner):
+    """Spawn a user's server plus one ipyparallel engine per reserved GPU or CPU slot."""
+
+    pool = List(
+        Unicode(),
+        config=True,
+        help="""Slots users can reserve, e.g. ["gpu:0", "gpu:1"] or ["cpu:0", "cpu:1"].
+
+        Default: every GPU nvidia-smi reports, else `cpu_slots` CPU slots.
+        """,
+    )
+
+    @default("pool")
+    def _default_pool(self):
+        return default_pool(self.cpu_slots)
+
+    @validate("pool")
+    def _validate_pool(self, proposal):
+        for slot in proposal.value:
+            parse_slot(slot)
+        if len(set(proposal.value)) != len(proposal.value):
+            raise ValueError(f"pool lists a slot twice: {proposal.value}")
+        return proposal.value
+
+    cpu_slots = Integer(
+        DEFAULT_CPU_SLOTS,
+        config=True,
+        help="Number of CPU slots in the default pool of a machine without GPUs. "
+        "The machine's cores are split evenly between them.",
+    )
+
+    default_workers = Integer(1, config=True, help="Workers pre-filled in the spawn form.")
+
+    max_workers = Integer(
+        0, config=True, help="Most workers one user may reserve; 0 means the whole pool."
+    )
+
+    reservations_db = Unicode(
+        "pdl-reservations.sqlite",
+        config=True,
+        help="SQLite file of slot reservations (relative to the hub's working directory). "
+        "Every spawner of one hub must use the same file.",
+    )
+
+    system_users = Bool(
+        False,
+        config=True,
+        help="""Run each server as the Unix user named like the hub user (needs root and
+        existing users). False runs every server as the hub's own Unix user, each
+        with its own home from `home_dir_template`: right for one person's
+        machine, no isolation between users.""",
+    )
+
+    home_dir_template = Unicode(
+        "~/.pdl/home/{username}",
+        config=True,
+        help="Home of each user's server when `system_users` is False; "
+        "{username} is the hub user's name, ~ the hub user's home.",
+    )
+
+    slots = List(Unicode(), help="The slots reserved for this server (spawner state).")
+
+    @default("cmd")
+    def _default_cmd(self):
+        return [sys.executable, "-m", "pdl_magics.singleuser"]
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._render_options_form
+
+    # -- reservations ----------------------------------------------------------
+
+    @property
+    def ledger(self) -> SlotLedger:
+        return SlotLedger(self.reservations_db)
+
+    @property
+    def owner(self) -> str:
+        """Ledger key of this server: the user name, plus ``/server`` for named servers."""
+        return f"{self.user.name}/{self.name}" if self.name else self.user.name
+
+    @property
+    def workers_limit(self) -> int:
+        return min(self.max_workers or len(self.pool), len(self.pool))
+
+    def _free_and_holders(self) -> tuple[int, dict[str, int]]:
+        holders: dict[str, int] = {}
+        for h in self.ledger.holdings():
+            if h.slot in self.pool and h.owner != self.owner:
+                user = h.owner.split("/", 1)[0]
+                holders[user] = holders.get(user, 0) + 1
+        return len(self.pool) - sum(holders.values()), holders
+
+    def _render_options_form(self, spawner) -> str:
+        free, holders = self._free_and_holders()
+        return form.render_form(
+            kind=parse_slot(self.pool[0])[0] if self.pool else "cpu",
+            pool_size=len(self.pool),
+            free=free,
+            holders=holders,
+            default=self.default_workers,
+            maximum=self.workers_limit,
+            show_names=bool(self.user.admin),
+        )
+
+    def options_from_form(self, formdata):
+        try:
+            return {"workers": form.parse_workers(formdata, maximum=self.workers_limit)}
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+
+    def _requested_workers(self) -> int:
+        n = self.user_options.get("workers", self.default_workers)
+        try:
+            form.check_workers(n, maximum=self.workers_limit)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        return n
+
+    def reserve(self) -> list[str]:
+        """Reserve this server's slots, or raise HTTPError(409) saying what is free."""
+        n = self._requested_workers()
+        try:
+            return self.ledger.reserve(self.owner, n, self.pool)
+        except NotEnoughSlots as e:
+            message = form.not_enough_message(
+                e.wanted, e.free, len(self.pool), e.holders, show_names=bool(self.user.admin)
+            )
+            raise web.HTTPError(409, message, reason=message) from None
+
+    def release(self) -> None:
+        released = self.ledger.release(self.owner)
+        if released:
+            self.log.info("Released %s for %s", ",".join(released), self.owner)
+
+    # -- process -------------------------------------------------------------
+
+    def make_preexec_fn(self, name):
+        if self.system_users:
+            return super().make_preexec_fn(name)
+        home = self.home_dir
+
+        def preexec():
+            os.makedirs(home, 0o700, exist_ok=True)
+            os.chdir(home)
+
+        return preexec
+
+    @property
+    def home_dir(self) -> str:
+        return os.path.expanduser(self.home_dir_template.format(username=self.user.name))
+
+    def user_env(self, env):
+        if self.system_users:
+            return super().user_env(env)
+        env.update(USER=self.user.name, HOME=self.home_dir, SHELL="/bin/bash")
+        return env
+
+    def get_env(self):
+        env = super().get_env()
+        env["PDL_SLOTS"] = ",".join(self.slots)
+        return env
+
+    def get_args(self):
+        args = super().get_args()
+        if not self.system_users and os.geteuid() == 0:
+            args.append("--allow-root")  # servers run as the hub's user, here root
+        return args
+
+    def move_certs(self, paths):
+        return paths if not self.system_users else super().move_certs(paths)
+
+    async def start(self):
+        self.slots = self.reserve()
+        self.log.info("Reserved %s for %s", ",".join(self.slots), self.owner)
+        try:
+            return await super().start()
+        except BaseException:
+            self.release()
+            self.slots = []
+            raise
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            self.release()
+
+    # -- state ---------------------------------------------------------------
+
+    def get_state(self):
+        state = super().get_state()
+        if self.slots:
+            state["slots"] = list(self.slots)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.slots = list(state.get("slots", []))
+
+    def clear_state(self):
+        super().clear_state()
+        if self.slots:
+            self.release()
+        self.slots = []

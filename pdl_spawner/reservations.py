@@ -1,0 +1,97 @@
+"""The slot ledger: which user holds which slot, persisted in SQLite.
+
+The ledger is the single source of truth for "no slot is ever given to two
+users": ``slot`` is the table's primary key, and a reservation takes all of its
+slots in one ``BEGIN IMMEDIATE`` transaction. It lives in a file, so it survives
+hub restarts; every call opens its own short connection.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS slots (
+    slot  TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    since REAL NOT NULL
+)
+"""
+
+
+class NotEnoughSlots(RuntimeError):
+    """A reservation asked for more slots than are free. Nothing was reserved."""
+
+    def __init__(self, wanted: int, free: int, holders: dict[str, int]):
+        self.wanted, self.free, self.holders = wanted, free, holders
+        super().__init__(f"{wanted} slot(s) requested, {free} free")
+
+
+@dataclass(frozen=True)
+class Holding:
+    slot: str
+    owner: str
+    since: float  # epoch seconds
+
+
+class SlotLedger:
+    """Reservations of named slots by owners (``"user"`` or ``"user/server"``)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.execute(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        return db
+
+    def reserve(self, owner: str, n: int, pool: list[str]) -> list[str]:
+        """Give ``owner`` ``n`` free slots of ``pool`` (first free first); all or nothing.
+
+        Slots ``owner`` already holds are released first. Raises NotEnoughSlots
+        (with who holds the rest) when fewer than ``n`` are free.
+        """
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("DELETE FROM slots WHERE owner = ?", (owner,))
+            held = dict(db.execute("SELECT slot, owner FROM slots").fetchall())
+            free = [s for s in pool if s not in held]
+            if len(free) < n:
+                db.execute("ROLLBACK")
+                holders = Counter(o for s, o in held.items() if s in pool)
+                raise NotEnoughSlots(n, len(free), dict(holders))
+            now = time.time()
+            db.executemany(
+                "INSERT INTO slots (slot, owner, since) VALUES (?, ?, ?)",
+                [(s, owner, now) for s in free[:n]],
+            )
+            db.execute("COMMIT")
+            return free[:n]
+        finally:
+            db.close()
+
+    def release(self, owner: str) -> list[str]:
+        """Free every slot ``owner`` holds; returns them."""
+        with self._connect() as db:
+            rows = db.execute("SELECT slot FROM slots WHERE owner = ?", (owner,)).fetchall()
+            db.execute("DELETE FROM slots WHERE owner = ?", (owner,))
+        return [r[0] for r in rows]
+
+    def held_by(self, owner: str) -> list[str]:
+        with self._connect() as db:
+            rows = db.execute("SELECT slot FROM slots WHERE owner = ? ORDER BY slot", (owner,))
+            return [r[0] for r in rows.fetchall()]
+
+    def holdings(self) -> list[Holding]:
+        """Every reservation, by slot."""
+        with self._connect() as db:
+            rows = db.execute("SELECT slot, owner, since FROM slots ORDER BY slot").fetchall()
+        return [Holding(*r) for r in rows]

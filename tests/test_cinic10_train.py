@@ -1,0 +1,124 @@
+"""Training: augmentation, schedule, single-process fit, and a 2-rank gloo run."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pdl_cinic10.data import load_split
+from pdl_cinic10.model import ResNet18
+from pdl_cinic10.sample import make_sample
+from pdl_cinic10.train import MEAN, Hyper, augment, evaluate, fit, lr_factor, normalize
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory) -> Path:
+    return make_sample(tmp_path_factory.mktemp("sample"))
+
+
+@pytest.mark.unit
+def test_augment_is_a_reflect_padded_crop_with_optional_flip():
+    batch = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    out = augment(batch, torch.Generator().manual_seed(0))
+
+    assert out.shape == batch.shape and out.dtype == torch.uint8
+    seen = set()
+    for image, result in zip(batch.numpy(), out.numpy()):
+        padded = np.pad(image, ((0, 0), (4, 4), (4, 4)), mode="reflect")
+        crops = {(dy, dx): padded[:, dy : dy + 32, dx : dx + 32] for dy in range(9) for dx in range(9)}
+        matches = [
+            (offset, flip)
+            for offset, crop in crops.items()
+            for flip in (False, True)
+            if np.array_equal(crop[..., ::-1] if flip else crop, result)
+        ]
+        assert matches, "output is not a crop (+flip) of the reflect-padded input"
+        seen.add(matches[0])
+    assert len(seen) > 20  # the crops and flips really vary per image
+
+
+@pytest.mark.unit
+def test_augment_is_reproducible_from_the_generator():
+    batch = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    first = augment(batch, torch.Generator().manual_seed(3))
+    assert torch.equal(first, augment(batch, torch.Generator().manual_seed(3)))
+    assert not torch.equal(first, augment(batch, torch.Generator().manual_seed(4)))
+
+
+@pytest.mark.unit
+def test_normalize_centres_the_dataset_mean():
+    mean_image = (torch.tensor(MEAN) * 255).round().to(torch.uint8).view(1, 3, 1, 1).expand(2, 3, 4, 4)
+    out = normalize(mean_image)
+    assert out.dtype == torch.float32 and out.abs().max() < 0.01
+
+
+@pytest.mark.unit
+def test_lr_warms_up_linearly_then_decays_to_zero():
+    total, warmup = 100, 10
+    factors = [lr_factor(step, total, warmup) for step in range(total)]
+    assert factors[:warmup] == pytest.approx([(s + 1) / warmup for s in range(warmup)])
+    assert factors[warmup] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[warmup:], factors[warmup + 1 :]))
+    assert factors[-1] < 0.001
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_single_process_fit_learns_the_sample(sample):
+    torch.manual_seed(0)
+    train, test = load_split(sample, "train"), load_split(sample, "test")
+    hp = Hyper(epochs=5, batch_size=64, width=16)
+    lines = []
+
+    result = fit(ResNet18(width=hp.width), train, test, hp, device="cpu", log=lines.append)
+
+    assert result["test_acc"] >= 0.6  # chance is 0.1
+    assert [r["epoch"] for r in result["history"]] == [1, 2, 3, 4, 5]
+    assert result["history"][-1]["train_loss"] < result["history"][0]["train_loss"]
+    assert len(lines) == 5
+    assert re.fullmatch(r"epoch 5/5  train loss \d\.\d{3}  test acc \d+\.\d%  \d+ img/s", lines[-1])
+    assert evaluate(result["model"], *test, device="cpu") == result["test_acc"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train_rank(rank: int, world: int, port: int, root: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(rank)  # different initial weights: DDP must make them equal
+        train, test = load_split(root, "train", workers=1), load_split(root, "test", workers=1)
+        hp = Hyper(epochs=4, batch_size=32, width=16)
+        lines = []
+        result = fit(ResNet18(width=hp.width), train, test, hp, device="cpu", log=lines.append)
+        torch.save(
+            {"state": result["model"].state_dict(), "test_acc": result["test_acc"], "lines": lines},
+            Path(out) / f"rank{rank}.pt",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_two_gloo_ranks_end_identical_and_learn(sample, tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # keep gloo on 127.0.0.1
+    mp.spawn(_train_rank, args=(2, _free_port(), str(sample), str(tmp_path)), nprocs=2, join=True)
+
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert rank0["state"].keys() == rank1["state"].keys()
+    for name, tensor in rank0["state"].items():
+        assert torch.equal(tensor, rank1["state"][name]), name
+    assert rank0["test_acc"] == rank1["test_acc"] >= 0.5  # chance is 0.1
+    assert len(rank0["lines"]) == 4 and rank1["lines"] == []
