@@ -7,7 +7,8 @@ Environment variables tune it without editing this file:
   reservations and generated password (default ``./.pdl/hub``);
 - ``PDL_USERS``: comma-separated user names allowed to log in (default: the
   Unix user running the hub); the first one is the admin;
-- ``PDL_HUB_PORT``: port on 127.0.0.1 (default 8000);
+- ``PDL_HUB_PORT``: port on 127.0.0.1 (default 8000); ``PDL_HUB_INTERNAL_PORT``
+  and ``PDL_PROXY_API_PORT`` move the hub's own API (8081) and the proxy's (8001);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
   (default: every GPU, else 4 CPU slots).
 
@@ -18,8 +19,9 @@ with random passwords generated on first start and stored with mode 0600 in
 
 import getpass
 import os
-import secrets
 from pathlib import Path
+
+from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, USER_PASSWORD_BYTES, secret_file
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
 
@@ -27,21 +29,17 @@ state_dir = Path(os.environ.get("PDL_STATE_DIR", ".pdl/hub")).resolve()
 state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
 
-def _secret_file(name: str, nbytes: int) -> str:
-    """Read a secret from state_dir, creating it (mode 0600) on first use."""
-    path = state_dir / name
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(nbytes))
-    return path.read_text().strip()
-
-
 users = [u.strip() for u in os.environ.get("PDL_USERS", getpass.getuser()).split(",") if u.strip()]
 
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = int(os.environ.get("PDL_HUB_PORT", "8000"))
 c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(os.environ.get("PDL_HUB_INTERNAL_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('PDL_PROXY_API_PORT', '8001')}"
+# configurable-http-proxy as installed by scripts/setup, when it is there
+_proxy = Path(__file__).resolve().parent / ".pdl/node/node_modules/.bin/configurable-http-proxy"
+if _proxy.exists():
+    c.ConfigurableHTTPProxy.command = [str(_proxy)]
 c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
@@ -51,9 +49,9 @@ c.JupyterHub.cleanup_servers = False
 c.ConfigurableHTTPProxy.pid_file = str(state_dir / "proxy.pid")
 
 c.JupyterHub.authenticator_class = "shared-password"
-c.SharedPasswordAuthenticator.admin_password = _secret_file("password", 32)
+c.SharedPasswordAuthenticator.admin_password = secret_file(state_dir, "password", ADMIN_PASSWORD_BYTES)
 if len(users) > 1:  # the other listed users share their own random password
-    c.SharedPasswordAuthenticator.user_password = _secret_file("user-password", 16)
+    c.SharedPasswordAuthenticator.user_password = secret_file(state_dir, "user-password", USER_PASSWORD_BYTES)
 c.Authenticator.admin_users = set(users[:1])
 c.Authenticator.allowed_users = set(users)
 

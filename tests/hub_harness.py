@@ -1,0 +1,288 @@
+"""A real JupyterHub (with configurable-http-proxy) for tests, on 127.0.0.1 only.
+
+:class:`Hub` runs ``jupyterhub`` with the project's ``jupyterhub_config.py`` in a
+temporary state directory, plus a test service token with admin scopes.
+:class:`Kernel` talks to a kernel on a spawned server through the proxy, over the
+real websocket protocol. Everything a test starts is stopped by PID, and stray
+processes under the temporary directory are killed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import requests
+import websocket
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Hub:
+    """A JupyterHub process for one test module."""
+
+    def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None):
+        self.root = Path(root)
+        self.users = users
+        self.pool = pool
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state_dir = self.root / "state"
+        self.log_path = self.root / "hub.log"
+        self.spawner_env = spawner_env or {}
+        self.proc: subprocess.Popen | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def _write_config(self) -> Path:
+        config = self.root / "test_config.py"
+        config.write_text(
+            f"""
+load_subconfig({str(REPO / 'jupyterhub_config.py')!r})
+c.JupyterHub.services = [{{"name": "pdl-tests", "api_token": {self.token!r}}}]
+c.JupyterHub.load_roles = [{{
+    "name": "pdl-tests",
+    "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users", "read:users"],
+    "services": ["pdl-tests"],
+}}]
+c.PDLLocalSpawner.home_dir_template = {str(self.root / 'home' / '{username}')!r}
+c.PDLLocalSpawner.default_workers = 1
+c.Spawner.environment = {json.dumps(self.spawner_env)}
+c.JupyterHub.log_level = "INFO"
+"""
+        )
+        return config
+
+    def start(self) -> Hub:
+        config = self._write_config()
+        env = dict(
+            os.environ,
+            PDL_STATE_DIR=str(self.state_dir),
+            PDL_USERS=",".join(self.users),
+            PDL_HUB_PORT=str(self.port),
+            PDL_HUB_INTERNAL_PORT=str(free_port()),
+            PDL_PROXY_API_PORT=str(free_port()),
+            PDL_POOL=",".join(self.pool),
+            PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        )
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+            cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_until(self._up, 60, what="the hub to answer")
+        return self
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def stop_hub(self, sig=signal.SIGTERM) -> None:
+        """Stop the hub process only (user servers keep running: cleanup_servers is off)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        # the proxy is the hub's child; with SIGKILL it may be left behind
+        for pid in pids_matching(lambda cmd, cwd: "configurable-http-proxy" in cmd and str(self.port) in cmd):
+            _kill(pid)
+
+    def close(self) -> None:
+        """Stop every user's server, the hub, and anything left under the temp dir."""
+        try:
+            if self.proc and self.proc.poll() is None:
+                for user in self.users:
+                    self.api("DELETE", f"/users/{user}/server", timeout=30)
+                wait_until(lambda: not self.running_servers(), 60, what="servers to stop")
+        except Exception:
+            pass
+        self.stop_hub()
+        for pid in pids_matching(lambda cmd, cwd: str(self.root) in cmd or cwd.startswith(str(self.root))):
+            _kill(pid)
+
+    def log_tail(self, n: int = 80) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-n:])
+        except OSError:
+            return ""
+
+    # -- REST ------------------------------------------------------------------
+
+    def api(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"token {self.token}"}
+        kwargs.setdefault("timeout", 60)
+        return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, **kwargs)
+
+    def spawn(self, user: str, workers: int | None) -> requests.Response:
+        body = {} if workers is None else {"workers": workers}
+        return self.api("POST", f"/users/{user}/server", json=body)
+
+    def user_model(self, user: str) -> dict:
+        r = self.api("GET", f"/users/{user}")
+        r.raise_for_status()
+        return r.json()
+
+    def server_ready(self, user: str) -> bool:
+        server = self.user_model(user).get("servers", {}).get("")
+        return bool(server and server.get("ready"))
+
+    def wait_ready(self, user: str, timeout: float = 90) -> None:
+        try:
+            wait_until(lambda: self.server_ready(user), timeout, what=f"{user}'s server")
+        except TimeoutError:
+            raise TimeoutError(f"{user}'s server not ready:\n{self.log_tail()}") from None
+
+    def running_servers(self) -> list[str]:
+        r = self.api("GET", "/users")
+        return [u["name"] for u in r.json() if u.get("servers")]
+
+    def user_token(self, user: str) -> str:
+        r = self.api("POST", f"/users/{user}/tokens", json={"note": "tests"})
+        r.raise_for_status()
+        return r.json()["token"]
+
+    def password(self, user: str) -> str:
+        name = "password" if user == self.users[0] else "user-password"
+        return (self.state_dir / name).read_text().strip()
+
+    def login(self, user: str, password: str | None = None) -> requests.Session:
+        """Log in through the login form, as a browser does; returns the cookie session."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=10).raise_for_status()
+        form = {
+            "_xsrf": s.cookies.get("_xsrf", ""),
+            "username": user,
+            "password": self.password(user) if password is None else password,
+        }
+        s.post(f"{self.url}/hub/login", data=form, timeout=30, allow_redirects=False)
+        return s
+
+    def reservations(self) -> dict[str, str]:
+        """slot -> owner, read from the ledger file."""
+        from pdl_spawner.reservations import SlotLedger
+
+        return {h.slot: h.owner for h in SlotLedger(self.state_dir / "reservations.sqlite").holdings()}
+
+
+class Kernel:
+    """A kernel on a user's server, driven over the Jupyter websocket protocol."""
+
+    def __init__(self, hub: Hub, user: str):
+        self.base = f"{hub.url}/user/{user}/api"
+        self.headers = {"Authorization": f"token {hub.user_token(user)}"}
+        r = requests.post(f"{self.base}/kernels", json={"name": "python3"}, headers=self.headers, timeout=60)
+        r.raise_for_status()
+        self.id = r.json()["id"]
+        ws_url = f"{self.base}/kernels/{self.id}/channels".replace("http://", "ws://")
+        self.ws = websocket.create_connection(ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()], timeout=5)
+        self.session = uuid.uuid4().hex
+
+    def execute(self, code: str, timeout: float = 300, on_output=None) -> dict:
+        """Run ``code``; returns {"stdout", "stderr", "error": {ename, evalue, traceback} | None, "seconds"}."""
+        msg_id = uuid.uuid4().hex
+        self.ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": self.session,
+                       "username": "tests", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": True,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        }))
+        out = {"stdout": "", "stderr": "", "error": None}
+        start = time.monotonic()
+        while True:
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"cell did not finish within {timeout} s; output so far: {out}")
+            try:
+                msg = json.loads(self.ws.recv())
+            except websocket.WebSocketTimeoutException:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id or msg["channel"] != "iopub":
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out[content["name"]] += content["text"]
+                if on_output:
+                    on_output(time.monotonic() - start, content["text"])
+            elif kind == "error":
+                out["error"] = content
+            elif kind == "status" and content["execution_state"] == "idle":
+                out["seconds"] = time.monotonic() - start
+                return out
+
+    def interrupt(self) -> None:
+        requests.post(f"{self.base}/kernels/{self.id}/interrupt", headers=self.headers, timeout=30).raise_for_status()
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+            requests.delete(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30)
+        except Exception:
+            pass
+
+
+def pids_matching(predicate) -> list[int]:
+    """PIDs whose command line / working directory satisfy ``predicate(cmd, cwd)``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if predicate(cmd, cwd):
+            found.append(int(entry.name))
+    return found
+
+
+def engine_processes(root: Path) -> dict[int, dict[str, str]]:
+    """Engine processes started under ``root`` -> their PDL_* environment."""
+    result = {}
+    for pid in pids_matching(lambda cmd, cwd: "pdl.engine_boot engine" in cmd and cwd.startswith(str(root))):
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        env = dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+        result[pid] = {k: v for k, v in env.items() if k.startswith("PDL_") or k == "HOME"}
+    return result
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
