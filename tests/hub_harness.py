@@ -52,6 +52,8 @@ class Hub:
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # fixed for the hub's lifetime: running servers keep talking to these after a restart
+        self.internal_port, self.proxy_api_port = free_port(), free_port()
         self.state_dir = self.root / "state"
         self.log_path = self.root / "hub.log"
         self.spawner_env = spawner_env or {}
@@ -85,8 +87,8 @@ c.JupyterHub.log_level = "INFO"
             PDL_STATE_DIR=str(self.state_dir),
             PDL_USERS=",".join(self.users),
             PDL_HUB_PORT=str(self.port),
-            PDL_HUB_INTERNAL_PORT=str(free_port()),
-            PDL_PROXY_API_PORT=str(free_port()),
+            PDL_HUB_INTERNAL_PORT=str(self.internal_port),
+            PDL_PROXY_API_PORT=str(self.proxy_api_port),
             PDL_POOL=",".join(self.pool),
             PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         )

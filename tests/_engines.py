@@ -1,0 +1,103 @@
+"""Shared helpers for tests that start a real local ipyparallel cluster.
+
+Import the fixture into a test module (``from _engines import pdl_session``);
+being module-scoped, each module that uses it gets one cluster of three CPU-slot
+engines, started once and stopped when the module is done.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import time
+
+import pytest
+
+from pdl_magics import DistributedSession
+
+SLOTS = ["cpu:0", "cpu:1", "cpu:2"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+class Recorder(io.TextIOBase):
+    """A text stream that remembers when each write happened."""
+
+    def __init__(self, on_write=None):
+        super().__init__()
+        self.writes: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        self._on_write = on_write
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        with self._lock:
+            self.writes.append((time.monotonic(), s))
+        if self._on_write is not None:
+            self._on_write(self.text())
+        return len(s)
+
+    def text(self) -> str:
+        with self._lock:
+            return "".join(s for _, s in self.writes)
+
+    def first_time(self, needle: str) -> float | None:
+        """monotonic time of the write that completed the first occurrence of ``needle``."""
+        seen = ""
+        with self._lock:
+            writes = list(self.writes)
+        for t, s in writes:
+            seen += s
+            if needle in seen:
+                return t
+        return None
+
+
+def process_running(pid: int) -> bool:
+    """True while ``pid`` is a live (non-zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def pdl_session(tmp_path_factory):
+    """A DistributedSession over three local CPU slots, engines already started.
+
+    The cluster's profile lives in a temporary IPYTHONDIR (not the user's
+    ~/.ipython), and PDL_CLUSTER_FILE is unset so the session is local.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+        mp.delenv("PDL_CLUSTER_FILE", raising=False)
+        mp.delenv("PDL_SLOTS", raising=False)
+        session = DistributedSession(local_slots=SLOTS)
+        try:
+            # start the engines and the process group now, so tests time only their own cell
+            session.run("pass", len(SLOTS), out=io.StringIO(), err=io.StringIO())
+            yield session
+        finally:
+            session.close()
+
+
+__all__ = ["SLOTS", "Recorder", "pdl_session", "process_running", "strip_ansi", "wait_until"]

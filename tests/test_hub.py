@@ -1,0 +1,215 @@
+"""End to end through a real JupyterHub and configurable-http-proxy.
+
+Login through the form, spawn through the REST API, run the CINIC-10 notebook on
+the spawned server's engines, and check reservations across stops, failures,
+concurrent users and a hub restart.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import signal
+import time
+
+import nbformat
+import pytest
+
+from hub_harness import REPO, Hub, Kernel, engine_processes, wait_until
+
+pytestmark = pytest.mark.hub
+
+POOL = ["cpu:0", "cpu:1", "cpu:2", "cpu:3", "cpu:4", "cpu:5"]
+USERS = ["admin", "alice", "bob", "carol", "dave", "erin"]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    # A small, fast run of the notebook: a width-16 ResNet-18 on the generated sample.
+    env = {"CINIC10_DIR": str(root / "no-cinic10-here"), "CINIC10_EPOCHS": "6", "CINIC10_WIDTH": "16",
+           "CINIC10_BATCH": "32"}
+    h = Hub(root, USERS, POOL, spawner_env=env).start()
+    yield h
+    h.close()
+    assert not engine_processes(root), "engines left running after the hub was closed"
+
+
+@pytest.fixture
+def clean(hub):
+    """Every test starts and ends with no servers and no reservations."""
+    yield hub
+    for user in USERS:
+        hub.api("DELETE", f"/users/{user}/server")
+    wait_until(lambda: not hub.running_servers(), 60, what="servers to stop")
+    assert hub.reservations() == {}
+
+
+def notebook_cells() -> list[str]:
+    nb = nbformat.read(REPO / "notebooks" / "cinic10_distributed.ipynb", as_version=4)
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def test_login_form_admits_listed_users_only(hub):
+    home = hub.login("alice").get(f"{hub.url}/hub/home")
+    assert home.url.endswith("/hub/home") and "alice" in home.text
+    refused = hub.login("alice", password="wrong-password")
+    assert "/hub/login" in refused.get(f"{hub.url}/hub/home").url
+    stranger = hub.login("mallory", password=hub.password("alice"))
+    assert "/hub/login" in stranger.get(f"{hub.url}/hub/home").url
+
+
+def test_spawn_form_shows_free_slots_and_names_only_to_admins(clean):
+    hub = clean
+    assert hub.spawn("bob", 2).status_code in (201, 202)
+    hub.wait_ready("bob")
+    alice_page = hub.login("alice").get(f"{hub.url}/hub/spawn").text
+    assert 'name="workers"' in alice_page
+    assert "4 of 6 CPU workers free" in alice_page
+    assert "2 held by other users" in alice_page and "bob" not in alice_page
+    admin_page = hub.login("admin").get(f"{hub.url}/hub/spawn").text
+    assert "bob (2)" in admin_page
+
+
+def test_form_spawn_reserves_what_the_form_asked(clean):
+    hub = clean
+    s = hub.login("carol")
+    bad = s.post(f"{hub.url}/hub/spawn", data={"_xsrf": s.cookies.get("_xsrf"), "workers": "99"})
+    assert "workers must be a whole number from 1 to 6, got 99" in bad.text
+    assert hub.reservations() == {}
+    r = s.post(f"{hub.url}/hub/spawn", data={"_xsrf": s.cookies.get("_xsrf"), "workers": "2"},
+               allow_redirects=False)
+    assert r.status_code == 302
+    hub.wait_ready("carol")
+    assert sorted(o for o in hub.reservations().values()) == ["carol", "carol"]
+
+
+def test_notebook_trains_on_three_engines_and_recovers_from_failures(clean):
+    hub = clean
+    assert hub.spawn("alice", 3).status_code in (201, 202)
+    hub.wait_ready("alice")
+    engines = engine_processes(hub.root)
+    assert sorted(e["PDL_SLOT"] for e in engines.values()) == ["cpu:0", "cpu:1", "cpu:2"]
+
+    kernel = Kernel(hub, "alice")
+    try:
+        outputs = []
+        for source in notebook_cells():
+            out = kernel.execute(source, timeout=400)
+            assert out["error"] is None, f"cell failed:\n{source}\n{out}"
+            outputs.append(out["stdout"])
+        log = "".join(outputs)
+        assert "synthetic sample" in log and "3 ranks on cpu" in log
+        assert re.search(r"epoch\s+6/6", log), log
+        accuracy = float(re.search(r"test accuracy: ([\d.]+)%", log).group(1))
+        assert accuracy >= 50.0, f"the model did not learn (chance is 10%): {log}"
+
+        # a rank's exception comes back with its traceback, rank and host
+        out = kernel.execute("%%distributed -n 3\nif rank == 1:\n    raise ValueError('bad shard on purpose')\n")
+        assert out["error"] is not None
+        shown = ANSI.sub("", "\n".join(out["error"]["traceback"]))
+        assert "Rank 1 on host" in shown and "bad shard on purpose" in shown
+        assert "raise ValueError('bad shard on purpose')" in shown
+
+        # the stop button interrupts every rank in the middle of training
+        seen = []
+        kernel.ws.settimeout(1)
+        loop = ("%%distributed -n 3\nimport torch.distributed as dist\n"
+                "for step in range(10**6):\n    loss = model(torch.randn(8, 3, 32, 32)).sum()\n"
+                "    loss.backward()\n    if step == 0 and rank == 0: print('training', flush=True)\n")
+        started = time.monotonic()
+        import threading
+
+        def interrupt_when_training():
+            wait_until(lambda: seen, 60, what="training output")
+            time.sleep(1)
+            kernel.interrupt()
+
+        t = threading.Thread(target=interrupt_when_training)
+        t.start()
+        out = kernel.execute(loop, timeout=120, on_output=lambda at, text: seen.append(text))
+        t.join()
+        assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt"
+        assert "all 3 ranks stopped" in out["stderr"]
+        assert time.monotonic() - started < 90
+
+        # and the engines are usable afterwards, with their state
+        out = kernel.execute("%%distributed -n 3 --all-output\nx = torch.ones(1)\ndist.all_reduce(x)\n"
+                             "print('sum', int(x.item()), 'model', type(model).__name__)")
+        assert out["error"] is None, out
+        assert out["stdout"].count("sum 3 model ResNet18") == 3
+    finally:
+        kernel.close()
+
+
+def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):
+    hub = clean
+    assert hub.spawn("alice", 5).status_code in (201, 202)
+    hub.wait_ready("alice")
+    before = engine_processes(hub.root)
+    started = time.monotonic()
+    r = hub.spawn("bob", 2)
+    assert time.monotonic() - started < 5
+    assert r.status_code == 409
+    assert "you asked for 2, 1 of 6 are free (5 held by other users)" in r.json()["message"]
+    assert "bob" not in hub.reservations().values()
+    assert engine_processes(hub.root).keys() == before.keys()
+    assert not hub.server_ready("bob")
+
+
+def test_stop_releases_slots_and_processes(clean):
+    hub = clean
+    hub.spawn("dave", 2)
+    hub.wait_ready("dave")
+    pids = list(engine_processes(hub.root))
+    assert len(pids) == 2
+    assert hub.api("DELETE", "/users/dave/server").status_code in (202, 204)
+    wait_until(lambda: not engine_processes(hub.root), 30, what="dave's engines to exit")
+    assert "dave" not in hub.reservations().values()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_many_users_at_once_never_share_a_slot(clean):
+    hub = clean
+    users = ["alice", "bob", "carol", "dave", "erin"]
+    with concurrent.futures.ThreadPoolExecutor(len(users)) as pool:
+        codes = dict(zip(users, pool.map(lambda u: hub.spawn(u, 2).status_code, users)))
+    granted = [u for u, code in codes.items() if code in (201, 202)]
+    refused = [u for u, code in codes.items() if code == 409]
+    assert len(granted) == 3 and len(refused) == 2, codes
+    for user in granted:
+        hub.wait_ready(user)
+    owners = hub.reservations()
+    assert sorted(owners.values()) == sorted(granted * 2)
+    engines = wait_until(lambda: e if len(e := engine_processes(hub.root)) == 6 else None, 60,
+                         what="six engines")
+    slots = [e["PDL_SLOT"] for e in engines.values()]
+    assert sorted(slots) == sorted(POOL), "a slot is used by two engines"
+    for e in engines.values():  # each engine runs in the home of the user holding its slot
+        assert e["HOME"].endswith("/" + owners[e["PDL_SLOT"]])
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["restart", "crash"])
+def test_hub_restart_keeps_servers_and_reservations(clean, how):
+    hub = clean
+    hub.spawn("erin", 4)
+    hub.wait_ready("erin")
+    engines = engine_processes(hub.root)
+    held = hub.reservations()
+    hub.stop_hub(how)
+    hub.start()
+    hub.wait_ready("erin", timeout=30)
+    assert hub.reservations() == held
+    assert engine_processes(hub.root).keys() == engines.keys(), "engines were restarted"
+    r = hub.spawn("bob", 3)
+    assert r.status_code == 409 and "2 of 6 are free" in r.json()["message"]
+    kernel = Kernel(hub, "erin")
+    try:
+        kernel.execute("%load_ext pdl_magics")
+        out = kernel.execute("%%distributed -n 4\nprint('world', world_size)")
+        assert out["error"] is None and "world 4" in out["stdout"], out
+    finally:
+        kernel.close()

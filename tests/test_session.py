@@ -1,0 +1,243 @@
+"""DistributedSession against a real local cluster of three CPU-slot engines (gloo)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from _engines import SLOTS, Recorder, pdl_session, process_running, strip_ansi, wait_until  # noqa: F401
+from pdl_magics import RankFailed
+
+pytestmark = pytest.mark.integration
+
+ALL_REDUCE_RANK_PLUS_ONE = """
+import torch, torch.distributed as dist
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+t.item()
+"""
+
+
+def run(session, code, n=3, **kwargs):
+    """session.run with its output captured (returns result, out, err)."""
+    out, err = Recorder(), Recorder()
+    result = session.run(code, n, out=out, err=err, **kwargs)
+    return result, out, err
+
+
+def test_each_rank_sees_its_rank_world_size_local_rank_and_device(pdl_session):
+    result, _, _ = run(
+        pdl_session,
+        "import os\n(rank, world_size, local_rank, str(device), os.environ['PDL_SLOT'])",
+    )
+    values = [ast.literal_eval(v) for v in result.values]
+    assert values == [(r, 3, r, "cpu", SLOTS[r]) for r in range(3)]
+
+    result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)
+    assert result.values == ["6.0", "6.0", "6.0"]  # 1 + 2 + 3 on every rank
+
+    # a smaller world is a new group: the first two engines, summing only theirs
+    result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE + "\n(world_size, t.item())", n=2)
+    assert [ast.literal_eval(v) for v in result.values] == [(2, 3.0), (2, 3.0)]
+
+
+def test_state_persists_between_cells_for_a_ddp_training_step(pdl_session):
+    run(
+        pdl_session,
+        """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+ddp = DDP(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+""",
+    )
+    # the second cell only works if model/ddp/opt survived on every rank
+    result, _, _ = run(
+        pdl_session,
+        """
+x = torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + rank))
+opt.zero_grad()
+ddp(x).sum().backward()
+opt.step()
+torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+""",
+    )
+    params = [torch.tensor(ast.literal_eval(v)) for v in result.values]
+
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(4, 1)
+    xs = [torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + r)) for r in range(3)]
+    grad_w = torch.stack([x.sum(0) for x in xs]).mean(0)  # DDP averages gradients over ranks
+    expected = torch.cat([reference.weight.detach().flatten() - 0.1 * grad_w,
+                          reference.bias.detach() - 0.1 * 8.0])
+    for p in params:
+        torch.testing.assert_close(p, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rank0_output_streams_live_and_other_ranks_output_is_kept(pdl_session):
+    started = time.monotonic()
+    _, out, err = run(
+        pdl_session,
+        """
+import sys, time
+print(f"first from rank {rank}", flush=True)
+print(f"warning from rank {rank}", file=sys.stderr, flush=True)
+time.sleep(2)
+print(f"second from rank {rank}")
+""",
+    )
+    returned = time.monotonic()
+    assert returned - started >= 2.0
+
+    first_at = out.first_time("first from rank 0")
+    assert first_at is not None, out.text()
+    assert returned - first_at >= 1.0, "rank 0's output was not streamed while the cell ran"
+    assert "second from rank 0" in out.text()
+    assert "warning from rank 0" in err.text() and "warning" not in out.text()
+    for other in ("rank 1", "rank 2"):
+        assert other not in out.text() and other not in err.text()
+
+    kept = pdl_session.last_outputs
+    assert sorted(kept) == [0, 1, 2]
+    for r in range(3):
+        stdout, stderr = kept[r]
+        assert stdout == f"first from rank {r}\nsecond from rank {r}\n"
+        assert stderr == f"warning from rank {r}\n"
+
+    shown = io.StringIO()
+    pdl_session.show_output([2], shown)
+    text = shown.getvalue()
+    assert f"--- rank 2 ({socket.gethostname()}) ---" in text
+    assert "first from rank 2" in text and "warning from rank 2" in text
+    assert "rank 1" not in text and "rank 0" not in text
+
+    _, out, _ = run(pdl_session, "print(f'hello from rank {rank}')", all_output=True)
+    text = out.text()
+    for r in range(3):
+        assert f"hello from rank {r}" in text
+    assert text.index("hello from rank 0") < text.index("--- rank 1") < text.index("hello from rank 1")
+    assert text.index("--- rank 2") < text.index("hello from rank 2")
+
+
+def test_a_failing_rank_raises_rank_failed_with_its_traceback(pdl_session):
+    run(pdl_session, "kept = rank * 10")
+    started = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        run(pdl_session, "x = rank\nif rank == 1:\n    raise ValueError('bad shard')\ny = 2\n")
+    assert time.monotonic() - started < 10
+    e = info.value
+    assert (e.rank, e.host, e.ename, e.evalue) == (1, socket.gethostname(), "ValueError", "bad shard")
+    tb = strip_ansi("\n".join(e.remote_traceback))
+    assert "raise ValueError('bad shard')" in tb
+    assert "pdl/engine.py" not in tb and "run_cell" not in tb  # starts at the user's cell
+    shown = strip_ansi("\n".join(e._render_traceback_()))
+    assert shown.splitlines()[0] == f"Rank 1 on host {socket.gethostname()} raised ValueError:"
+    assert "raise ValueError('bad shard')" in shown
+
+    result, _, _ = run(pdl_session, "(rank, kept)")
+    assert [ast.literal_eval(v) for v in result.values] == [(0, 0), (1, 10), (2, 20)]
+
+
+def test_the_rank_that_raised_is_reported_not_the_peers_waiting_on_it(pdl_session):
+    started = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        run(
+            pdl_session,
+            """
+import time, torch, torch.distributed as dist
+if rank == 2:
+    time.sleep(0.3)  # ranks 0 and 1 are already waiting in the all_reduce
+    raise RuntimeError("root cause on rank 2")
+t = torch.ones(1)
+dist.all_reduce(t)
+""",
+        )
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, f"took {elapsed:.1f} s to report the failure"
+    e = info.value
+    assert (e.rank, e.ename, e.evalue) == (2, "RuntimeError", "root cause on rank 2")
+    assert 'raise RuntimeError("root cause on rank 2")' in strip_ansi("\n".join(e.remote_traceback))
+    assert "ranks 0, 1 were stopped" in e.note
+
+    result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)
+    assert result.values == ["6.0", "6.0", "6.0"]
+
+
+def test_interrupt_stops_every_rank_of_a_training_loop(pdl_session):
+    timers = []
+
+    def interrupt_soon(text):
+        # once rank 0 reports the loop running, press Ctrl-C a second later
+        if "loop running" in text and not timers:
+            timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+            timers.append(timer)
+            timer.start()
+
+    out, err = Recorder(on_write=interrupt_soon), Recorder()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pdl_session.run(
+                """
+import time, torch, torch.distributed as dist
+steps = 0
+a = torch.randn(64, 64)
+stop_at = time.time() + 60
+while time.time() < stop_at:
+    b = a @ a
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    time.sleep(0.01)
+    steps += 1
+    if steps == 5 and rank == 0:
+        print("loop running", flush=True)
+""",
+                3,
+                out=out,
+                err=err,
+            )
+    finally:
+        for timer in timers:
+            timer.cancel()
+    elapsed = time.monotonic() - started
+    assert timers, "the loop never reported running"
+    assert elapsed < 25, f"run() took {elapsed:.1f} s to return after the interrupt"
+    assert "Interrupting 3 rank(s)" in err.text()
+    assert "Interrupted: all 3 ranks stopped." in err.text()
+
+    # every engine is idle again: a cell returns on all ranks and a collective works
+    result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)
+    assert result.values == ["6.0", "6.0", "6.0"]
+    result, _, _ = run(pdl_session, "steps")
+    restarted = {  # a rank stuck in native code is restarted (and loses its variables)
+        r for r in range(3) for line in err.text().splitlines()
+        if line.startswith(f"rank {r} (") and "restarting its engine" in line
+    }
+    for r, v in enumerate(result.values):
+        if r not in restarted:
+            assert int(v) >= 5  # the loop really ran, and its state survived the interrupt
+
+
+def test_engines_survive_everything_and_close_stops_them(pdl_session):
+    result, _, _ = run(pdl_session, "import os\nos.getpid()")
+    pids = [int(v) for v in result.values]
+    assert sorted(pids) == sorted(info["pid"] for info in pdl_session._engines.values())
+    assert all(process_running(p) for p in pids)
+    controller_pid = pdl_session._cluster.controller.pid
+
+    pdl_session.close()
+
+    assert wait_until(lambda: not any(process_running(p) for p in pids), timeout=10), (
+        f"engines still running after close(): {[p for p in pids if process_running(p)]}"
+    )
+    assert wait_until(lambda: not process_running(controller_pid), timeout=10)
