@@ -188,9 +188,13 @@ class DistributedSession:
     # -- process group ---------------------------------------------------------
 
     def _ensure_group(self, world: list[Rank], backend: str, timeout_s: float) -> None:
-        key = (tuple(r.engine_id for r in world), backend, self._generation)
-        if key == self._group_key:
+        base = (tuple(r.engine_id for r in world), backend)
+        if self._group_key is not None and self._group_key[:2] == base:
             return
+        # A fresh key for every group formed: an engine left out of the last world
+        # still holds the group before it and must not mistake it for this one.
+        self._generation += 1
+        key = (*base, self._generation)
         hosts = {r.host for r in world}
         master = world[0]
         addr = "127.0.0.1" if len(hosts) == 1 else master.addr

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from _engines import SLOTS, Recorder, pdl_session, process_running, strip_ansi, wait_until  # noqa: F401
-from pdl_magics import RankFailed
+from pdl_magics import DistributedSession, RankFailed, clusters
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +44,27 @@ def test_each_rank_sees_its_rank_world_size_local_rank_and_device(pdl_session):
     result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)
     assert result.values == ["6.0", "6.0", "6.0"]  # 1 + 2 + 3 on every rank
 
-    # a smaller world is a new group: the first two engines, summing only theirs
-    result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE + "\n(world_size, t.item())", n=2)
-    assert [ast.literal_eval(v) for v in result.values] == [(2, 3.0), (2, 3.0)]
+
+def test_changing_the_number_of_ranks_and_back(tmp_path, monkeypatch):
+    """-n 2, then -n 1, then -n 2 again: each world gets a working group.
+
+    Uses its own two-engine session: if a switch hangs, the shared engines stay usable.
+    """
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    monkeypatch.delenv("PDL_CLUSTER_FILE", raising=False)
+    session = DistributedSession(local_slots=["cpu:0", "cpu:1"])
+    try:
+        session.run("pass", 2, out=io.StringIO(), err=io.StringIO())  # engines up
+        # a group that cannot form fails after ENGINE_TIMEOUT_S; don't wait a minute for it
+        monkeypatch.setattr(clusters, "ENGINE_TIMEOUT_S", 20)
+        code = ALL_REDUCE_RANK_PLUS_ONE + "\n(world_size, t.item())"
+        for n, total in ((2, 3.0), (1, 1.0), (2, 3.0)):
+            started = time.monotonic()
+            result, _, _ = run(session, code, n=n)
+            assert [ast.literal_eval(v) for v in result.values] == [(n, total)] * n
+            assert time.monotonic() - started < 15
+    finally:
+        session.close()
 
 
 def test_state_persists_between_cells_for_a_ddp_training_step(pdl_session):
