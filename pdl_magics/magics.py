@@ -54,8 +54,10 @@ class DistributedMagics(Magics):
                 self.session.show_output([args.output])
                 return None
             if args.output is not None:
-                raise DistributedUsageError("--output RANK is for the line magic %distributed")
-            if args.timeout <= 0:
+                raise DistributedUsageError(
+                f"--output RANK is for the line magic %distributed; cell options: {_OPTIONS}"
+                )
+            if not 0 < args.timeout < float("inf"):
                 raise DistributedUsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
             self.session.run(
                 cell,
@@ -71,6 +73,6 @@ class DistributedMagics(Magics):
     def _parse(self, line: str):
         try:
             return parse_argstring(self.distributed, line)
-        except UsageError as e:
+        except (UsageError, ValueError) as e:  # ValueError: shlex, e.g. an unclosed quote
             message = " ".join(str(e).split())
             raise UsageError(f"{message}; options: {_OPTIONS}") from None

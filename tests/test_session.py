@@ -33,6 +33,7 @@ def run(session, code, n=3, **kwargs):
     return result, out, err
 
 
+
 def test_each_rank_sees_its_rank_world_size_local_rank_and_device(pdl_session):
     result, _, _ = run(
         pdl_session,
@@ -43,63 +44,6 @@ def test_each_rank_sees_its_rank_world_size_local_rank_and_device(pdl_session):
 
     result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)
     assert result.values == ["6.0", "6.0", "6.0"]  # 1 + 2 + 3 on every rank
-
-
-def test_changing_the_number_of_ranks_and_back(tmp_path, monkeypatch):
-    """-n 2, then -n 1, then -n 2 again: each world gets a working group.
-
-    Uses its own two-engine session: if a switch hangs, the shared engines stay usable.
-    """
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
-    monkeypatch.delenv("PDL_CLUSTER_FILE", raising=False)
-    session = DistributedSession(local_slots=["cpu:0", "cpu:1"])
-    try:
-        session.run("pass", 2, out=io.StringIO(), err=io.StringIO())  # engines up
-        # a group that cannot form fails after ENGINE_TIMEOUT_S; don't wait a minute for it
-        monkeypatch.setattr(clusters, "ENGINE_TIMEOUT_S", 20)
-        code = ALL_REDUCE_RANK_PLUS_ONE + "\n(world_size, t.item())"
-        for n, total in ((2, 3.0), (1, 1.0), (2, 3.0)):
-            started = time.monotonic()
-            result, _, _ = run(session, code, n=n)
-            assert [ast.literal_eval(v) for v in result.values] == [(n, total)] * n
-            assert time.monotonic() - started < 15
-    finally:
-        session.close()
-
-
-def test_state_persists_between_cells_for_a_ddp_training_step(pdl_session):
-    run(
-        pdl_session,
-        """
-import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-ddp = DDP(model)
-opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-""",
-    )
-    # the second cell only works if model/ddp/opt survived on every rank
-    result, _, _ = run(
-        pdl_session,
-        """
-x = torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + rank))
-opt.zero_grad()
-ddp(x).sum().backward()
-opt.step()
-torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-""",
-    )
-    params = [torch.tensor(ast.literal_eval(v)) for v in result.values]
-
-    torch.manual_seed(0)
-    reference = torch.nn.Linear(4, 1)
-    xs = [torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + r)) for r in range(3)]
-    grad_w = torch.stack([x.sum(0) for x in xs]).mean(0)  # DDP averages gradients over ranks
-    expected = torch.cat([reference.weight.detach().flatten() - 0.1 * grad_w,
-                          reference.bias.detach() - 0.1 * 8.0])
-    for p in params:
-        torch.testing.assert_close(p, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_rank0_output_streams_live_and_other_ranks_output_is_kept(pdl_session):
@@ -244,6 +188,106 @@ while time.time() < stop_at:
     for r, v in enumerate(result.values):
         if r not in restarted:
             assert int(v) >= 5  # the loop really ran, and its state survived the interrupt
+
+
+# The tests below create DDP models, which stay referenced on the engines;
+# the failure and interrupt tests above run on engines without them.
+
+
+def test_state_persists_between_cells_for_a_ddp_training_step(pdl_session):
+    run(
+        pdl_session,
+        """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+ddp = DDP(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+""",
+    )
+    # the second cell only works if model/ddp/opt survived on every rank
+    result, _, _ = run(
+        pdl_session,
+        """
+x = torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + rank))
+opt.zero_grad()
+ddp(x).sum().backward()
+opt.step()
+torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+""",
+    )
+    params = [torch.tensor(ast.literal_eval(v)) for v in result.values]
+
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(4, 1)
+    xs = [torch.randn(8, 4, generator=torch.Generator().manual_seed(100 + r)) for r in range(3)]
+    grad_w = torch.stack([x.sum(0) for x in xs]).mean(0)  # DDP averages gradients over ranks
+    expected = torch.cat([reference.weight.detach().flatten() - 0.1 * grad_w,
+                          reference.bias.detach() - 0.1 * 8.0])
+    for p in params:
+        torch.testing.assert_close(p, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rank_failing_mid_training_leaves_the_other_ranks_state_alone(pdl_session):
+    """Rank 2 raises on a bad batch while ranks 0 and 1 wait in DDP's gradient all-reduce.
+
+    The waiting ranks must be released (not killed): their variables survive.
+    """
+    run(
+        pdl_session,
+        """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = torch.nn.Linear(4, 1)
+ddp = DDP(model)
+kept = rank * 10
+""",
+    )
+    err = Recorder()
+    started = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        pdl_session.run(
+            """
+import time
+if rank == 2:
+    time.sleep(0.3)  # ranks 0 and 1 are already in backward()'s all-reduce
+    raise ValueError("bad batch on rank 2")
+ddp(torch.randn(8, 4)).sum().backward()
+""",
+            3,
+            out=Recorder(),
+            err=err,
+        )
+    elapsed = time.monotonic() - started
+    assert (info.value.rank, info.value.evalue) == (2, "bad batch on rank 2")
+    assert "restarting its engine" not in err.text(), (
+        f"ranks waiting on the failed rank were killed instead of released ({elapsed:.1f} s):\n{err.text()}"
+    )
+    result, _, _ = run(pdl_session, "(rank, kept)")
+    assert [ast.literal_eval(v) for v in result.values] == [(0, 0), (1, 10), (2, 20)]
+
+
+def test_changing_the_number_of_ranks_and_back(tmp_path, monkeypatch):
+    """-n 2, then -n 1, then -n 2 again: each world gets a working group.
+
+    Uses its own two-engine session: if a switch hangs, the shared engines stay usable.
+    """
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    monkeypatch.delenv("PDL_CLUSTER_FILE", raising=False)
+    session = DistributedSession(local_slots=["cpu:0", "cpu:1"])
+    try:
+        session.run("pass", 2, out=io.StringIO(), err=io.StringIO())  # engines up
+        # a group that cannot form fails after ENGINE_TIMEOUT_S; don't wait a minute for it
+        monkeypatch.setattr(clusters, "ENGINE_TIMEOUT_S", 20)
+        code = ALL_REDUCE_RANK_PLUS_ONE + "\n(world_size, t.item())"
+        for n, total in ((2, 3.0), (1, 1.0), (2, 3.0)):
+            started = time.monotonic()
+            result, _, _ = run(session, code, n=n)
+            assert [ast.literal_eval(v) for v in result.values] == [(n, total)] * n
+            assert time.monotonic() - started < 15
+    finally:
+        session.close()
 
 
 def test_engines_survive_everything_and_close_stops_them(pdl_session):
