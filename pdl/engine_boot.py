@@ -3,7 +3,7 @@
 ``python -m pdl.engine_boot engine|controller [ipyparallel args...]``
 
 Before handing over to ipyparallel it
-- asks the kernel to SIGTERM this process when its parent dies, so engines never
+- asks the kernel to SIGKILL this process when its parent dies, so engines never
   outlive the kernel or user server that started them (even after ``kill -9``);
 - pins the process to the cores in ``$PDL_CPUS`` (set by :func:`pdl.slots.engine_env`).
 """
@@ -19,12 +19,13 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Linux only: get SIGTERM when the parent process exits; no-op elsewhere."""
+    """Linux only: get SIGKILL when the parent process exits; no-op elsewhere."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    # SIGKILL, not SIGTERM: an engine blocked in a collective cannot run a Python handler
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # parent died before prctl took effect
         sys.exit(1)
 

@@ -11,7 +11,7 @@ The PDL spawner runs ``pdl-singleuser <jupyterhub-singleuser args>`` with
    dies, so the reservation always has its engines;
 4. on SIGINT/SIGTERM, or when the server exits, stops the server and the cluster.
 
-Every engine and the controller get SIGTERM if this process dies, even by SIGKILL.
+Every engine and the controller get SIGKILL if this process dies, even by SIGKILL.
 """
 
 from __future__ import annotations
