@@ -152,7 +152,7 @@ class DistributedSession:
         client = self._connect()
         if not self.is_hub:
             running = {info["slot"] for info in self._engines.values()}
-            started = sum(1 for es in self._cluster.engines.values())
+            started = len(self._cluster.engines)
             missing = [s for s in self.pool()[started:n] if s not in running]
             if missing:
                 clusters.start_slot_engines(self._cluster, missing, len(self.pool()))
@@ -210,7 +210,6 @@ class DistributedSession:
             for r, ar in zip(world, ars):
                 ar.get(timeout=clusters.ENGINE_TIMEOUT_S)
         except ipp.error.RemoteError as e:
-            self._generation += 1
             raise RuntimeError(
                 f"could not set up torch.distributed on rank {r.rank} ({r.host}): "
                 f"{e.ename}: {e.evalue}"
@@ -248,7 +247,6 @@ class DistributedSession:
         self.last_outputs = {r.rank: (ar.stdout or "", ar.stderr or "") for r, ar in zip(world, ars)}
         if outcome.aborted or outcome.stuck:
             self._group_key = None
-            self._generation += 1
         if outcome.stuck:
             self.replace_engines(outcome.stuck, err)
         if all_output:
