@@ -52,10 +52,6 @@ def assert_usage_error_and_nothing_ran(ip, marker, line, *fragments):
         marker.unlink(missing_ok=True)
 
 
-# Order matters a little: the default -n (all three engines) runs before the
-# two-rank tests, so the session does not go back from -n 2 to -n 3.
-
-
 def test_default_n_runs_on_every_engine_and_prints_rank0_output(ip, marker):
     with capture_output() as cap:
         ip.run_cell_magic("distributed", "", marker_cell(marker) + "print(f'rank {rank} of {world_size}')")

