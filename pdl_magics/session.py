@@ -245,7 +245,9 @@ class DistributedSession:
         self.last_world = world
         outcome = _Watch(self, world, ars, out, err).wait()
         self.last_outputs = {r.rank: (ar.stdout or "", ar.stderr or "") for r, ar in zip(world, ars)}
-        if outcome.aborted or outcome.stuck:
+        if outcome.aborted or outcome.stuck or outcome.user_interrupt:
+            # Interrupted ranks may have stopped at different collectives; a group
+            # kept across that would hang the next collective, so form a new one.
             self._group_key = None
         if outcome.stuck:
             self.replace_engines(outcome.stuck, err)
