@@ -16,8 +16,13 @@ import socket
 import time
 import traceback
 
+from pdl.group_sockets import GroupSockets
+
 #: Key of the process group this engine belongs to, or None.
 _group_key: tuple | None = None
+
+#: The connections of this engine's process group, cut by :func:`abort_group`.
+_group_sockets = GroupSockets()
 
 #: Names the cell sees, set by :func:`init_torch`.
 CELL_NAMES = ("rank", "world_size", "local_rank", "device")
@@ -84,6 +89,7 @@ def init_torch(
         backend = "gloo"
     if _group_key != key or not dist.is_initialized():
         abort_group()
+        _group_sockets.before()
         dist.init_process_group(
             backend,
             init_method=f"tcp://{master_addr}:{master_port}",
@@ -91,6 +97,7 @@ def init_torch(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        _group_sockets.after()
         _group_key = key
     _shell().user_ns.update(
         rank=rank, world_size=world_size, local_rank=local_rank, device=device
@@ -102,32 +109,29 @@ def abort_group() -> bool:
     """Tear down this engine's process group, releasing peers blocked in a collective.
 
     Returns True if there was a group. Peers waiting on this rank fail at once
-    with a connection error instead of hanging until the group's timeout.
+    with a connection error instead of hanging until the group's timeout, even
+    while objects such as a DDP wrapper still reference the old group.
     """
     global _group_key
     import torch.distributed as dist
 
     _group_key = None
     if not dist.is_initialized():
+        _group_sockets.cut()
         return False
     try:
         if dist.get_backend() == "nccl":
             from torch.distributed.distributed_c10d import _abort_process_group
 
             _abort_process_group()
-        else:
-            # destroy_process_group() alone leaves gloo's connections open while a
-            # Work is pending, so a peer blocked on this rank would wait forever.
-            import torch
-
-            dist.group.WORLD._get_backend(torch.device("cpu")).abort()
     except Exception:
         pass  # a group that is already broken may refuse to abort; destroy it anyway
+    _group_sockets.cut()  # releases the peers: see pdl.group_sockets
     try:
         dist.destroy_process_group()
     except Exception:
         pass
-    gc.collect()  # free the group now: its sockets close and peers are released
+    gc.collect()  # free what no longer references the group now, not at some later cell
     return True
 
 
@@ -180,10 +184,12 @@ def run_cell(code: str, cell_number: int) -> dict:
         return {"status": "ok", "value": None if value is None else repr(value)}
     except BaseException as exc:  # noqa: BLE001 - every failure goes back as data
         failure = _describe_failure(shell, exc)
-        # Frames of a failed collective hold its Work, which keeps the group's
-        # sockets open; drop them so a later abort_group() releases the peers.
-        traceback.clear_frames(exc.__traceback__)
+        traceback.clear_frames(exc.__traceback__)  # a failed collective's frames hold its Work
         del exc
+        if failure["status"] == "interrupted":
+            # Ranks interrupted at different collectives can't share the group any
+            # more; leaving it now releases any peer still blocked on this rank.
+            abort_group()
         return failure
 
 

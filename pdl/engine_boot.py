@@ -3,8 +3,9 @@
 ``python -m pdl.engine_boot engine|controller [ipyparallel args...]``
 
 Before handing over to ipyparallel it
-- asks the kernel to SIGKILL this process when its parent dies, so engines never
-  outlive the kernel or user server that started them (even after ``kill -9``);
+- asks the kernel to SIGKILL this process (and what it forks) when its parent
+  dies, so engines and controllers never outlive the kernel or user server that
+  started them (even after ``kill -9``);
 - pins the process to the cores in ``$PDL_CPUS`` (set by :func:`pdl.slots.engine_env`).
 """
 
@@ -19,7 +20,11 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Linux only: get SIGKILL when the parent process exits; no-op elsewhere."""
+    """Linux only: get SIGKILL when the parent process exits; no-op elsewhere.
+
+    Processes this one forks (the controller's schedulers and heart monitor) get
+    the same, so the whole tree goes when its root's parent does.
+    """
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
@@ -28,6 +33,7 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # parent died before prctl took effect
         sys.exit(1)
+    os.register_at_fork(after_in_child=die_with_parent)
 
 
 def pin_cpus() -> None:

@@ -398,13 +398,16 @@ class _Watch:
         waited = time.monotonic() - self.trigger_at
         if waited < PEER_GRACE_S:
             return
-        # Finished ranks are idle: tearing down their group frees peers blocked on them.
+        # Finished ranks are idle: cutting their group's connections makes peers
+        # blocked on them fail at once with a connection error, state intact.
         finished = [r for r in self.world if r.rank in self.results and r.rank not in self._aborted_ranks]
         for r in finished:
             self.session.client[r.engine_id].apply_async(_remote, "abort_group")
             self._aborted_ranks.add(r.rank)
             self.aborted = True
-        if self._signalled_at is None or time.monotonic() - self._signalled_at > 5.0:
+        if waited < 2 * PEER_GRACE_S:
+            return  # give the released peers time to return before interrupting them
+        if self._signalled_at is None or time.monotonic() - self._signalled_at > STOP_TIMEOUT_S:
             self._signal_pending()
 
     def _signal_pending(self) -> None:

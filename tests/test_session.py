@@ -135,7 +135,16 @@ dist.all_reduce(t)
     assert result.values == ["6.0", "6.0", "6.0"]
 
 
-def test_interrupt_stops_every_rank_of_a_training_loop(pdl_session):
+LOOP_BODIES = {
+    # compute between collectives: most of the time is spent in Python
+    "training": "b = a @ a\n    t = torch.ones(1)\n    dist.all_reduce(t)\n    time.sleep(0.01)",
+    # nothing but collectives: some ranks are always blocked in native code
+    "tight": "t = torch.ones(1)\n    dist.all_reduce(t)",
+}
+
+
+@pytest.mark.parametrize("loop", sorted(LOOP_BODIES))
+def test_interrupt_stops_every_rank_and_keeps_their_state(pdl_session, loop):
     timers = []
 
     def interrupt_soon(text):
@@ -150,16 +159,13 @@ def test_interrupt_stops_every_rank_of_a_training_loop(pdl_session):
     try:
         with pytest.raises(KeyboardInterrupt):
             pdl_session.run(
-                """
+                f"""
 import time, torch, torch.distributed as dist
 steps = 0
 a = torch.randn(64, 64)
 stop_at = time.time() + 60
 while time.time() < stop_at:
-    b = a @ a
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    time.sleep(0.01)
+    {LOOP_BODIES[loop]}
     steps += 1
     if steps == 5 and rank == 0:
         print("loop running", flush=True)
@@ -180,14 +186,9 @@ while time.time() < stop_at:
     # every engine is idle again: a cell returns on all ranks and a collective works
     result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)
     assert result.values == ["6.0", "6.0", "6.0"]
+    assert "restarting its engine" not in err.text()
     result, _, _ = run(pdl_session, "steps")
-    restarted = {  # a rank stuck in native code is restarted (and loses its variables)
-        r for r in range(3) for line in err.text().splitlines()
-        if line.startswith(f"rank {r} (") and "restarting its engine" in line
-    }
-    for r, v in enumerate(result.values):
-        if r not in restarted:
-            assert int(v) >= 5  # the loop really ran, and its state survived the interrupt
+    assert all(int(v) >= 5 for v in result.values)  # the loop ran; its state survived
 
 
 # The tests below create DDP models, which stay referenced on the engines;
@@ -229,11 +230,6 @@ torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
         torch.testing.assert_close(p, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: while the group is still referenced (here by DDP), abort_group does not "
-    "close gloo's connections, so waiting ranks are replaced instead of released",
-)
 def test_a_rank_failing_mid_training_leaves_the_other_ranks_state_alone(pdl_session):
     """Rank 2 raises on a bad batch while ranks 0 and 1 wait in DDP's gradient all-reduce.
 
