@@ -9,6 +9,8 @@ Environment variables tune it without editing this file:
   Unix user running the hub); the first one is the admin;
 - ``PDL_HUB_PORT``: port on 127.0.0.1 (default 8000); ``PDL_HUB_INTERNAL_PORT``
   and ``PDL_PROXY_API_PORT`` move the hub's own API (8081) and the proxy's (8001);
+- ``PDL_KEEP_SERVERS``: ``1`` (default) keeps users' servers running across a hub
+  restart; ``0`` stops them, and frees their slots, when the hub stops;
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
   (default: every GPU, else 4 CPU slots).
 
@@ -43,9 +45,10 @@ if _proxy.exists():
 c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
-# Servers and their engines keep running across hub restarts; the reservation
-# ledger and spawner state let the restarted hub take them back.
-c.JupyterHub.cleanup_servers = False
+# By default servers and their engines keep running across hub restarts; the
+# reservation ledger and spawner state let the restarted hub take them back.
+# PDL_KEEP_SERVERS=0 stops every server (releasing its slots) when the hub stops.
+c.JupyterHub.cleanup_servers = os.environ.get("PDL_KEEP_SERVERS", "1") == "0"
 c.ConfigurableHTTPProxy.pid_file = str(state_dir / "proxy.pid")
 
 c.JupyterHub.authenticator_class = "shared-password"

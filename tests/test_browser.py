@@ -1,0 +1,96 @@
+"""A new user's path in a real browser (Chromium through Playwright).
+
+Log in through the hub's form, ask for 3 workers on the spawn page, open the
+CINIC-10 notebook in JupyterLab, run every cell, and read the trained model's
+accuracy off the page.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+from hub_harness import REPO, Hub, engine_processes
+
+playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser-hub")
+    env = {"CINIC10_DIR": str(root / "no-cinic10-here"), "CINIC10_EPOCHS": "6", "CINIC10_WIDTH": "16",
+           "CINIC10_BATCH": "32"}
+    notebooks = root / "home" / "ada" / "notebooks"
+    notebooks.mkdir(parents=True)
+    shutil.copy(REPO / "notebooks" / "cinic10_distributed.ipynb", notebooks)
+    h = Hub(root, ["ada"], ["cpu:0", "cpu:1", "cpu:2"], spawner_env=env).start()
+    yield h
+    h.close()
+    assert not engine_processes(root), "engines left running after the hub was closed"
+
+
+@pytest.fixture
+def page(tmp_path):
+    if CHROMIUM is None:
+        reason = "no chromium on PATH (scripts/setup --test installs it as root)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        try:
+            yield page
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def test_new_user_logs_in_spawns_and_trains_in_the_browser(hub, page):
+    started = time.monotonic()
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", "ada")
+    page.fill("#password_input", hub.password("ada"))
+    page.click("#login_submit")
+
+    page.wait_for_url("**/hub/spawn**", timeout=30_000)
+    assert "3 of 3 CPU workers free" in page.inner_text("form")
+    page.fill("input[name=workers]", "3")
+    page.click("form [type=submit]")
+    page.wait_for_url("**/user/ada/lab**", timeout=90_000)
+    assert sorted(hub.reservations().values()) == ["ada"] * 3
+
+    # ?reset: no restored workspace dialogs; wait for Idle before running (jupyterlab#15420)
+    page.goto(f"{hub.url}/user/ada/lab/tree/notebooks/cinic10_distributed.ipynb?reset")
+    page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
+    page.click("#jp-menu-panel >> text=Run", timeout=10_000)
+    page.click("text=Run All Cells", timeout=10_000)
+
+    notebook = page.locator(".jp-Notebook")
+    page.wait_for_function(
+        "() => /test accuracy: [0-9.]+%|Traceback/.test(document.querySelector('.jp-Notebook').innerText)",
+        timeout=400_000,
+        polling=1000,
+    )
+    text = notebook.inner_text()
+    assert "Traceback" not in text, text[-3000:]
+    assert "3 ranks on cpu" in text
+    assert re.search(r"epoch 6/6 +train loss [\d.]+ +test acc", text), text[-2000:]
+    accuracy = float(re.search(r"test accuracy: ([\d.]+)%", text).group(1))
+    assert accuracy > 25.0, f"the model did not learn: {accuracy}% (chance is 10%)\n{text[-2000:]}"
+    print(f"login to trained model in {time.monotonic() - started:.0f} s, accuracy {accuracy}%")
