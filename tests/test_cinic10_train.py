@@ -70,7 +70,6 @@ def test_lr_warms_up_linearly_then_decays_to_zero():
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(120)
 def test_single_process_fit_learns_the_sample(sample):
     torch.manual_seed(0)
     train, test = load_split(sample, "train"), load_split(sample, "test")
@@ -111,7 +110,6 @@ def _train_rank(rank: int, world: int, port: int, root: str, out: str) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(180)
 def test_two_gloo_ranks_end_identical_and_learn(sample, tmp_path, monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # keep gloo on 127.0.0.1
     mp.spawn(_train_rank, args=(2, _free_port(), str(sample), str(tmp_path)), nprocs=2, join=True)
