@@ -11,6 +11,10 @@ Environment variables tune it without editing this file:
   and ``PDL_PROXY_API_PORT`` move the hub's own API (8081) and the proxy's (8001);
 - ``PDL_KEEP_SERVERS``: ``1`` (default) keeps users' servers running across a hub
   restart; ``0`` stops them, and frees their slots, when the hub stops;
+- ``PDL_SPAWNER``: ``local`` (default: engines are processes on this machine) or
+  ``swarm`` (a Docker Swarm mini-cluster; then ``PDL_HUB_CONNECT_IP``, this node's
+  address as the other nodes reach it, is required, and ``PDL_NOTEBOOK_IMAGE``,
+  ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_GPUS`` apply);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
   (default: every GPU, else 4 CPU slots).
 
@@ -66,3 +70,17 @@ c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 if os.environ.get("PDL_POOL"):
     c.PDLLocalSpawner.pool = [s.strip() for s in os.environ["PDL_POOL"].split(",") if s.strip()]
+
+if os.environ.get("PDL_SPAWNER", "local") == "swarm":
+    # The mini-cluster: users' servers and engines run as Docker Swarm services, one
+    # engine per GPU that the nodes declare (docs/admin.md). The hub talks to the
+    # manager's Docker socket and must be reachable from every node.
+    c.JupyterHub.spawner_class = "pdl-swarm"
+    c.JupyterHub.ip = os.environ.get("PDL_HUB_IP", "0.0.0.0")
+    c.JupyterHub.hub_ip = "0.0.0.0"
+    c.JupyterHub.hub_connect_ip = os.environ["PDL_HUB_CONNECT_IP"]  # this node's address
+    c.PDLSwarmSpawner.image = os.environ.get("PDL_NOTEBOOK_IMAGE", "pdl-notebook:latest")
+    c.PDLSwarmSpawner.client_kwargs = {"base_url": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")}
+    c.PDLSwarmSpawner.default_gpus = int(os.environ.get("PDL_DEFAULT_GPUS", "1"))
+elif os.environ.get("PDL_SPAWNER", "local") != "local":
+    raise SystemExit(f"PDL_SPAWNER must be 'local' or 'swarm', got {os.environ['PDL_SPAWNER']!r}")

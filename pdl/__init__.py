@@ -5,6 +5,10 @@
 - :mod:`pdl.engine`: code that runs inside each ipyparallel engine (process-group
   setup, running a cell, aborting a group).
 - :mod:`pdl.engine_boot`: the engine/controller process entry point.
+- :mod:`pdl.metrics`: :func:`log`, training metrics the notebook shows live.
 """
 
+from pdl.metrics import log
+
+__all__ = ["log"]
 __version__ = "0.1.0"

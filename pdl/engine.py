@@ -16,15 +16,17 @@ import socket
 import time
 import traceback
 
+from pdl import horovod_engine
 from pdl.group_sockets import GroupSockets
 
-#: Key of the process group this engine belongs to, or None.
+#: Key of the process group this engine belongs to, or None. One group at a
+#: time: a torch.distributed group or a Horovod world (``key[1]`` names which).
 _group_key: tuple | None = None
 
 #: The connections of this engine's process group, cut by :func:`abort_group`.
 _group_sockets = GroupSockets()
 
-#: Names the cell sees, set by :func:`init_torch`.
+#: Names the cell sees, set by :func:`init_torch` (and ``hvd`` by :func:`init_horovod`).
 CELL_NAMES = ("rank", "world_size", "local_rank", "device")
 
 
@@ -35,8 +37,12 @@ def _shell():
 
 
 def describe() -> dict:
-    """Who this engine is: host name, address, pid and its slot."""
-    host = socket.gethostname()
+    """Who this engine is: host name, address, pid and its slot.
+
+    The host is ``$PDL_ENGINE_HOST`` when set (a Swarm task's node), else this
+    machine's host name.
+    """
+    host = os.environ.get("PDL_ENGINE_HOST") or socket.gethostname()
     return {
         "host": host,
         "addr": os.environ.get("PDL_ENGINE_ADDR") or _routable_addr(),
@@ -77,16 +83,10 @@ def init_torch(
     All ranks of the group must call this concurrently.
     """
     global _group_key
-    import torch
     import torch.distributed as dist
 
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
+    device = _device(local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if _group_key != key or not dist.is_initialized():
         abort_group()
         _group_sockets.before()
@@ -105,17 +105,69 @@ def init_torch(
     return {"backend": backend, "device": str(device)}
 
 
-def abort_group() -> bool:
-    """Tear down this engine's process group, releasing peers blocked in a collective.
+def init_horovod(key: tuple, env: dict[str, str], local_rank: int, iface_addr: str) -> dict:
+    """Join the Horovod world named by ``key`` (no-op if already in it).
 
-    Returns True if there was a group. Peers waiting on this rank fail at once
-    with a connection error instead of hanging until the group's timeout, even
-    while objects such as a DDP wrapper still reference the old group.
+    ``env`` is this rank's ``HOROVOD_*`` environment from the notebook kernel,
+    which runs the rendezvous; ``iface_addr`` is the address gloo listens on.
+    Defines ``hvd`` (``horovod.torch``), ``rank``, ``world_size``,
+    ``local_rank`` and ``device`` in the engine's namespace. All ranks of the
+    world must call this concurrently.
+    """
+    global _group_key
+
+    device = _device(local_rank)
+    if _group_key != key or not horovod_engine.is_running():
+        abort_group()
+        _group_sockets.before()
+        horovod_engine.start(env, iface_addr)
+        _group_sockets.after()
+        _group_key = key
+    import horovod.torch as hvd
+
+    _shell().user_ns.update(
+        hvd=hvd, rank=hvd.rank(), world_size=hvd.size(), local_rank=hvd.local_rank(), device=device
+    )
+    return {"backend": "horovod", "device": str(device), "nccl": bool(hvd.nccl_built())}
+
+
+def horovod_problem() -> str | None:
+    """Why this engine cannot use Horovod (one line), or None if it can."""
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
+
+
+def _device(local_rank: int):
+    """This rank's torch device: its GPU (made current) if it sees one, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def abort_group() -> bool:
+    """Tear down this engine's process group or Horovod world, releasing blocked peers.
+
+    Returns True if there was one. Peers waiting on this rank fail at once
+    with a connection error (Horovod: ``HorovodInternalError``) instead of
+    hanging until the group's timeout, even while objects such as a DDP
+    wrapper still reference the old group.
     """
     global _group_key
     import torch.distributed as dist
 
     _group_key = None
+    if horovod_engine.is_running():
+        # the ranks agree on the shutdown; connections are cut only if a peer is frozen
+        horovod_engine.stop(on_stall=_group_sockets.cut)
+        gc.collect()
+        return True
     if not dist.is_initialized():
         _group_sockets.cut()
         return False
@@ -144,6 +196,8 @@ def _is_comm_error(exc: BaseException) -> bool:
             return True
     except ImportError:
         pass
+    if horovod_engine.is_peer_failure(exc):
+        return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and (
         "Connection closed by peer" in text
@@ -174,8 +228,21 @@ def run_cell(code: str, cell_number: int) -> dict:
     Returns ``{"status": "ok", "value": repr-or-None}`` or, for any exception
     (KeyboardInterrupt included), ``{"status": "error" | "interrupted", "ename",
     "evalue", "traceback": [ANSI lines], "comm_error": bool, "time": epoch s}``.
-    The traceback starts at the user's cell, not at PDL's frames.
+    The traceback starts at the user's cell, not at PDL's frames. ``pdl.log``
+    calls made by the cell are published to the notebook (:mod:`pdl.metrics`).
     """
+    from ipyparallel.datapub import publish_data
+
+    from pdl import metrics
+
+    metrics._channel.begin_cell(publish_data)
+    try:
+        return _run_cell(code, cell_number)
+    finally:
+        metrics._channel.end_cell()
+
+
+def _run_cell(code: str, cell_number: int) -> dict:
     shell = _shell()
     try:
         body, last = _compile_cell(shell, code, cell_number)
@@ -195,7 +262,7 @@ def run_cell(code: str, cell_number: int) -> dict:
 
 def _describe_failure(shell, exc: BaseException) -> dict:
     failed_at = time.time()
-    tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # skip run_cell
+    tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # skip _run_cell
     while True:
         try:  # a second SIGINT may land while formatting; format again
             lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)

@@ -6,7 +6,11 @@ Before handing over to ipyparallel it
 - asks the kernel to SIGKILL this process (and what it forks) when its parent
   dies, so engines and controllers never outlive the kernel or user server that
   started them (even after ``kill -9``);
-- pins the process to the cores in ``$PDL_CPUS`` (set by :func:`pdl.slots.engine_env`).
+- pins the process to the cores in ``$PDL_CPUS`` (set by :func:`pdl.slots.engine_env`);
+- for a controller whose engines run elsewhere (Docker Swarm), reads its CurveZMQ
+  keypair from the secret file named by ``$PDL_CONTROLLER_SECRET`` (see
+  :mod:`pdl.connection`), so the secret key never appears in a command line or
+  environment.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
 
 
 def die_with_parent() -> None:
@@ -45,18 +50,38 @@ def pin_cpus() -> None:
         os.sched_setaffinity(0, (wanted & allowed) or allowed)
 
 
+def no_new_privileges() -> None:
+    """Linux only: this process and everything it starts can never gain privileges
+    (setuid binaries, file capabilities). Irreversible; no-op elsewhere."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def controller_kwargs() -> dict:
+    """Launch kwargs for the controller: its keypair when ``$PDL_CONTROLLER_SECRET`` is set."""
+    path = os.environ.get("PDL_CONTROLLER_SECRET")
+    if not path:
+        return {}
+    from pdl.connection import controller_config, read_secret
+
+    return {"config": controller_config(read_secret(path))}
+
+
 def main() -> None:
     role, args = sys.argv[1], sys.argv[2:]
     die_with_parent()
+    kwargs = {}
     if role == "engine":
         pin_cpus()
         from ipyparallel.engine.app import main as run
     elif role == "controller":
         from ipyparallel.controller.app import main as run
+
+        kwargs = controller_kwargs()
     else:
         sys.exit(f"pdl.engine_boot: unknown role {role!r}; use 'engine' or 'controller'")
     sys.argv = [f"pdl-{role}", *args]
-    run()
+    run(**kwargs)
 
 
 if __name__ == "__main__":

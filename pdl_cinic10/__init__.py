@@ -1,5 +1,5 @@
 """CINIC-10 for PDL notebooks: load the official PNG layout, shard it across
-ranks, and train a CIFAR-style ResNet-18 with torch.distributed.
+ranks, and train a CIFAR-style ResNet-18 with torch.distributed (DDP) or Horovod.
 
 Importing this package is cheap (no torch); the heavy modules are
 ``pdl_cinic10.data``, ``.model`` and ``.train``.

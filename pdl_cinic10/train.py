@@ -1,8 +1,9 @@
 """Data-parallel training of a classifier on CINIC-10 tensors.
 
 Works in one process, or on every rank of an initialised torch.distributed
-group (e.g. on ipyparallel engines): each rank trains on its shard, DDP
-averages gradients, and evaluation splits the test set across ranks.
+group or Horovod world (e.g. on ipyparallel engines): each rank trains on its
+shard, DDP or ``hvd.DistributedOptimizer`` averages gradients, and evaluation
+splits the test set across ranks. :mod:`pdl_cinic10.collectives` hides which.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+import pdl
+
+from .collectives import Collectives, for_backend
 from .data import seed_from, shard_indices
 
 __all__ = ["Hyper", "normalize", "augment", "lr_factor", "fit", "evaluate"]
@@ -97,21 +100,24 @@ def fit(
     *,
     device: str | torch.device,
     log: Callable[[str], object] = print,
+    backend: str = "auto",
 ) -> dict:
     """Train ``model`` for ``hp.epochs`` epochs and evaluate after each.
 
     ``train``/``test`` are ``(uint8 images [N,3,32,32], int64 labels [N])``, the
-    same on every rank. ``log`` gets one line per epoch, on rank 0 only.
+    same on every rank. ``log`` gets one line per epoch, on rank 0 only; progress
+    (step, loss, epoch, img_per_s) goes to :func:`pdl.log` about 20 times an epoch,
+    which a ``%%distributed`` cell shows as a live bar and loss curve.
+    ``backend`` is "torch" (DDP), "horovod" (``hvd.DistributedOptimizer``) or
+    "auto" (Horovod if it is initialised here, else torch.distributed); either
+    way every rank starts from rank 0's weights.
     Returns ``{"history": [{epoch, train_loss, test_acc, images_per_sec}, ...],
     "test_acc": final accuracy 0..1, "model": the trained (unwrapped) module}``.
     """
     device = torch.device(device)
-    rank, world = _rank_and_world()
+    comm = for_backend(backend)
+    rank, world = comm.rank, comm.world
     module = _unwrap(model).to(device)
-    net = module
-    if world > 1:
-        device_ids = [device] if device.type == "cuda" else None
-        net = DistributedDataParallel(module, device_ids=device_ids)
 
     images, labels = train
     shard = len(images) // world
@@ -123,16 +129,18 @@ def fit(
     peak_lr = hp.lr * hp.batch_size * world / 256
 
     optimizer = torch.optim.SGD(
-        net.parameters(),
+        module.parameters(),
         lr=peak_lr,
         momentum=hp.momentum,
         nesterov=hp.nesterov,
         weight_decay=hp.weight_decay,
     )
+    net, optimizer = comm.distribute(module, optimizer)
     criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
     generator = torch.Generator().manual_seed(seed_from(hp.seed, rank))  # per-rank augmentations
 
     history, step = [], 0
+    log_every = max(1, steps_per_epoch // 20)  # about 20 progress points per epoch
     for epoch in range(hp.epochs):
         net.train()
         order = shard_indices(len(images), rank, world, epoch=epoch, seed=hp.seed)
@@ -146,18 +154,22 @@ def fit(
             for group in optimizer.param_groups:
                 group["lr"] = peak_lr * lr_factor(step, total_steps, warmup_steps)
             loss = criterion(net(normalize(x)), y)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()  # set_to_none (torch >= 2.0); hvd.DistributedOptimizer takes no argument
             loss.backward()
             optimizer.step()
             loss_sum += loss.detach() * len(batch)
             step += 1
+            if step % log_every == 0 or step == total_steps:  # .item() syncs a GPU: not every step
+                done = min(start + hp.batch_size, shard) * world
+                pdl.log(step=step, total=total_steps, loss=loss.item(), epoch=epoch + 1,
+                        img_per_s=done / (time.perf_counter() - started))
         _synchronize(device)
         seconds = torch.tensor(time.perf_counter() - started, device=device)
-        _all_reduce(loss_sum)
-        _all_reduce(seconds, dist.ReduceOp.MAX)
-        _broadcast_buffers(module)  # BatchNorm statistics: rank 0's, so every rank holds one model
+        comm.all_reduce_(loss_sum)
+        comm.all_reduce_(seconds, "max")
+        _broadcast_buffers(comm, module)  # BatchNorm statistics: rank 0's, so every rank holds one model
 
-        accuracy = evaluate(module, *test, device=device)
+        accuracy = evaluate(module, *test, device=device, backend=comm)
         record = {
             "epoch": epoch + 1,
             "train_loss": loss_sum.item() / (shard * world),
@@ -174,7 +186,7 @@ def fit(
             )
     return {
         "history": history,
-        "test_acc": history[-1]["test_acc"] if history else evaluate(module, *test, device=device),
+        "test_acc": history[-1]["test_acc"] if history else evaluate(module, *test, device=device, backend=comm),
         "model": module,
     }
 
@@ -187,14 +199,17 @@ def evaluate(
     *,
     device: str | torch.device,
     batch_size: int = 1024,
+    backend: str | Collectives = "auto",
 ) -> float:
     """Top-1 accuracy 0..1 of ``model`` over all of ``images``/``labels``.
 
-    When torch.distributed is initialised, call it on every rank: each rank
-    scores a contiguous slice and the counts are summed across ranks.
+    When torch.distributed or Horovod is initialised (see ``fit``'s ``backend``),
+    call it on every rank: each rank scores a contiguous slice and the counts are
+    summed across ranks.
     """
     device = torch.device(device)
-    rank, world = _rank_and_world()
+    comm = backend if isinstance(backend, Collectives) else for_backend(backend)
+    rank, world = comm.rank, comm.world
     module = _unwrap(model)  # DDP's forward would run collectives; ranks' slices differ in size
     was_training = module.training
     module.eval()
@@ -207,29 +222,18 @@ def evaluate(
         counts[0] += (module(x).argmax(1) == y).sum()
         counts[1] += stop - start
     module.train(was_training)
-    _all_reduce(counts)
+    comm.all_reduce_(counts)
     return counts[0].item() / max(1, counts[1].item())
-
-
-def _rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def _all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
-    if _rank_and_world()[1] > 1:
-        dist.all_reduce(tensor, op=op)
-
-
-def _broadcast_buffers(module: nn.Module) -> None:
-    if _rank_and_world()[1] > 1:
+def _broadcast_buffers(comm: Collectives, module: nn.Module) -> None:
+    if comm.world > 1:
         for buffer in module.buffers():
-            dist.broadcast(buffer, src=0)
+            comm.broadcast_(buffer, src=0)
 
 
 def _synchronize(device: torch.device) -> None:

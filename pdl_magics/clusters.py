@@ -1,10 +1,14 @@
 """Finding or starting the ipyparallel cluster a notebook runs its cells on.
 
-Two cases, same engines:
+Three cases, same engines:
 
 - **Hub** — the user's server was started by PDL's spawner. ``pdl-singleuser``
   started a controller and one engine per reserved slot, and exported
   ``PDL_CLUSTER_FILE`` (and ``PDL_SLOTS``) to the server and its kernels.
+- **Hub on Docker Swarm** — ``pdl-singleuser`` started only the controller, with
+  CurveZMQ and the ports and keys the spawner chose (:func:`start_controller` with
+  ``remote_engines``); the spawner runs the engines as services and sets
+  ``PDL_ENGINES`` to how many.
 - **Local** — plain JupyterLab or IPython. A cluster is started on first use,
   one engine per slot of this machine's pool, and stopped when the kernel exits.
 
@@ -45,13 +49,22 @@ def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_ate
     return cluster
 
 
-def start_controller(cluster) -> None:
-    """Start the cluster's controller (blocking; safe inside a running event loop)."""
-    cluster.start_controller_sync(
-        controller_cmd=[*_BOOT, "controller"],
-        # notice a dead engine within ~3 s instead of ipyparallel's default ~30 s
-        controller_args=["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=3"],
-    )
+def start_controller(cluster, *, remote_engines: dict | None = None) -> None:
+    """Start the cluster's controller (blocking; safe inside a running event loop).
+
+    ``remote_engines`` is the notebook secret of :mod:`pdl.connection` when engines
+    run on other machines: the controller then reuses the connection files written
+    from it (ports, HMAC key, CurveZMQ on) and reads its keypair from the file named
+    by ``$PDL_CONTROLLER_SECRET``.
+    """
+    # notice a dead engine within ~3 s instead of ipyparallel's default ~30 s
+    args = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=3"]
+    if remote_engines is not None:
+        from pdl.connection import CONTROLLER_ARGS, install_controller_files
+
+        install_controller_files(remote_engines, Path(cluster.profile_dir) / "security", cluster.cluster_id)
+        args += CONTROLLER_ARGS
+    cluster.start_controller_sync(controller_cmd=[*_BOOT, "controller"], controller_args=args)
 
 
 def start_slot_engines(cluster, slots: list[str], pool_size: int) -> None:
@@ -63,6 +76,18 @@ def start_slot_engines(cluster, slots: list[str], pool_size: int) -> None:
             environment=engine_env(slot, pool_size),
             engine_cmd=[*_BOOT, "engine"],
         )
+
+
+def engine_set_running(engine_set) -> bool:
+    """True while an engine process of ``engine_set`` is alive.
+
+    Checked by pid: ipyparallel's own ``engine_set.running`` learns of an exit only
+    when the event loop that started the engine runs again, which with the ``_sync``
+    API (pdl-singleuser, a kernel between cells) may be never.
+    """
+    from .status_file import pid_alive
+
+    return any(launcher.pid > 0 and pid_alive(launcher.pid) for launcher in engine_set.launchers.values())
 
 
 def slot_engine_set_id(slot: str) -> str:
@@ -87,3 +112,9 @@ def hub_slots() -> list[str]:
     from pdl.slots import parse_slot_list
 
     return parse_slot_list(os.environ.get("PDL_SLOTS", ""))
+
+
+def hub_engine_count() -> int:
+    """How many engines the hub started for this user: ``$PDL_ENGINES`` (Swarm),
+    else one per reserved slot; 0 when unknown."""
+    return int(os.environ.get("PDL_ENGINES") or 0) or len(hub_slots())

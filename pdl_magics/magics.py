@@ -14,7 +14,7 @@ _OPTIONS = "-n N, --backend {%s}, --all-output, --timeout SECONDS, --output RANK
 
 @magics_class
 class DistributedMagics(Magics):
-    """Run a cell on every rank of the user's cluster with torch.distributed set up."""
+    """Run a cell on every rank of the user's cluster with torch.distributed (or Horovod) set up."""
 
     def __init__(self, shell, session: DistributedSession | None = None):
         super().__init__(shell)
@@ -30,7 +30,8 @@ class DistributedMagics(Magics):
     @argument("-n", type=int, default=None, metavar="N",
               help="number of ranks (engines) to run on; default: all of them")
     @argument("--backend", default="torch", metavar="NAME",
-              help=f"collective backend: {', '.join(BACKENDS)} (default torch)")
+              help=f"collective backend: {', '.join(BACKENDS)} (default torch; "
+                   "horovod also defines hvd, initialised)")
     @argument("--all-output", action="store_true",
               help="after the cell, also print every other rank's output")
     @argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
@@ -40,6 +41,9 @@ class DistributedMagics(Magics):
     @line_cell_magic
     def distributed(self, line: str, cell: str | None = None):
         """Run the cell on N engines; ``rank``, ``world_size``, ``local_rank``, ``device`` are set.
+
+        ``--backend horovod`` initialises Horovod instead of torch.distributed and
+        also defines ``hvd``; it needs Horovod installed (``scripts/setup --horovod``).
 
         Rank 0's output streams live; ``--all-output`` prints the others afterwards.
         A failing rank raises here with its remote traceback.

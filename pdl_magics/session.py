@@ -11,6 +11,10 @@ Contract of :meth:`DistributedSession.run`:
 
 - the first ``n`` engines in rank order (host, then slot) form the world; the
   process group is created once and reused while ``n`` and the backend stay the same;
+- ``backend="torch"`` initialises torch.distributed (NCCL on GPUs, gloo on CPUs);
+  ``backend="horovod"`` initialises Horovod (``hvd`` is defined in the cell)
+  against a rendezvous this session runs (:mod:`~pdl_magics.horovod_driver`).
+  An engine is in one group at a time: switching backends tears the old one down;
 - rank 0's stdout/stderr are written to ``out``/``err`` live; every rank's output
   is kept in :attr:`DistributedSession.last_outputs`;
 - when a rank raises, :class:`~pdl_magics.errors.RankFailed` is raised for the
@@ -32,13 +36,15 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
+from pdl.metrics import DATA_KEY
 from pdl.slots import default_pool
 
-from . import clusters
+from . import clusters, horovod_driver, status_file
 from .errors import DistributedUsageError, RankFailed, RanksStuck
+from .progress import LiveProgress
 
 #: Backends ``--backend`` accepts.
-BACKENDS = ("torch",)
+BACKENDS = ("torch", "horovod")
 
 #: Seconds a peer may keep running after another rank failed before PDL
 #: releases it (tears down the group it waits in, then interrupts it).
@@ -92,9 +98,12 @@ class DistributedSession:
         self._engines: dict[int, dict] = {}
         self._replaced: set[int] = set()  # killed engines the controller may still list
         self._group_key: tuple | None = None
+        self._rendezvous: horovod_driver.Rendezvous | None = None
         self._generation = 0
         self._cell_number = 0
         self.last_outputs: dict[int, tuple[str, str]] = {}
+        #: rank -> the last ``pdl.log`` snapshot of the last cell (see :mod:`pdl.metrics`)
+        self.last_metrics: dict[int, dict] = {}
         self.last_world: list[Rank] = []
 
     @classmethod
@@ -120,7 +129,8 @@ class DistributedSession:
 
     def available(self) -> int:
         """How many engines ``-n`` may ask for."""
-        return len(self.pool()) if self.pool() else len(self._connect().ids)
+        size = clusters.hub_engine_count() if self.is_hub else len(self.pool())
+        return size or len(self._connect().ids)
 
     def validate(self, n: int, backend: str) -> None:
         """Raise DistributedUsageError (one line, naming what is valid) for bad input."""
@@ -128,6 +138,8 @@ class DistributedSession:
             raise DistributedUsageError(
                 f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}"
             )
+        if backend == "horovod":
+            horovod_driver.require()
         avail = self.available()
         where = "reserved for you" if self.is_hub else "in the local pool"
         if not 1 <= n <= avail:
@@ -158,7 +170,7 @@ class DistributedSession:
                 clusters.start_slot_engines(self._cluster, missing, len(self.pool()))
             target = n
         else:
-            target = len(self.pool()) or n
+            target = clusters.hub_engine_count() or n
         client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=True)
         self._refresh_engines()
 
@@ -195,26 +207,63 @@ class DistributedSession:
         # still holds the group before it and must not mistake it for this one.
         self._generation += 1
         key = (*base, self._generation)
+        self._group_key = None
+        self._stop_rendezvous()
+        if backend == "horovod":
+            calls = self._horovod_calls(world, key, timeout_s)
+        else:
+            calls = self._torch_calls(world, key, timeout_s)
+        ars = [self.client[r.engine_id].apply_async(_remote, *call) for r, call in zip(world, calls)]
+        try:
+            for r, ar in zip(world, ars):
+                ar.get(timeout=clusters.ENGINE_TIMEOUT_S)
+        except ipp.error.RemoteError as e:
+            what = "Horovod" if backend == "horovod" else "torch.distributed"
+            raise RuntimeError(
+                f"could not set up {what} on rank {r.rank} ({r.host}): {e.ename}: {e.evalue}"
+            ) from None
+        self._group_key = key
+
+    def _torch_calls(self, world: list[Rank], key: tuple, timeout_s: float) -> list[tuple]:
         hosts = {r.host for r in world}
         master = world[0]
         addr = "127.0.0.1" if len(hosts) == 1 else master.addr
         port = self.client[master.engine_id].apply_sync(_remote, "free_port", "")
         local = _local_ranks(world)
-        ars = [
-            self.client[r.engine_id].apply_async(
-                _remote, "init_torch", key, r.rank, len(world), local[r.rank], addr, port, timeout_s
-            )
+        return [
+            ("init_torch", key, r.rank, len(world), local[r.rank], addr, port, timeout_s)
             for r in world
         ]
-        try:
-            for r, ar in zip(world, ars):
-                ar.get(timeout=clusters.ENGINE_TIMEOUT_S)
-        except ipp.error.RemoteError as e:
-            raise RuntimeError(
-                f"could not set up torch.distributed on rank {r.rank} ({r.host}): "
-                f"{e.ename}: {e.evalue}"
-            ) from None
-        self._group_key = key
+
+    def _horovod_calls(self, world: list[Rank], key: tuple, timeout_s: float) -> list[tuple]:
+        """Start this group's rendezvous here; each rank's ``init_horovod`` arguments."""
+        problems = self.client[[r.engine_id for r in world]].apply_sync(_remote, "horovod_problem")
+        for r, problem in zip(world, problems):
+            if problem is not None:
+                raise DistributedUsageError(
+                    f"--backend horovod: the engine of rank {r.rank} ({r.host}) cannot import "
+                    f"Horovod ({problem}); {horovod_driver.INSTALL_HINT}"
+                )
+        one_host = len({r.host for r in world}) == 1
+        here = one_host and world[0].host == socket.gethostname()
+        bind = "127.0.0.1" if here else horovod_driver.driver_addr(world[0].addr)
+        slots = horovod_driver.plan([r.host for r in world])
+        self._rendezvous = horovod_driver.Rendezvous(slots, bind)
+        return [
+            (
+                "init_horovod",
+                key,
+                horovod_driver.rank_env(slot, bind, self._rendezvous.port, timeout_s),
+                slot.local_rank,
+                "127.0.0.1" if one_host else r.addr,
+            )
+            for r, slot in zip(world, slots)
+        ]
+
+    def _stop_rendezvous(self) -> None:
+        if self._rendezvous is not None:
+            self._rendezvous.stop()
+            self._rendezvous = None
 
     # -- running ---------------------------------------------------------------
 
@@ -243,11 +292,18 @@ class DistributedSession:
             for r in world
         ]
         self.last_world = world
+        self._publish_status(running=True, force=True)
         outcome = _Watch(self, world, ars, out, err).wait()
         self.last_outputs = {r.rank: (ar.stdout or "", ar.stderr or "") for r, ar in zip(world, ars)}
-        if outcome.aborted or outcome.stuck or outcome.user_interrupt:
+        self.last_metrics = outcome.metrics
+        self._publish_status(running=False, metrics=outcome.metrics, force=True)
+        if outcome.aborted or outcome.stuck or outcome.user_interrupt or outcome.interrupted or (
+            backend == "horovod" and outcome.failed
+        ):
             # Interrupted ranks may have stopped at different collectives; a group
             # kept across that would hang the next collective, so form a new one.
+            # Horovod is rebuilt after any failure: its world may have shut itself
+            # down, and its unnamed collectives are numbered per rank.
             self._group_key = None
         if outcome.stuck:
             self.replace_engines(outcome.stuck, err)
@@ -311,6 +367,12 @@ class DistributedSession:
         raise RanksStuck("the replacement engines did not register within "
                          f"{clusters.ENGINE_TIMEOUT_S} s")
 
+    def _publish_status(self, running: bool, metrics: dict | None = None, force: bool = False) -> None:
+        """Tell the Cluster panel what this session runs (:mod:`pdl_magics.status_file`)."""
+        cluster_file = self._cluster.cluster_file if self._cluster is not None else None
+        status_file.write_status(cluster_file, self.last_world, running=running, metrics=metrics,
+                                 cell=self._cell_number, slots=self.pool(), hub=self.is_hub, force=force)
+
     def close(self) -> None:
         """Disconnect; a local cluster is stopped, a hub cluster is left running."""
         if self.client is not None:
@@ -321,6 +383,8 @@ class DistributedSession:
         self._cluster = None
         self._engines.clear()
         self._group_key = None
+        self._stop_rendezvous()
+        status_file.remove_status()
 
 
 class _Watch:
@@ -337,9 +401,22 @@ class _Watch:
         self._aborted_ranks: set[int] = set()
         self.stuck: list[Rank] = []
         self._signalled_at: float | None = None
+        self.progress = LiveProgress(err)
+        #: rank -> latest ``pdl.log`` snapshot of this cell
+        self.metrics: dict[int, dict] = {}
 
     def pending(self) -> list[Rank]:
         return [r for r in self.world if r.rank not in self.results]
+
+    @property
+    def interrupted(self) -> bool:
+        """True if any rank was interrupted (by the user, the Cluster panel or PDL)."""
+        return any(res["status"] == "interrupted" for res in self.results.values())
+
+    @property
+    def failed(self) -> bool:
+        """True if any rank did not finish the cell normally."""
+        return any(res["status"] != "ok" for res in self.results.values())
 
     def wait(self) -> _Watch:
         while self.pending():
@@ -362,10 +439,19 @@ class _Watch:
                         "evalue": "did not respond to interrupts", "traceback": [], "time": time.time(),
                     }
         self._pump()
+        statuses = {res["status"] for res in self.results.values()}
+        self.progress.close("ok" if statuses == {"ok"} else
+                            "interrupted" if self.user_interrupt else "failed")
         return self
 
     def _pump(self) -> None:
-        """Write rank 0's new output since the last poll."""
+        """Write rank 0's new output and progress since the last poll."""
+        for r, ar in zip(self.world, self.ars):
+            snap = ar.data.get(DATA_KEY)
+            if snap is not None:
+                self.metrics[r.rank] = snap
+        self.progress.feed(self.metrics.get(0))
+        self.session._publish_status(running=True, metrics=self.metrics)
         ar = self.ars[0]
         for i, (text, stream) in enumerate(((ar.stdout, self.out), (ar.stderr, self.err))):
             text = text or ""
@@ -422,7 +508,7 @@ class _Watch:
                 print(value, file=self.out)
             return CellResult(values=[self.results[r.rank].get("value") for r in self.world])
         own = {k: v for k, v in failures.items() if v["status"] == "error" and not v["comm_error"]}
-        if self.user_interrupt and not own:
+        if not own and (self.user_interrupt or all(v["status"] == "interrupted" for v in failures.values())):
             print(f"Interrupted: all {len(self.world)} ranks stopped.", file=self.err, flush=True)
             raise KeyboardInterrupt
         pick_from = own or failures

@@ -12,6 +12,13 @@ The PDL spawner runs ``pdl-singleuser <jupyterhub-singleuser args>`` with
 4. on SIGINT/SIGTERM, or when the server exits, stops the server and the cluster.
 
 Every engine and the controller get SIGKILL if this process dies, even by SIGKILL.
+
+**Controller only** (Docker Swarm): when ``PDL_CONTROLLER_SECRET`` names the notebook
+secret written by ``PDLSwarmSpawner`` (a file under /run/secrets, see
+:mod:`pdl.connection`), step 3 is skipped: the spawner runs the engines as services
+on other nodes. The controller binds the ports from the secret with CurveZMQ on, and
+the hub API token for the server is taken from the secret, not from the environment.
+The process and its children can never gain privileges.
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ def supervise(cluster, slots: list[str], stop: threading.Event) -> None:
     while not stop.wait(SUPERVISE_PERIOD_S):
         for slot in slots:
             engine_set = cluster.engines.get(clusters.slot_engine_set_id(slot))
-            if engine_set is not None and engine_set.running:
+            if engine_set is not None and clusters.engine_set_running(engine_set):
                 continue
+            if stop.is_set():  # shutting down: the cluster is being stopped, not crashing
+                return
             print(f"pdl-singleuser: engine for {slot} exited; restarting it", file=sys.stderr, flush=True)
             try:
                 clusters.restart_slot_engine(cluster, slot, len(slots))
@@ -49,12 +58,27 @@ def supervise(cluster, slots: list[str], stop: threading.Event) -> None:
                 print(f"pdl-singleuser: could not restart {slot}: {e}", file=sys.stderr, flush=True)
 
 
+def remote_engines_secret() -> dict | None:
+    """The notebook secret in controller-only mode (``$PDL_CONTROLLER_SECRET``), else None."""
+    path = os.environ.get("PDL_CONTROLLER_SECRET")
+    if not path:
+        return None
+    from pdl.connection import read_secret
+    from pdl.engine_boot import no_new_privileges
+
+    no_new_privileges()
+    return read_secret(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    slots = parse_slot_list(os.environ.get("PDL_SLOTS", ""))
+    remote = remote_engines_secret()
+    slots = [] if remote else parse_slot_list(os.environ.get("PDL_SLOTS", ""))
     profile_dir = cluster_dir() / "profile"
     cluster = clusters.new_cluster(cluster_id="pdl", profile_dir=str(profile_dir), shutdown_atexit=False)
     env = dict(os.environ, PDL_CLUSTER_FILE=cluster.cluster_file)
+    if remote:
+        env["JUPYTERHUB_API_TOKEN"] = env["JPY_API_TOKEN"] = remote["api_token"]
 
     stop = threading.Event()
     server = None
@@ -70,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         # The server first, so the user's spawn finishes without waiting for engines;
         # %%distributed waits for them on first use.
         server = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *argv], env=env)
-        clusters.start_controller(cluster)
+        clusters.start_controller(cluster, remote_engines=remote)
         clusters.start_slot_engines(cluster, slots, len(slots))
         watcher = threading.Thread(target=supervise, args=(cluster, slots, stop), daemon=True)
         watcher.start()

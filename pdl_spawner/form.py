@@ -15,12 +15,14 @@ def describe_holders(holders: dict[str, int], *, show_names: bool) -> str:
     return ", ".join(f"{owner} ({k})" for owner, k in sorted(holders.items()))
 
 
-def not_enough_message(wanted: int, free: int, pool_size: int, holders: dict[str, int], *, show_names: bool) -> str:
-    """One line for a spawn that asked for more slots than are free."""
+def not_enough_message(
+    wanted: int, free: int, pool_size: int, holders: dict[str, int], *, show_names: bool, unit: str = "workers"
+) -> str:
+    """One line for a spawn that asked for more slots (``unit``, plural) than are free."""
     return (
-        f"Not enough free workers: you asked for {wanted}, {free} of {pool_size} are free "
+        f"Not enough free {unit}: you asked for {wanted}, {free} of {pool_size} are free "
         f"({describe_holders(holders, show_names=show_names)}). "
-        f"Ask for at most {free}, or try again when a worker frees up."
+        f"Ask for at most {free}, or try again when one frees up."
     )
 
 

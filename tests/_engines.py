@@ -80,6 +80,55 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
     return predicate()
 
 
+def interrupt_running_loop(session, body: str, *, backend: str = "torch", n: int = 3):
+    """Run ``body`` in a loop on ``n`` ranks and press Ctrl-C a second after it runs.
+
+    ``body`` is the loop's body (indented by 4 spaces after its first line); the
+    cell imports ``time``, ``torch`` and ``torch.distributed as dist`` and defines
+    ``a`` (a 64x64 tensor) first, and
+    counts iterations in ``steps``. Asserts that ``run()`` raised KeyboardInterrupt;
+    returns ``(seconds run() took, err Recorder)``.
+    """
+    import os
+    import signal
+
+    timers = []
+
+    def interrupt_soon(text):
+        # once rank 0 reports the loop running, press Ctrl-C a second later
+        if "loop running" in text and not timers:
+            timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+            timers.append(timer)
+            timer.start()
+
+    out, err = Recorder(on_write=interrupt_soon), Recorder()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.run(
+                f"""
+import time, torch, torch.distributed as dist
+steps = 0
+a = torch.randn(64, 64)
+stop_at = time.time() + 60
+while time.time() < stop_at:
+    {body}
+    steps += 1
+    if steps == 5 and rank == 0:
+        print("loop running", flush=True)
+""",
+                n,
+                backend=backend,
+                out=out,
+                err=err,
+            )
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert timers, "the loop never reported running"
+    return time.monotonic() - started, err
+
+
 @pytest.fixture(scope="module")
 def pdl_session(tmp_path_factory):
     """A DistributedSession over three local CPU slots, engines already started.
@@ -91,6 +140,7 @@ def pdl_session(tmp_path_factory):
         mp.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
         mp.delenv("PDL_CLUSTER_FILE", raising=False)
         mp.delenv("PDL_SLOTS", raising=False)
+        mp.setenv("PDL_STATUS_DIR", str(tmp_path_factory.mktemp("status")))  # not ~/.pdl/status
         session = DistributedSession(local_slots=SLOTS)
         try:
             # start the engines and the process group now, so tests time only their own cell
@@ -100,4 +150,6 @@ def pdl_session(tmp_path_factory):
             session.close()
 
 
-__all__ = ["SLOTS", "Recorder", "pdl_session", "process_running", "strip_ansi", "wait_until"]
+__all__ = [
+    "SLOTS", "Recorder", "interrupt_running_loop", "pdl_session", "process_running", "strip_ansi", "wait_until",
+]

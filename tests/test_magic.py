@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -116,10 +117,10 @@ def test_usage_errors_show_as_one_line_in_the_shell(ip, marker):
         ("-n -2", ["-n -2", "1..3"]),
         ("-n abc", ["'abc'", "-n N"]),
         ("-n", ["-n", "-n N"]),
-        ("-n 2 --foo", ["--foo", "-n N, --backend {torch}"]),
-        ("-n 2 extra", ["extra", "-n N, --backend {torch}"]),
-        ("-n 2 --backend mpi", ["'mpi'", "torch"]),
-        ("-n 2 --backend", ["--backend", "{torch}"]),
+        ("-n 2 --foo", ["--foo", "-n N, --backend {torch|horovod}"]),
+        ("-n 2 extra", ["extra", "-n N, --backend {torch|horovod}"]),
+        ("-n 2 --backend mpi", ["'mpi'", "torch, horovod"]),
+        ("-n 2 --backend", ["--backend", "{torch|horovod}"]),
         ("-n 2 --timeout -1", ["--timeout", "> 0"]),
         ("-n 2 --timeout 0", ["--timeout", "> 0"]),
         ("-n 2 --timeout soon", ["'soon'", "--timeout SECONDS"]),
@@ -130,6 +131,13 @@ def test_usage_errors_show_as_one_line_in_the_shell(ip, marker):
 )
 def test_bad_arguments_are_a_one_line_usage_error_and_run_nothing(ip, marker, line, fragments):
     assert_usage_error_and_nothing_ran(ip, marker, line, *fragments)
+
+
+def test_horovod_backend_without_horovod_is_a_one_line_usage_error(ip, marker, monkeypatch):
+    monkeypatch.setitem(sys.modules, "horovod", None)  # as if it were not installed
+    assert_usage_error_and_nothing_ran(
+        ip, marker, "-n 2 --backend horovod", "--backend horovod needs Horovod", "scripts/setup --horovod"
+    )
 
 
 def test_line_magic_needs_output_and_a_rank_of_the_last_cell(ip):
@@ -202,6 +210,6 @@ def test_fuzz_n_text(ip, marker, text):
 
 
 @fuzz
-@given(text=line_text.filter(lambda t: "torch" not in t and "--o" not in t and "--t" not in t))
+@given(text=line_text.filter(lambda t: "torch" not in t and "horovod" not in t and "--o" not in t and "--t" not in t))
 def test_fuzz_backend(ip, marker, text):
     assert_usage_error_and_nothing_ran(ip, marker, f"-n 2 --backend {text}", "torch")

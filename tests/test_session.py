@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import ast
 import io
-import os
-import signal
 import socket
-import threading
 import time
 
 import pytest
 import torch
 
-from _engines import SLOTS, Recorder, pdl_session, process_running, strip_ansi, wait_until  # noqa: F401
+from _engines import (  # noqa: F401
+    SLOTS,
+    Recorder,
+    interrupt_running_loop,
+    pdl_session,
+    process_running,
+    strip_ansi,
+    wait_until,
+)
 from pdl_magics import DistributedSession, RankFailed, clusters
 
 pytestmark = pytest.mark.integration
@@ -145,40 +150,7 @@ LOOP_BODIES = {
 
 @pytest.mark.parametrize("loop", sorted(LOOP_BODIES))
 def test_interrupt_stops_every_rank_and_keeps_their_state(pdl_session, loop):
-    timers = []
-
-    def interrupt_soon(text):
-        # once rank 0 reports the loop running, press Ctrl-C a second later
-        if "loop running" in text and not timers:
-            timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-            timers.append(timer)
-            timer.start()
-
-    out, err = Recorder(on_write=interrupt_soon), Recorder()
-    started = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            pdl_session.run(
-                f"""
-import time, torch, torch.distributed as dist
-steps = 0
-a = torch.randn(64, 64)
-stop_at = time.time() + 60
-while time.time() < stop_at:
-    {LOOP_BODIES[loop]}
-    steps += 1
-    if steps == 5 and rank == 0:
-        print("loop running", flush=True)
-""",
-                3,
-                out=out,
-                err=err,
-            )
-    finally:
-        for timer in timers:
-            timer.cancel()
-    elapsed = time.monotonic() - started
-    assert timers, "the loop never reported running"
+    elapsed, err = interrupt_running_loop(pdl_session, LOOP_BODIES[loop])
     assert elapsed < 25, f"run() took {elapsed:.1f} s to return after the interrupt"
     assert "Interrupting 3 rank(s)" in err.text()
     assert "Interrupted: all 3 ranks stopped." in err.text()

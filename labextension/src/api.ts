@@ -1,0 +1,88 @@
+/**
+ * The server extension's API (pdl_lab.handlers): GET /pdl/api/cluster,
+ * POST /pdl/api/stop, POST /pdl/api/restart. Field meanings: docs/cluster-panel.md.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export type EngineState = 'idle' | 'busy' | 'dead' | 'starting';
+
+export interface IGpu {
+  index: string;
+  uuid: string;
+  name: string;
+  util_percent: number | null;
+  mem_used_bytes: number | null;
+  mem_total_bytes: number | null;
+}
+
+export interface IEngine {
+  id: number | null;
+  slot: string;
+  host: string | null;
+  pid: number | null;
+  state: EngineState;
+  rank: number | null;
+  local: boolean;
+  cuda_visible: string | null;
+  cpu_percent: number | null;
+  rss_bytes: number | null;
+  gpus: IGpu[];
+}
+
+export interface IRankProgress {
+  rank: number;
+  engine_id: number;
+  host: string | null;
+  slot: string | null;
+  step: number | null;
+  total: number | null;
+  values: { [name: string]: number };
+  time: number | null;
+  history: [number, { [name: string]: number }][];
+}
+
+export interface ICell {
+  number: number;
+  running: boolean;
+  kernel_pid: number;
+  started: number | null;
+  updated: number | null;
+  ranks: IRankProgress[];
+}
+
+export interface ICluster {
+  mode: 'hub' | 'local' | 'none';
+  connected: boolean;
+  message: string | null;
+  cluster_file: string | null;
+  slots: string[];
+  nodes: string[];
+  engines: IEngine[];
+  cell: ICell | null;
+  time: number;
+}
+
+export interface IStopReply {
+  kernel_pid: number | null;
+  signalled_engines: number[];
+}
+
+export interface IRestartReply {
+  killed: number[];
+  skipped: number[];
+  restarted_by: string | null;
+  message: string | null;
+}
+
+/** Call /pdl/api/<endpoint>; throws ServerConnection.ResponseError on a non-2xx reply. */
+export async function requestAPI<T>(endpoint: string, init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'pdl', 'api', endpoint);
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  const text = await response.text();
+  if (!response.ok) {
+    throw new ServerConnection.ResponseError(response, text);
+  }
+  return JSON.parse(text) as T;
+}

@@ -1,0 +1,104 @@
+"""``pdl-engine``: one ipyparallel engine in a Docker Swarm task, on the GPU Swarm gave it.
+
+``PDLSwarmSpawner`` runs ``pdl-engine [ipyparallel engine args...]`` as the command of
+each engine service, with this environment (no secrets in it):
+
+- ``PDL_ENGINE_CONNECTION``: path of the engine connection file, a Docker secret
+  under /run/secrets (JSON from :func:`pdl.connection.engine_file`: the controller's
+  address and ports, its CurveZMQ public key and the HMAC key);
+- ``PDL_GPU_RESOURCE``: the Swarm generic resource reserved for the task (default
+  ``NVIDIA-GPU``). Swarm puts the GPU it assigned in ``DOCKER_RESOURCE_<resource>``,
+  a name with a hyphen, so it is read here rather than in a shell;
+- ``PDL_ENGINE_HOST``: the node's host name (the ``{{.Node.Hostname}}`` template).
+
+It then forbids privilege gain, pins itself to its slot (:func:`gpu_slot_env`,
+:func:`pdl.slots.engine_env`), records the address peers reach it at
+(``PDL_ENGINE_ADDR``, the interface collectives use), and runs the engine in this
+process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from pdl.slots import engine_env
+
+#: Default generic resource name for GPUs (as in the nodes' daemon.json).
+DEFAULT_GPU_RESOURCE = "NVIDIA-GPU"
+#: Seconds an engine waits for the controller to answer its registration.
+#: Generous: the engine may start before the notebook's controller listens.
+REGISTRATION_TIMEOUT_S = 120
+
+
+def gpu_slot_env(assigned: str | None, n_cpus: int) -> dict[str, str]:
+    """Slot environment for the GPU Swarm assigned (``DOCKER_RESOURCE_<resource>``).
+
+    - nothing assigned: slot ``cpu:0``, no GPU visible;
+    - an index (``"2"``, nodes that declare GPUs by index): slot ``gpu:2`` and
+      ``CUDA_VISIBLE_DEVICES=2``;
+    - a UUID (``"GPU-8f2c..."``, as NVIDIA recommends declaring them): slot ``gpu:0``
+      (the only GPU this process sees) and ``CUDA_VISIBLE_DEVICES=<UUID>``, which
+      selects that GPU whether or not the NVIDIA runtime already hid the others.
+
+    The task gets all ``n_cpus`` cores; ``PDL_GPU`` keeps the assigned name.
+    """
+    assigned = (assigned or "").strip()
+    if not assigned:
+        return {**engine_env("cpu:0", 1, n_cpus), "PDL_GPU": ""}
+    slot = f"gpu:{int(assigned)}" if assigned.isdigit() else "gpu:0"
+    return {**engine_env(slot, 1, n_cpus), "CUDA_VISIBLE_DEVICES": assigned, "PDL_GPU": assigned}
+
+
+def route_addr(dest: str) -> str:
+    """This machine's address on the route to ``dest`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((dest, 9))
+        return s.getsockname()[0]
+
+
+def collective_iface_env(addr: str, environ) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``: the interface holding ``addr``, so
+    torch.distributed listens where peers on other nodes reach it (the node's host name
+    need not resolve in a container). Values the admin set are kept."""
+    from pdl.horovod_engine import iface_for
+
+    iface = iface_for(addr)
+    return {name: environ.get(name) or iface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from pdl.connection import read_secret
+    from pdl.engine_boot import no_new_privileges, pin_cpus
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    no_new_privileges()
+    path = os.environ.get("PDL_ENGINE_CONNECTION", "/run/secrets/pdl-engine.json")
+    controller = read_secret(path)["location"]
+    resource = os.environ.get("PDL_GPU_RESOURCE") or DEFAULT_GPU_RESOURCE
+    env = gpu_slot_env(os.environ.get(f"DOCKER_RESOURCE_{resource}"), os.cpu_count() or 1)
+    env["PDL_ENGINE_ADDR"] = os.environ.get("PDL_ENGINE_ADDR") or route_addr(controller)
+    env.update(collective_iface_env(env["PDL_ENGINE_ADDR"], os.environ))
+    os.environ.update(env)
+    pin_cpus()
+    print(f"pdl-engine: slot {env['PDL_SLOT']} (GPU {env['PDL_GPU'] or 'none'}), controller {controller}",
+          file=sys.stderr, flush=True)
+    from ipyparallel.engine.app import IPEngine
+
+    class PDLEngine(IPEngine):
+        def abort(self):
+            # ipyparallel's abort blocks forever sending an unregistration request
+            # when the controller refused the CurveZMQ handshake (wrong keys); exit,
+            # and leave it to Swarm's restart policy.
+            self.log.critical("Registration timed out after %.1f s: the controller is not "
+                              "reachable or refused this engine's keys", self.timeout)
+            os._exit(255)
+
+    if not any(a.startswith("--IPEngine.timeout") for a in argv):
+        argv.append(f"--IPEngine.timeout={REGISTRATION_TIMEOUT_S}")
+    PDLEngine.launch_instance(argv=[f"--file={path}", *argv])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""PDL in JupyterLab: the server side of the "Cluster" panel.
+
+A Jupyter server extension (enabled by ``etc/jupyter/jupyter_server_config.d/pdl.json``,
+which ``pip install`` puts in place) serving ``/pdl/api/...``
+(:mod:`pdl_lab.handlers`) from a :class:`~pdl_lab.monitor.ClusterMonitor`. The
+panel itself is the prebuilt JupyterLab extension ``pdl-cluster``, built from
+``labextension/`` into ``share/jupyter/labextensions/pdl-cluster``.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "pdl_lab"}]
+
+
+def _load_jupyter_server_extension(serverapp) -> None:
+    from .handlers import setup_handlers
+    from .monitor import ClusterMonitor
+
+    monitor = ClusterMonitor()
+    setup_handlers(serverapp.web_app, monitor)
+    atexit.register(monitor.close)
+    mode = f"hub cluster {monitor.hub_cluster_file}" if monitor.hub_cluster_file else "local sessions"
+    serverapp.log.info(f"pdl_lab: Cluster panel API at /pdl/api/ ({mode})")

@@ -1,0 +1,349 @@
+"""``PDLSwarmSpawner``: each user's server and GPU engines as Docker Swarm services.
+
+A subclass of dockerspawner's ``SwarmSpawner`` that overrides its hooks; every Docker
+call goes through dockerspawner's one seam, ``self.docker(method, ...)`` (docker-py's
+low-level ``APIClient``, in a worker thread). Specs come from the pure builders in
+:mod:`pdl_spawner.swarm_specs`, swarm bookkeeping from :mod:`pdl_spawner.swarm_state`,
+connection info and keys from :mod:`pdl.connection`.
+
+Contract:
+
+- ``start()`` first counts free GPUs (what the nodes offer minus what running or
+  pending tasks reserve, and GPUs promised to spawns in progress in this hub). If
+  the request can't be met it raises HTTP 409 at once, with one line saying how
+  many are free of how many and who holds the rest (names only to admins), and
+  creates nothing. Otherwise it generates the cluster keys, picks the ports, and
+  creates the notebook secret and service; once the notebook task runs, it creates
+  the engine secret (the controller's node address, ports and keys) and one engine
+  service per GPU, and returns when every engine task runs. An engine task left
+  pending for lack of GPUs (a race with another hub or service) for more than
+  ``starved_timeout`` seconds makes it remove everything and raise the same 409.
+  Any failure removes everything it created: nothing is left pending.
+- ``stop()`` removes every service and secret labelled with this server's
+  ``pdl.owner`` and waits until their tasks stopped, so their GPUs are free.
+- ``poll()`` watches the notebook task (SwarmSpawner's); the state
+  (:class:`~pdl_spawner.swarm_state.SwarmServer`: ports, node, keys, service and
+  secret ids) survives hub restarts, and ``poll()`` works after ``load_state``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from docker.errors import APIError, NotFound
+from dockerspawner import SwarmSpawner
+from tornado import web
+from traitlets import Float, Instance, Integer, Tuple, Unicode, default, validate
+
+from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
+
+from . import form, swarm_specs
+from .swarm_specs import LABEL_PREFIX, Owner
+from .swarm_state import (
+    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, gpu_usage, node_address, pick_ports,
+    starved_tasks, task_error, used_ports,
+)
+
+#: Seconds between checks while waiting for tasks.
+POLL_S = 0.25
+#: Seconds stop() waits for removed services' tasks to stop.
+STOP_WAIT_S = 30.0
+#: Upper bound on GPUs per server when ``max_gpus`` is 0 (the real bound is what is free).
+GPU_REQUEST_CAP = 1024
+
+
+class PDLSwarmSpawner(SwarmSpawner):
+    """A user's notebook (with its ipyparallel controller) plus one engine service per GPU."""
+
+    default_gpus = Integer(1, config=True, help="GPUs (engines) pre-filled in the spawn form.")
+
+    max_gpus = Integer(
+        0, config=True,
+        help="Most GPUs one user may reserve; 0 means as many as the swarm has free.",
+    )
+
+    engine_image = Unicode(
+        "", config=True,
+        help="Image of the engine services. Empty means the notebook's image (`image`). "
+        "It must provide `pdl-engine` (pip install pdl).",
+    )
+
+    gpu_resource = Unicode(
+        "NVIDIA-GPU", config=True,
+        help="""Swarm generic resource one engine reserves one unit of. Each node's daemon.json
+        declares its GPUs under this name (`"node-generic-resources": ["NVIDIA-GPU=GPU-<uuid>"]`).""",
+    )
+
+    run_as = Unicode(
+        "1000:1000", config=True,
+        help="Numeric uid:gid the notebook and engine containers run as. Root is refused.",
+    )
+
+    @validate("run_as")
+    def _validate_run_as(self, proposal):
+        swarm_specs.uid_gid(proposal.value)
+        return proposal.value
+
+    container_home = Unicode(
+        "/home/jovyan", config=True,
+        help="HOME and working directory inside the containers; must be writable by `run_as`.",
+    )
+
+    port_range = Tuple(
+        Integer(), Integer(), default_value=(20000, 32000), config=True,
+        help="""Ports (inclusive) the hub picks from for each notebook's Jupyter server and
+        ipyparallel controller. Containers use their node's network, so these must be
+        free on every node; below Linux's ephemeral range (32768+) by default.""",
+    )
+
+    starved_timeout = Float(
+        5.0, config=True,
+        help="Seconds an engine task may wait for a GPU (another spawn took it first) "
+        "before the spawn is abandoned with HTTP 409.",
+    )
+
+    swarm = Instance(SwarmServer, args=(), help="This server's swarm objects (spawner state).")
+
+    @default("prefix")
+    def _default_prefix(self):
+        return "pdl"
+
+    @default("cmd")
+    def _default_cmd(self):
+        return ["pdl-singleuser"]
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._render_options_form
+
+    # -- whose, and how many ----------------------------------------------------
+
+    @property
+    def owner(self) -> Owner:
+        return Owner(self.user.name, self.name or "")
+
+    def _gpu_limit(self, total: int) -> int:
+        return max(1, min(self.max_gpus or total, total))
+
+    async def _render_options_form(self, spawner) -> str:
+        usage = await self.gpu_usage()
+        return form.render_form(
+            kind="gpu", pool_size=usage.total, free=usage.free, holders=usage.holders,
+            default=self.default_gpus, maximum=self._gpu_limit(usage.total), show_names=bool(self.user.admin),
+        )
+
+    def options_from_form(self, formdata):
+        try:
+            return {"workers": form.parse_workers(formdata, maximum=self.max_gpus or GPU_REQUEST_CAP)}
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+
+    def requested_gpus(self) -> int:
+        n = self.user_options.get("workers", self.default_gpus)
+        try:
+            form.check_workers(n, maximum=self.max_gpus or GPU_REQUEST_CAP)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        return n
+
+    # -- GPUs ----------------------------------------------------------------------
+
+    #: GPUs granted to spawns of this hub whose engine tasks don't exist yet:
+    #: owner -> (user, GPUs). Shared by every spawner of the process.
+    _promised: dict[str, tuple[str, int]] = {}
+    _promise_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    async def gpu_usage(self) -> GpuUsage:
+        """GPUs of the swarm and their holders, this server's own not counted."""
+        nodes = await self.docker("nodes")
+        services = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=engine"]})
+        tasks = await self.docker("tasks", filters={"desired-state": ["running"]})
+        return gpu_usage(nodes, services, tasks, self.gpu_resource,
+                         promised=PDLSwarmSpawner._promised, exclude_owner=self.owner.key)
+
+    def not_enough(self, wanted: int, usage: GpuUsage) -> web.HTTPError:
+        message = form.not_enough_message(wanted, usage.free, usage.total, usage.holders,
+                                          show_names=bool(self.user.admin), unit="GPUs")
+        return web.HTTPError(409, message, reason=message)
+
+    async def promise_gpus(self, n: int) -> None:
+        """Grant ``n`` GPUs to this spawn, or raise HTTP 409 saying what is free."""
+        loop = asyncio.get_running_loop()
+        if PDLSwarmSpawner._promise_lock is None or PDLSwarmSpawner._promise_lock[0] is not loop:
+            PDLSwarmSpawner._promise_lock = (loop, asyncio.Lock())
+        async with PDLSwarmSpawner._promise_lock[1]:
+            usage = await self.gpu_usage()
+            if n > usage.free:
+                raise self.not_enough(n, usage)
+            PDLSwarmSpawner._promised[self.owner.key] = (self.user.name, n)
+
+    def forget_promise(self) -> None:
+        PDLSwarmSpawner._promised.pop(self.owner.key, None)
+
+    # -- env and secrets -------------------------------------------------------------
+
+    def get_env(self):
+        """JupyterHub's environment minus its secrets (they go in the notebook secret)."""
+        env = super().get_env()
+        for name in swarm_specs.SECRET_ENV:
+            env.pop(name, None)
+        return env
+
+    def user_environment(self) -> dict[str, str]:
+        """``Spawner.environment`` (callables evaluated), which the engines get too."""
+        return {k: str(v(self) if callable(v) else v) for k, v in self.environment.items()}
+
+    async def create_secret(self, kind: str, data: dict) -> tuple[str, str]:
+        name = f"{self.object_name}-{kind}-{secrets.token_hex(4)}"
+        spec = swarm_specs.secret(name=name, data=data, labels=self.owner.labels("secret", kind=kind))
+        created = await self.docker("create_secret", **spec)
+        self.swarm.secrets.append(created["ID"])
+        return created["ID"], name
+
+    # -- dockerspawner hooks -----------------------------------------------------------
+
+    async def start(self):
+        try:
+            return await super().start()
+        except BaseException:
+            self.log.warning("Spawn of %s failed; removing its services and secrets", self.owner.key)
+            try:
+                await self.remove_object()
+            except Exception:
+                self.log.exception("Could not clean up after the failed spawn of %s", self.owner.key)
+            self.object_id = ""
+            raise
+        finally:
+            self.forget_promise()
+
+    async def create_object(self):
+        """Check and promise the GPUs, then create the notebook secret and service."""
+        n = self.requested_gpus()
+        await self.promise_gpus(n)
+        keys = self.swarm.keys or ClusterKeys.generate()
+        notebooks = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=notebook"]})
+        ports = pick_ports(1 + PORTS_NEEDED, used_ports(notebooks), *self.port_range)
+        self.swarm = SwarmServer(gpus=n, port=ports[0], controller_ports=ports[1:], keys=keys)
+        self.port = ports[0]
+        secret_id, secret_name = await self.create_secret(
+            "notebook", notebook_secret(keys, self.swarm.controller_ports, self.api_token))
+        spec = swarm_specs.notebook_service(
+            name=self.object_name, image=self.image, owner=self.owner, command=await self.get_command(),
+            env=self.get_env(), secret_id=secret_id, secret_name=secret_name, user=self.run_as,
+            home=self.container_home, ports=ports, gpus=n, mounts=self.mounts,
+        )
+        return await self.docker("create_service", **spec)
+
+    async def get_command(self):
+        return [*self.cmd, *self.get_args()]
+
+    async def start_object(self):
+        """Wait for the notebook task, then create the engines and wait for them."""
+        task = (await self.wait_tasks([self.object_id], "notebook"))[0]
+        self.swarm.node_addr = node_address(await self.docker("inspect_node", task["NodeID"]))
+        keys, ports = self.swarm.keys, self.swarm.controller_ports
+        secret_id, secret_name = await self.create_secret("engine", engine_file(keys, ports, self.swarm.node_addr))
+        for index in range(self.swarm.gpus):
+            spec = swarm_specs.engine_service(
+                name=f"{self.object_name}-engine-{index}", image=self.engine_image or self.image,
+                owner=self.owner, index=index, env=self.user_environment(), secret_id=secret_id,
+                secret_name=secret_name, user=self.run_as, home=self.container_home,
+                gpu_resource=self.gpu_resource, mounts=self.mounts,
+            )
+            self.swarm.engine_services.append((await self.docker("create_service", **spec))["ID"])
+        await self.wait_tasks(self.swarm.engine_services, "engine")
+
+    async def wait_tasks(self, service_ids: list[str], what: str) -> list[dict]:
+        """The running task of each service, once all run.
+
+        Raises RuntimeError when a task fails, and HTTP 409 when one waits for a GPU
+        longer than ``starved_timeout``. Promised GPUs are released once every service
+        has its task (from then on Swarm counts them).
+        """
+        starved_since = None
+        while True:
+            tasks = await self.docker("tasks", filters={"service": list(service_ids)})
+            current = {}
+            for t in sorted(tasks, key=lambda t: t.get("Version", {}).get("Index", 0)):
+                current[t["ServiceID"]] = t
+            if len(current) == len(service_ids):
+                self.forget_promise()
+            for t in current.values():
+                if t["Status"]["State"] in FAILED_TASK_STATES:
+                    raise RuntimeError(f"{what} task of {self.owner.key} did not start: {task_error(t)}")
+            if starved_tasks(list(current.values())):
+                starved_since = starved_since or time.monotonic()
+                if time.monotonic() - starved_since > self.starved_timeout:
+                    raise self.not_enough(self.swarm.gpus, await self.gpu_usage())
+            else:
+                starved_since = None
+            if len(current) == len(service_ids) and all(
+                t["Status"]["State"] == "running" for t in current.values()
+            ):
+                return [current[s] for s in service_ids]
+            await asyncio.sleep(POLL_S)
+
+    async def get_ip_and_port(self):
+        return self.swarm.node_addr, self.swarm.port
+
+    async def remove_object(self):
+        """Remove every service and secret of this server; wait until its tasks stopped."""
+        selector = self.owner.filter()
+        services = [s["ID"] for s in await self.docker("services", filters=selector)]
+        for service_id in services:
+            try:
+                await self.docker("remove_service", service_id)
+            except NotFound:
+                pass
+        if services:
+            await self.wait_stopped(services)
+        for secret in await self.docker("secrets", filters=selector):
+            await self.remove_secret(secret["ID"])
+        if services:
+            self.log.info("Removed %d service(s) of %s", len(services), self.owner.key)
+        self.swarm.engine_services.clear()
+        self.swarm.secrets.clear()
+
+    async def wait_stopped(self, service_ids: list[str]) -> None:
+        deadline = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < deadline:
+            tasks = await self.docker("tasks")
+            if not any(t.get("ServiceID") in service_ids and t["Status"]["State"] in ACTIVE_TASK_STATES
+                       for t in tasks):
+                return
+            await asyncio.sleep(POLL_S)
+        self.log.warning("Tasks of %s still stopping after %.0f s", self.owner.key, STOP_WAIT_S)
+
+    async def remove_secret(self, secret_id: str) -> None:
+        """Remove a secret, waiting while a removed service's task still uses it."""
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            try:
+                await self.docker("remove_secret", secret_id)
+                return
+            except NotFound:
+                return
+            except APIError as e:
+                if "in use" not in str(e) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(POLL_S)
+
+    # -- state -----------------------------------------------------------------
+
+    def get_state(self):
+        state = super().get_state()
+        if self.object_id:
+            state["pdl_swarm"] = self.swarm.to_state()
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.swarm = SwarmServer.from_state(state.get("pdl_swarm"))
+        if self.swarm.port:
+            self.port = self.swarm.port
+
+    def clear_state(self):
+        super().clear_state()
+        self.swarm = SwarmServer()

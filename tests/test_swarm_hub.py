@@ -1,0 +1,170 @@
+"""End to end on the simulated 3-node swarm: a real JupyterHub with PDLSwarmSpawner.
+
+The hub runs in the root namespace (10.77.0.1 on the sim's bridge) and drives the
+swarm through node1's (the manager's) socket. A user asking for 3 GPUs gets a notebook
+service and 3 engine services, one per node's GPU; ``%%distributed -n 3`` trains a
+small DDP model across the three nodes. A second user is refused at once while the
+GPUs are held, and spawns once the first user's server (every service and secret of
+it) is gone. All traffic stays on 127.0.0.1 and 10.77.0.0/24.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from hub_harness import Hub, Kernel, wait_until
+
+pytestmark = pytest.mark.docker
+
+USERS = ["admin", "alice", "bob"]
+IMAGE = "pdl-notebook:test"
+
+DDP_CELL = """%%distributed -n 3 --all-output
+import os, torch, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(rank)                      # each rank its own data
+model = DDP(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+w_true = torch.arange(8.0)[:, None]
+for step in range(300):
+    x = torch.randn(32, 8)
+    loss = ((model(x) - x @ w_true) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+w = model.module.weight.detach().flatten()
+print(f"rank {rank}/{world_size} host {os.environ['PDL_ENGINE_HOST']} gpu {os.environ['PDL_GPU']} "
+      f"loss {loss.item():.4f} weights {w.sum().item():.4f}")
+"""
+RESULT = re.compile(r"rank (\d)/3 host (\S+) gpu (\S+) loss ([\d.]+) weights (-?[\d.]+)")
+
+
+class SwarmHub(Hub):
+    """The project's hub config, switched to PDLSwarmSpawner on the simulated swarm."""
+
+    def __init__(self, root, swarm):
+        super().__init__(root, USERS, pool=["cpu:0"])
+        self.swarm = swarm
+
+    def _write_config(self):
+        config = super()._write_config()
+        config.write_text(config.read_text() + f"""
+c.JupyterHub.spawner_class = "pdl-swarm"
+c.JupyterHub.hub_ip = {self.swarm.host_addr!r}   # containers on the nodes reach the hub API here
+c.PDLSwarmSpawner.client_kwargs = {{"base_url": {self.swarm.docker_host(1)!r}}}
+c.PDLSwarmSpawner.image = {IMAGE!r}
+c.PDLSwarmSpawner.default_gpus = 1
+c.Spawner.start_timeout = 180
+c.Spawner.http_timeout = 120
+""")
+        return config
+
+
+# Run in a task's container: how the PDL process (pdl-singleuser / pdl-engine) runs.
+INSPECT = """
+import json, os, stat, sys
+pid = min(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()
+          and any(a.endswith(sys.argv[1].encode())
+                  for a in open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")[:2]))
+status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
+secret = os.stat(sys.argv[2])
+print(json.dumps({
+    "uid": status["Uid"].split()[0], "cap_eff": status["CapEff"].strip(), "no_new_privs": status["NoNewPrivs"].strip(),
+    "secret_mode": oct(stat.S_IMODE(secret.st_mode)), "secret_uid": secret.st_uid,
+    "docker_socket": any(os.path.exists(p) for p in ("/var/run/docker.sock", "/run/docker.sock")),
+    "environ": open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace"),
+}))
+"""
+
+
+def inspect_task(swarm, service: str, program: str, secret: str) -> dict:
+    """How ``program`` runs in the container of ``service`` (on whichever node has it)."""
+    for i in swarm.node_ids():
+        found = swarm.client(i).containers.list(filters={"label": f"com.docker.swarm.service.name={service}"})
+        if found:
+            out = found[0].exec_run(["python", "-c", INSPECT, program, secret])
+            assert out.exit_code == 0, out.output.decode()
+            return json.loads(out.output.decode().strip().splitlines()[-1])
+    raise AssertionError(f"no container of {service} on any node")
+
+
+def pdl_objects(swarm, user=None):
+    """Services and secrets PDL made (of ``user``), by name."""
+    label = f"pdl.user={user}" if user else "pdl.owner"
+    m = swarm.manager
+    return (sorted(s.name for s in m.services.list(filters={"label": label})),
+            sorted(s.name for s in m.secrets.list(filters={"label": label})))
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory):
+    h = SwarmHub(tmp_path_factory.mktemp("swarm-hub"), swarm).start()
+    try:
+        yield h
+    finally:
+        h.close()
+        try:
+            wait_until(lambda: pdl_objects(swarm) == ([], []), 60, what="PDL's services and secrets to go")
+        finally:
+            for svc in swarm.manager.services.list(filters={"label": "pdl.owner"}):
+                svc.remove()
+
+
+def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, swarm):
+    r = hub.spawn("alice", 3)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("alice", timeout=240)
+
+    services, secrets = pdl_objects(swarm, "alice")
+    assert services == ["pdl-alice", "pdl-alice-engine-0", "pdl-alice-engine-1", "pdl-alice-engine-2"]
+    assert len(secrets) == 2
+    hosts = swarm.hostnames_by_node_id()
+    engines = [t for s in swarm.manager.services.list(filters={"label": "pdl.role=engine"})
+               for t in s.tasks(filters={"desired-state": "running"})]
+    assert sorted(hosts[t["NodeID"]] for t in engines) == [swarm.hostname(i) for i in swarm.node_ids()]
+
+    # secure defaults, as the processes actually run
+    for service, program, secret in (("pdl-alice", "pdl-singleuser", "/run/secrets/pdl-notebook.json"),
+                                     ("pdl-alice-engine-1", "pdl-engine", "/run/secrets/pdl-engine.json")):
+        seen = inspect_task(swarm, service, program, secret)
+        assert seen["uid"] == "1000" and seen["cap_eff"] == "0000000000000000", seen
+        assert seen["no_new_privs"] == "1" and not seen["docker_socket"], seen
+        assert seen["secret_mode"] == "0o400" and seen["secret_uid"] == 1000, seen
+        assert "API_TOKEN" not in seen["environ"] and "SECRETKEY" not in seen["environ"], service
+
+    kernel = Kernel(hub, "alice")
+    try:
+        out = kernel.execute("%load_ext pdl_magics")
+        assert out["error"] is None, out
+        out = kernel.execute(DDP_CELL, timeout=300)
+        assert out["error"] is None, f"{out}\n{hub.log_tail()}"
+    finally:
+        kernel.close()
+    print(out["stdout"])
+    ranks = {int(m[0]): m[1:] for m in RESULT.findall(out["stdout"])}
+    assert sorted(ranks) == [0, 1, 2], out["stdout"]
+    assert sorted(host for host, *_ in ranks.values()) == [swarm.hostname(i) for i in swarm.node_ids()]
+    assert sorted(gpu for _, gpu, *_ in ranks.values()) == [swarm.gpu(i) for i in swarm.node_ids()]
+    assert len({weights for *_, weights in ranks.values()}) == 1, "DDP replicas diverged"
+    assert all(float(loss) < 0.1 for _, _, loss, _ in ranks.values()), out["stdout"]
+
+    # every GPU is held: another user is refused at once, with who holds them only for admins
+    started = time.monotonic()
+    r = hub.spawn("bob", 1)
+    print(f"409 after {time.monotonic() - started:.2f} s: {r.json().get('message')}")
+    assert time.monotonic() - started < 5
+    assert r.status_code == 409
+    assert "Not enough free GPUs: you asked for 1, 0 of 3 are free (3 held by other users)" in r.json()["message"]
+    assert pdl_objects(swarm, "bob") == ([], [])
+    r = hub.spawn("admin", 1)
+    assert r.status_code == 409 and "0 of 3 are free (alice (3))" in r.json()["message"]
+
+    # stopping removes every service and secret of alice and frees the GPUs
+    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
+    wait_until(lambda: pdl_objects(swarm, "alice") == ([], []), 60, what="alice's services and secrets to go")
+    r = hub.spawn("bob", 2)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("bob", timeout=240)
+    assert pdl_objects(swarm, "bob")[0] == ["pdl-bob", "pdl-bob-engine-0", "pdl-bob-engine-1"]

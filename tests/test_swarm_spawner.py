@@ -1,0 +1,186 @@
+"""PDLSwarmSpawner's start/stop/poll/state logic against a fake swarm (no Docker).
+
+The spawner is the real class; only its Docker client is :class:`FakeSwarm`, behind
+dockerspawner's one seam. The end-to-end test with real Swarm nodes is
+tests/test_swarm_hub.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub.objects import Hub, Server
+from tornado import web
+
+from pdl.connection import engine_file
+from pdl_spawner.swarm import PDLSwarmSpawner
+from swarm_doubles import FakeSwarm
+
+pytestmark = pytest.mark.unit
+
+
+def make_spawner(swarm: FakeSwarm, name: str, gpus: int | None, admin=False, **config) -> PDLSwarmSpawner:
+    cls = type("FakeSwarmSpawner", (PDLSwarmSpawner,), {"_client": swarm})
+    user = SimpleNamespace(name=name, admin=admin, url=f"/user/{name}/", escaped_name=name, id=1,
+                           server=None, spawners={}, settings={}, orm_user=None)
+    spawner = cls(user=user, hub=Hub(ip="10.77.0.1", port=8081, base_url="/hub/"), api_token=f"token-of-{name}",
+                  oauth_client_id=f"jupyterhub-user-{name}", image="pdl-notebook:test", starved_timeout=0.5,
+                  environment={"CINIC10_DIR": "/data/cinic10"}, **config)
+    spawner.server = Server(base_url=f"/user/{name}/")
+    spawner.user_options = {} if gpus is None else {"workers": gpus}
+    return spawner
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def services_of(swarm, user):
+    return [s for s in swarm.services_.values() if s["Spec"]["Labels"].get("pdl.user") == user]
+
+
+def secrets_of(swarm, user):
+    return [s for s in swarm.secrets_.values() if s["Spec"]["Labels"].get("pdl.user") == user]
+
+
+@pytest.fixture(autouse=True)
+def no_promises_left():
+    yield
+    assert PDLSwarmSpawner._promised == {}, "a spawn left GPUs promised"
+
+
+def test_spawn_creates_notebook_and_one_engine_per_gpu_spread_over_nodes():
+    swarm = FakeSwarm()
+    alice = make_spawner(swarm, "alice", 3)
+    ip, port = run(alice.start())
+    notebook_task = [t for t in swarm.running("notebook")][0]
+    assert ip == {"node1": "10.77.0.11", "node2": "10.77.0.12", "node3": "10.77.0.13"}[notebook_task["NodeID"]]
+    assert port == alice.swarm.port and 20000 <= port <= 32000
+    engines = swarm.running("engine")
+    assert len(engines) == 3 and {t["NodeID"] for t in engines} == {"node1", "node2", "node3"}
+    assert sorted(s["Spec"]["Name"] for s in services_of(swarm, "alice")) == [
+        "pdl-alice", "pdl-alice-engine-0", "pdl-alice-engine-1", "pdl-alice-engine-2"]
+    # the engines' secret holds exactly the connection info for the notebook's node
+    kinds = {s["Spec"]["Labels"]["pdl.kind"]: s["ID"] for s in secrets_of(swarm, "alice")}
+    assert json.loads(swarm.secret_data(kinds["engine"])) == engine_file(alice.swarm.keys, alice.swarm.controller_ports, ip)
+    notebook_secret = json.loads(swarm.secret_data(kinds["notebook"]))
+    assert notebook_secret["api_token"] == "token-of-alice"
+    # and nothing secret is in any service spec
+    specs = json.dumps([s["Spec"] for s in swarm.services_.values()])
+    for value in ("token-of-alice", alice.swarm.keys.curve_secretkey, alice.swarm.keys.session_key):
+        assert value not in specs
+    env = swarm.services_[alice.object_id]["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
+    assert "PDL_ENGINES=3" in env and f"JUPYTERHUB_SERVICE_URL=http://0.0.0.0:{port}/user/alice/" in env
+    engine_env = services_of(swarm, "alice")[1]["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
+    assert "CINIC10_DIR=/data/cinic10" in engine_env
+
+
+def test_request_that_cannot_be_met_fails_fast_with_one_line_and_creates_nothing():
+    swarm = FakeSwarm()
+    run(make_spawner(swarm, "alice", 2).start())
+    before = swarm.calls.count("create_service")
+    bob = make_spawner(swarm, "bob", 2)
+    started = time.monotonic()
+    with pytest.raises(web.HTTPError) as e:
+        run(bob.start())
+    assert time.monotonic() - started < 2
+    assert e.value.status_code == 409
+    assert e.value.log_message == ("Not enough free GPUs: you asked for 2, 1 of 3 are free (2 held by other users). "
+                                   "Ask for at most 1, or try again when one frees up.")
+    assert swarm.calls.count("create_service") == before and not services_of(swarm, "bob")
+    assert not secrets_of(swarm, "bob")
+    with pytest.raises(web.HTTPError) as e:
+        run(make_spawner(swarm, "root", 2, admin=True).start())
+    assert "1 of 3 are free (alice (2))" in e.value.log_message
+
+
+def test_stop_removes_everything_and_frees_the_gpus():
+    swarm = FakeSwarm(stop_polls=3)  # removed tasks keep their GPU for a moment, as in Swarm
+    alice = make_spawner(swarm, "alice", 3)
+    run(alice.start())
+    run(alice.stop())
+    assert not services_of(swarm, "alice") and not secrets_of(swarm, "alice")
+    assert not swarm.running()
+    assert alice.get_state() == {}
+    run(make_spawner(swarm, "bob", 3).start())
+    assert len(swarm.running("engine")) == 3
+
+
+def test_a_restarted_hub_reattaches_through_the_state():
+    swarm = FakeSwarm()
+    alice = make_spawner(swarm, "alice", 2)
+    run(alice.start())
+    state = json.loads(json.dumps(alice.get_state()))  # as JupyterHub stores it
+    assert state["pdl_swarm"]["gpus"] == 2 and state["pdl_swarm"]["keys"] == alice.swarm.keys.to_dict()
+    again = make_spawner(swarm, "alice", None)
+    again.load_state(state)
+    assert run(again.poll()) is None
+    assert again.swarm == alice.swarm and again.port == alice.swarm.port
+    run(again.stop())
+    assert not services_of(swarm, "alice")
+    assert run(again.poll()) == 0
+
+
+def test_engine_starved_by_a_race_removes_everything_and_says_409():
+    swarm = FakeSwarm()
+
+    def grab_a_gpu(method, swarm):
+        # someone else takes a GPU between the check and the engines' creation
+        if method == "create_service" and not any(s["Spec"]["Name"] == "intruder" for s in swarm.services_.values()):
+            swarm.after_call = None
+            swarm.create_service({"ContainerSpec": {"Image": "x", "Secrets": []}, "Resources": {"Reservations": {
+                "GenericResources": [{"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}]}}},
+                name="intruder", labels={})
+
+    swarm.after_call = grab_a_gpu
+    alice = make_spawner(swarm, "alice", 3)
+    with pytest.raises(web.HTTPError) as e:
+        run(alice.start())
+    assert e.value.status_code == 409
+    assert "you asked for 3, 2 of 3 are free (1 held by other users)" in e.value.log_message
+    assert not services_of(swarm, "alice") and not secrets_of(swarm, "alice")
+    assert [t["ServiceID"] for t in swarm.running()] == [s["ID"] for s in swarm.services_.values()]
+
+
+def test_concurrent_spawns_in_one_hub_never_promise_a_gpu_twice():
+    swarm = FakeSwarm()
+
+    async def both():
+        spawners = [make_spawner(swarm, "alice", 2), make_spawner(swarm, "bob", 2)]
+        return await asyncio.gather(*(s.start() for s in spawners), return_exceptions=True)
+
+    results = run(both())
+    refused = [r for r in results if isinstance(r, web.HTTPError)]
+    assert len(refused) == 1 and refused[0].status_code == 409, results
+    assert len(swarm.running("engine")) == 2
+
+
+def test_a_task_that_cannot_start_fails_the_spawn_and_leaves_nothing():
+    swarm = FakeSwarm(reject_images={"pdl-engine:missing"})
+    alice = make_spawner(swarm, "alice", 2, engine_image="pdl-engine:missing")
+    with pytest.raises(RuntimeError, match="engine task of alice did not start: rejected: No such image"):
+        run(alice.start())
+    assert not services_of(swarm, "alice") and not secrets_of(swarm, "alice")
+
+
+def test_bad_requests_are_400():
+    swarm = FakeSwarm()
+    with pytest.raises(web.HTTPError) as e:
+        run(make_spawner(swarm, "alice", 0).start())
+    assert e.value.status_code == 400
+    with pytest.raises(web.HTTPError) as e:
+        run(make_spawner(swarm, "alice", 3, max_gpus=2).start())
+    assert e.value.status_code == 400 and "from 1 to 2" in e.value.log_message
+
+
+def test_spawn_form_says_what_is_free():
+    swarm = FakeSwarm()
+    run(make_spawner(swarm, "alice", 2).start())
+    bob = make_spawner(swarm, "bob", None)
+    page = run(bob.get_options_form())
+    assert "1 of 3 GPUs free" in page and "2 held by other users" in page and "alice" not in page
+    assert bob.options_from_form({"workers": ["1"]}) == {"workers": 1}

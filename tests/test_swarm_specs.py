@@ -1,0 +1,190 @@
+"""Golden tests of the Swarm specs PDLSwarmSpawner creates, and their secure defaults.
+
+The builders are pure, so whole specs are compared to expected dicts, as kubespawner's
+tests do for pods. No Docker needed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
+from pdl_spawner import swarm_specs
+from pdl_spawner.swarm_specs import Owner
+
+pytestmark = pytest.mark.unit
+
+NS = 1_000_000_000
+ALICE = Owner("alice")
+PORTS = [20001 + i for i in range(1 + PORTS_NEEDED)]
+KEYS = ClusterKeys(curve_publickey="P" * 40, curve_secretkey="S" * 40, session_key="k" * 64)
+API_TOKEN = "hub-api-token-of-alice"
+SECURE = {
+    "User": "1000:1000",
+    "Init": True,
+    "CapabilityDrop": ["ALL"],
+    "Privileges": {"NoNewPrivileges": True},
+    "StopGracePeriod": 5 * NS,
+}
+
+
+def notebook(**overrides):
+    kwargs = dict(
+        name="pdl-alice", image="pdl-notebook:test", owner=ALICE,
+        command=["pdl-singleuser", "--SingleUserNotebookApp.default_url=/lab"],
+        env={"JUPYTERHUB_USER": "alice", "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:20001/user/alice/"},
+        secret_id="sec1", secret_name="pdl-alice-notebook-0a0b", user="1000:1000", home="/home/pdl",
+        ports=PORTS, gpus=3,
+    )
+    return swarm_specs.notebook_service(**{**kwargs, **overrides})
+
+
+def engine(**overrides):
+    kwargs = dict(
+        name="pdl-alice-engine-2", image="pdl-notebook:test", owner=ALICE, index=2,
+        env={"CINIC10_DIR": "/data/cinic10"}, secret_id="sec2", secret_name="pdl-alice-engine-0c0d",
+        user="1000:1000", home="/home/pdl", gpu_resource="NVIDIA-GPU",
+    )
+    return swarm_specs.engine_service(**{**kwargs, **overrides})
+
+
+def test_notebook_service_spec():
+    labels = {
+        "pdl.owner": "alice", "pdl.user": "alice", "pdl.server": "", "pdl.role": "notebook",
+        "pdl.ports": ",".join(map(str, PORTS)), "pdl.gpus": "3",
+    }
+    assert notebook() == {
+        "name": "pdl-alice",
+        "labels": labels,
+        "mode": {"Replicated": {"Replicas": 1}},
+        "endpoint_spec": {"Mode": "dnsrr"},
+        "task_template": {
+            "ContainerSpec": {
+                "Image": "pdl-notebook:test",
+                "Command": ["pdl-singleuser", "--SingleUserNotebookApp.default_url=/lab"],
+                "Env": [
+                    "HOME=/home/pdl",
+                    "JUPYTERHUB_SERVICE_URL=http://0.0.0.0:20001/user/alice/",
+                    "JUPYTERHUB_USER=alice",
+                    "PDL_CONTROLLER_SECRET=/run/secrets/pdl-notebook.json",
+                    "PDL_ENGINES=3",
+                ],
+                "Labels": labels,
+                "Dir": "/home/pdl",
+                "Secrets": [{
+                    "SecretID": "sec1", "SecretName": "pdl-alice-notebook-0a0b",
+                    "File": {"Name": "pdl-notebook.json", "UID": "1000", "GID": "1000", "Mode": 0o400},
+                }],
+                **SECURE,
+            },
+            "Networks": [{"Target": "host"}],
+            "RestartPolicy": {"Condition": "none", "MaxAttempts": 0},
+        },
+    }
+
+
+def test_engine_service_spec_reserves_one_gpu():
+    labels = {"pdl.owner": "alice", "pdl.user": "alice", "pdl.server": "", "pdl.role": "engine", "pdl.index": "2"}
+    assert engine() == {
+        "name": "pdl-alice-engine-2",
+        "labels": labels,
+        "mode": {"Replicated": {"Replicas": 1}},
+        "endpoint_spec": {"Mode": "dnsrr"},
+        "task_template": {
+            "ContainerSpec": {
+                "Image": "pdl-notebook:test",
+                "Command": ["pdl-engine"],
+                "Env": [
+                    "CINIC10_DIR=/data/cinic10",
+                    "HOME=/home/pdl",
+                    "PDL_ENGINE_CONNECTION=/run/secrets/pdl-engine.json",
+                    "PDL_ENGINE_HOST={{.Node.Hostname}}",
+                    "PDL_GPU_RESOURCE=NVIDIA-GPU",
+                ],
+                "Labels": labels,
+                "Dir": "/home/pdl",
+                "Secrets": [{
+                    "SecretID": "sec2", "SecretName": "pdl-alice-engine-0c0d",
+                    "File": {"Name": "pdl-engine.json", "UID": "1000", "GID": "1000", "Mode": 0o400},
+                }],
+                **SECURE,
+            },
+            "Networks": [{"Target": "host"}],
+            "Resources": {"Reservations": {"GenericResources": [
+                {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}},
+            ]}},
+            "Placement": {"Preferences": [{"Spread": {"SpreadDescriptor": "node.id"}}]},
+            "RestartPolicy": {"Condition": "on-failure", "Delay": 1 * NS, "MaxAttempts": 3, "Window": 60 * NS},
+        },
+    }
+
+
+def test_named_servers_get_their_own_owner_label():
+    spec = engine(owner=Owner("alice", "big"))
+    assert spec["labels"]["pdl.owner"] == "alice/big" and spec["labels"]["pdl.server"] == "big"
+    assert Owner("alice", "big").filter() == {"label": ["pdl.owner=alice/big"]}
+
+
+def _containers():
+    yield notebook()["task_template"]["ContainerSpec"]
+    yield engine()["task_template"]["ContainerSpec"]
+
+
+@pytest.mark.parametrize("container", list(_containers()), ids=["notebook", "engine"])
+def test_secure_defaults(container):
+    assert container["User"] != "root" and not container["User"].startswith("0")
+    assert container["Privileges"]["NoNewPrivileges"] is True
+    assert "Privileged" not in container  # Swarm has no such field; nothing sets one
+    assert container["CapabilityDrop"] == ["ALL"] and not container.get("CapabilityAdd")
+    assert container["Init"] is True
+    for mount in container.get("Mounts", []):
+        assert "docker.sock" not in mount["Source"]
+    for ref in container["Secrets"]:
+        assert ref["File"]["Mode"] == 0o400 and ref["File"]["UID"] == "1000"
+
+
+@pytest.mark.parametrize("user", ["0:0", "root", "0", "1000:0", ""])
+def test_root_is_refused(user):
+    with pytest.raises(ValueError):
+        notebook(user=user)
+
+
+@pytest.mark.parametrize("source", ["/var/run/docker.sock", "/run/docker.sock", "/var/run", "/", "/srv/x/docker.sock"])
+def test_docker_socket_mounts_are_refused(source):
+    with pytest.raises(ValueError, match="refusing to mount"):
+        engine(mounts=[{"Type": "bind", "Source": source, "Target": "/data"}])
+    ok = engine(mounts=[{"Type": "bind", "Source": "/srv/data", "Target": "/data", "ReadOnly": True}])
+    assert ok["task_template"]["ContainerSpec"]["Mounts"] == [
+        {"Type": "bind", "Source": "/srv/data", "Target": "/data", "ReadOnly": True}]
+
+
+@pytest.mark.parametrize("name", sorted(swarm_specs.SECRET_ENV))
+def test_secret_environment_variables_are_refused(name):
+    with pytest.raises(ValueError, match="Docker secrets"):
+        notebook(env={name: "x"})
+
+
+def test_secrets_are_only_in_secret_payloads():
+    """The token and keys appear in the secrets' data, and nowhere in any service spec."""
+    nb_secret = swarm_specs.secret(name="s", data=notebook_secret(KEYS, PORTS[1:], API_TOKEN), labels={})
+    eng_secret = swarm_specs.secret(name="e", data=engine_file(KEYS, PORTS[1:], "10.77.0.12"), labels={})
+    assert API_TOKEN.encode() in nb_secret["data"] and KEYS.curve_secretkey.encode() in nb_secret["data"]
+    assert KEYS.curve_secretkey.encode() not in eng_secret["data"]  # engines get only the public key
+    assert KEYS.session_key.encode() in eng_secret["data"]
+    for spec in (notebook(), engine()):
+        text = json.dumps(spec)
+        for value in (API_TOKEN, KEYS.curve_secretkey, KEYS.curve_publickey, KEYS.session_key):
+            assert value not in text
+
+
+def test_secret_spec():
+    spec = swarm_specs.secret(name="pdl-alice-engine-0c0d", data={"b": 1, "a": "x"},
+                              labels=ALICE.labels("secret", kind="engine"))
+    assert spec == {
+        "name": "pdl-alice-engine-0c0d",
+        "data": b'{"a": "x", "b": 1}',
+        "labels": {"pdl.owner": "alice", "pdl.user": "alice", "pdl.server": "", "pdl.role": "secret",
+                   "pdl.kind": "engine"},
+    }

@@ -1,0 +1,170 @@
+"""Swarm spawner logic that needs no Docker: GPU counting, messages, ports, state,
+connection files, and the engine's GPU-to-slot mapping (pure functions)."""
+
+from __future__ import annotations
+
+import random
+from importlib.metadata import entry_points
+
+import pytest
+
+from pdl.connection import PORTS_NEEDED, ClusterKeys, controller_files, engine_file
+from pdl.swarm_engine import gpu_slot_env
+from pdl_spawner import form
+from pdl_spawner.swarm_state import (
+    OTHER_SERVICES, SwarmServer, gpu_usage, node_address, pick_ports, starved_tasks, task_error, used_ports,
+)
+
+pytestmark = pytest.mark.unit
+
+GPU = "NVIDIA-GPU"
+KEYS = ClusterKeys(curve_publickey="P" * 40, curve_secretkey="S" * 40, session_key="k" * 64)
+PORTS = list(range(30001, 30001 + PORTS_NEEDED))
+
+
+def node(name, gpus=("GPU-a",), state="ready", availability="active", addr="10.77.0.11"):
+    return {
+        "ID": name, "Status": {"State": state, "Addr": addr}, "Spec": {"Availability": availability},
+        "Description": {"Hostname": name, "Resources": {"GenericResources": [
+            {"NamedResourceSpec": {"Kind": GPU, "Value": g}} for g in gpus]}},
+    }
+
+
+def service(sid, user=None, owner=None, role="engine", ports=None):
+    labels = {}
+    if user:
+        labels = {"pdl.user": user, "pdl.owner": owner or user, "pdl.role": role}
+    if ports:
+        labels["pdl.ports"] = ",".join(map(str, ports))
+    return {"ID": sid, "Spec": {"Labels": labels}}
+
+
+def task(sid, state="running", desired="running", gpus=1, err=None):
+    reservations = {"GenericResources": [{"DiscreteResourceSpec": {"Kind": GPU, "Value": gpus}}]} if gpus else {}
+    status = {"State": state, **({"Err": err} if err else {})}
+    return {"ServiceID": sid, "DesiredState": desired, "Status": status,
+            "Spec": {"Resources": {"Reservations": reservations}}}
+
+
+def test_gpu_usage_counts_ready_nodes_and_active_tasks():
+    nodes = [node("n1"), node("n2", gpus=("GPU-b", "GPU-c")), node("n3", state="down"),
+             node("n4", availability="drain"),
+             {**node("n5", gpus=()), "Description": {"Resources": {"GenericResources": [
+                 {"DiscreteResourceSpec": {"Kind": GPU, "Value": 2}}]}}}]
+    services = [service("a1", "alice"), service("a2", "alice"), service("b1", "bob"), service("x", None)]
+    tasks = [
+        task("a1"), task("a2", state="pending", err="no suitable node (insufficient resources on 3 nodes)"),
+        task("b1", state="starting"), task("x"),
+        task("b1", state="failed", desired="shutdown"),     # an old, failed task of bob's
+        task("a1", state="running", desired="shutdown"),    # being stopped: not counted
+        task("x", gpus=0),                                    # reserves no GPU
+    ]
+    usage = gpu_usage(nodes, services, tasks, GPU)
+    assert usage.total == 5
+    assert usage.holders == {"alice": 2, "bob": 1, OTHER_SERVICES: 1}
+    assert usage.free == 1
+    # a server's own tasks are not counted against itself; promised GPUs are
+    again = gpu_usage(nodes, services, tasks, GPU, exclude_owner="alice", promised={"carol": ("carol", 1)})
+    assert again.holders == {"bob": 1, OTHER_SERVICES: 1, "carol": 1} and again.free == 2
+
+
+def test_named_servers_count_for_their_user():
+    services = [service("s1", "alice", owner="alice/big")]
+    usage = gpu_usage([node("n1", gpus=("a", "b"))], services, [task("s1")], GPU, exclude_owner="alice")
+    assert usage.holders == {"alice": 1}
+
+
+def test_not_enough_message_is_one_line_and_names_holders_only_to_admins():
+    usage = gpu_usage([node("n1"), node("n2"), node("n3")], [service("a", "alice")], [task("a", gpus=1)] * 2, GPU)
+    user = form.not_enough_message(3, usage.free, usage.total, usage.holders, show_names=False, unit="GPUs")
+    admin = form.not_enough_message(3, usage.free, usage.total, usage.holders, show_names=True, unit="GPUs")
+    assert user == ("Not enough free GPUs: you asked for 3, 1 of 3 are free (2 held by other users). "
+                    "Ask for at most 1, or try again when one frees up.")
+    assert "alice (2)" in admin and "\n" not in admin
+
+
+def test_starved_tasks_and_errors():
+    starved = task("a", state="pending", err="no suitable node (insufficient resources on 3 nodes)")
+    assert starved_tasks([starved, task("b", state="pending"), task("c")]) == [starved]
+    assert task_error(task("a", state="rejected", err="No such image: pdl-notebook:test")) == \
+        "rejected: No such image: pdl-notebook:test"
+
+
+def test_ports_avoid_those_other_notebooks_bind():
+    used = used_ports([service("n1", "bob", role="notebook", ports=[20000, 20002]), service("x")])
+    assert used == {20000, 20002}
+    picked = pick_ports(3, used, 20000, 20004, random.Random(1))
+    assert sorted(picked) == [20001, 20003, 20004]
+    with pytest.raises(ValueError, match="only 3 ports left"):
+        pick_ports(4, used, 20000, 20004)
+
+
+def test_node_address_of_a_manager_reporting_0000():
+    assert node_address(node("n1", addr="10.77.0.12")) == "10.77.0.12"
+    manager = {**node("n1", addr="0.0.0.0"), "ManagerStatus": {"Addr": "10.77.0.11:2377"}}
+    assert node_address(manager) == "10.77.0.11"
+    with pytest.raises(ValueError):
+        node_address(node("n1", addr=""))
+
+
+def test_state_round_trip_keeps_what_a_restarted_hub_needs():
+    server = SwarmServer(gpus=3, port=20001, controller_ports=PORTS, node_addr="10.77.0.12", keys=KEYS,
+                         engine_services=["e0", "e1", "e2"], secrets=["s0", "s1"])
+    state = server.to_state()
+    import json
+
+    assert json.loads(json.dumps(state)) == state  # JupyterHub stores it as JSON
+    assert SwarmServer.from_state(state) == server
+    assert SwarmServer.from_state(None) == SwarmServer()
+    assert "keys" not in SwarmServer().to_state()
+
+
+def test_connection_files_give_engines_the_node_address_and_the_controller_every_interface():
+    files = controller_files(KEYS, PORTS)
+    eng = engine_file(KEYS, PORTS, "10.77.0.12")
+    assert files["engine"]["interface"] == files["client"]["interface"] == "tcp://0.0.0.0"
+    assert files["client"]["location"] == ""
+    assert eng == {
+        "interface": "tcp://10.77.0.12", "location": "10.77.0.12",
+        "registration": 30001, "control": 30002, "mux": 30003, "task": 30004, "iopub": 30005,
+        "hb_ping": 30006, "hb_pong": 30007, "broadcast": [30008, 30009],
+        "key": "k" * 64, "curve_serverkey": "P" * 40,
+        "pack": "json", "unpack": "json", "signature_scheme": "hmac-sha256", "ssh": "",
+    }
+    assert {k: v for k, v in files["engine"].items() if k not in ("interface", "location")} == \
+        {k: v for k, v in eng.items() if k not in ("interface", "location")}
+    client_ports = [files["client"][k] for k in ("control", "mux", "task", "iopub", "notification", "broadcast")]
+    assert client_ports == list(range(30010, 30016)) and files["client"]["registration"] == 30001
+    with pytest.raises(ValueError, match="distinct ports"):
+        engine_file(KEYS, [1] * PORTS_NEEDED, "10.77.0.12")
+
+
+def test_generated_keys_are_fresh_curve_keypairs():
+    import zmq
+
+    a, b = ClusterKeys.generate(), ClusterKeys.generate()
+    assert a != b and len(a.curve_publickey) == len(a.curve_secretkey) == 40 and len(a.session_key) == 64
+    assert zmq.curve_public(a.curve_secretkey.encode()) == a.curve_publickey.encode()
+
+
+@pytest.mark.parametrize("assigned, slot, visible", [
+    ("GPU-8f2c1e7a-0000-1111-2222-333344445555", "gpu:0", "GPU-8f2c1e7a-0000-1111-2222-333344445555"),
+    ("GPU-fake-2", "gpu:0", "GPU-fake-2"),
+    ("3", "gpu:3", "3"),
+    (None, "cpu:0", ""),
+])
+def test_engine_sees_only_the_gpu_swarm_assigned(assigned, slot, visible):
+    env = gpu_slot_env(assigned, n_cpus=8)
+    assert env["PDL_SLOT"] == slot and env["CUDA_VISIBLE_DEVICES"] == visible
+    assert env["PDL_GPU"] == (assigned or "") and env["PDL_CPUS"] == "0,1,2,3,4,5,6,7"
+
+
+def test_swarm_spawner_is_registered_and_documents_its_config():
+    from pdl_spawner.swarm import PDLSwarmSpawner
+
+    assert entry_points(group="jupyterhub.spawners")["pdl-swarm"].load() is PDLSwarmSpawner
+    own = ["default_gpus", "max_gpus", "engine_image", "gpu_resource", "run_as", "container_home",
+           "port_range", "starved_timeout"]
+    traits = PDLSwarmSpawner.class_traits(config=True)
+    for name in own:
+        assert traits[name].help.strip(), f"{name} has no help text"
