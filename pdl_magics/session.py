@@ -163,6 +163,7 @@ class DistributedSession:
         """Make sure at least ``n`` engines are up (starting local ones if needed)."""
         client = self._connect()
         if not self.is_hub:
+            self._restart_dead_local_engines()
             running = {info["slot"] for info in self._engines.values()}
             started = len(self._cluster.engines)
             missing = [s for s in self.pool()[started:n] if s not in running]
@@ -172,7 +173,29 @@ class DistributedSession:
         else:
             target = clusters.hub_engine_count() or n
         client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=True)
-        self._refresh_engines()
+        self._wait_for_engines(target)
+
+    def _restart_dead_local_engines(self) -> None:
+        """Start a fresh engine on the slot of each local engine whose process died
+        (killed, crashed, or restarted from the Cluster panel) since the last cell."""
+        here = socket.gethostname()
+        for eid, info in list(self._engines.items()):
+            if info["host"] == here and not status_file.pid_alive(info["pid"]):
+                del self._engines[eid]
+                self._replaced.add(eid)
+                clusters.restart_slot_engine(self._cluster, info["slot"], len(self.pool()))
+
+    def _wait_for_engines(self, target: int) -> None:
+        """Wait until ``target`` live engines are known, or raise :class:`RanksStuck`."""
+        deadline = time.monotonic() + clusters.ENGINE_TIMEOUT_S
+        while True:
+            self._refresh_engines()
+            if len(self._engines) >= target:
+                return
+            if time.monotonic() > deadline:
+                raise RanksStuck(f"only {len(self._engines)} of {target} engines registered within "
+                                 f"{clusters.ENGINE_TIMEOUT_S} s")
+            time.sleep(0.2)
 
     def _refresh_engines(self) -> None:
         ids = [i for i in self.client.ids if i not in self._replaced]
@@ -358,14 +381,7 @@ class DistributedSession:
                 pass
             if not self.is_hub:
                 clusters.restart_slot_engine(self._cluster, info["slot"], len(self.pool()))
-        deadline = time.monotonic() + clusters.ENGINE_TIMEOUT_S
-        while time.monotonic() < deadline:
-            self._refresh_engines()
-            if len(self._engines) >= target:
-                return
-            time.sleep(0.2)
-        raise RanksStuck("the replacement engines did not register within "
-                         f"{clusters.ENGINE_TIMEOUT_S} s")
+        self._wait_for_engines(target)
 
     def _publish_status(self, running: bool, metrics: dict | None = None, force: bool = False) -> None:
         """Tell the Cluster panel what this session runs (:mod:`pdl_magics.status_file`)."""

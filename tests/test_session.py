@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import io
+import os
+import signal
 import socket
 import time
 
@@ -261,6 +263,21 @@ def test_changing_the_number_of_ranks_and_back(tmp_path, monkeypatch):
             assert time.monotonic() - started < 15
     finally:
         session.close()
+
+
+def test_a_killed_engine_is_restarted_on_its_slot_at_the_next_cell(pdl_session):
+    """As after the Cluster panel's "Restart engines", or an engine that crashed."""
+    result, _, _ = run(pdl_session, "import os\n(os.getpid(), os.environ['PDL_SLOT'])")
+    before = [ast.literal_eval(v) for v in result.values]
+    os.kill(before[1][0], signal.SIGKILL)
+    assert wait_until(lambda: not process_running(before[1][0]), timeout=10)
+
+    result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)
+    assert result.values == ["6.0", "6.0", "6.0"]
+    result, _, _ = run(pdl_session, "import os\n(os.getpid(), os.environ['PDL_SLOT'])")
+    after = [ast.literal_eval(v) for v in result.values]
+    assert [slot for _, slot in after] == [slot for _, slot in before]
+    assert after[1][0] != before[1][0] and after[0] == before[0] and after[2] == before[2]
 
 
 def test_engines_survive_everything_and_close_stops_them(pdl_session):
