@@ -130,3 +130,27 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
              "the panel to show the cell stopped")
     stopped = rank_steps(page)
     assert len(stopped) == 3 and all(0 < s < TOTAL for s in stopped), stopped
+
+    # Again, stopped this time from the notebook's toolbar (the kernel's interrupt button),
+    # while the in-cell progress widget advances.
+    page.click(".jp-Notebook .jp-CodeCell >> nth=1")
+    page.keyboard.press("Shift+Enter")
+    wait_for(page, lambda: page.get_attribute(f"{PANEL} .pdl-cell", "data-running") == "true", 60,
+             "the cell to run again")
+    widget_steps = []
+    for _ in range(2):
+        wait_for(page, lambda: (t := page.locator(".pdl-progress").all_inner_texts()) and "step " in t[0], 60,
+                 "the progress widget")
+        text = page.locator(".pdl-progress").inner_text()
+        widget_steps.append(int(text.split("step ", 1)[1].split("/", 1)[0]))
+        page.wait_for_timeout(2000)
+    assert widget_steps[1] > widget_steps[0], widget_steps  # the widget advances live
+    page.click(".jp-NotebookPanel-toolbar [data-jp-item-name='interrupt'] button, "
+               ".jp-NotebookPanel-toolbar [data-command='notebook:interrupt-kernel']")
+    page.wait_for_function(
+        "() => /Interrupted: all 3 ranks stopped/.test(document.querySelector('.jp-Notebook').innerText)",
+        timeout=60_000, polling=500,
+    )
+    wait_for(page, lambda: engine_states(page) == ["idle"] * 3, 30, "the engines idle after the interrupt")
+    wait_for(page, lambda: page.get_attribute(f"{PANEL} .pdl-cell", "data-running") == "false", 30,
+             "the panel to show the cell stopped")
