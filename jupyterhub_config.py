@@ -13,7 +13,8 @@ Environment variables tune it without editing this file:
   restart; ``0`` stops them, and frees their slots, when the hub stops;
 - ``PDL_SPAWNER``: ``local`` (default: engines are processes on this machine) or
   ``swarm`` (a Docker Swarm mini-cluster; then ``PDL_HUB_CONNECT_IP``, this node's
-  address as the other nodes reach it, is required, and ``PDL_NOTEBOOK_IMAGE``,
+  address as the other nodes reach it, is required, and ``PDL_NODES`` (the swarm
+  nodes whose GPUs to use, e.g. ``gpu1,gpu2,gpu3``; default: all), ``PDL_NOTEBOOK_IMAGE``,
   ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_GPUS`` apply);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
   (default: every GPU, else 4 CPU slots).
@@ -82,5 +83,6 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLSwarmSpawner.image = os.environ.get("PDL_NOTEBOOK_IMAGE", "pdl-notebook:latest")
     c.PDLSwarmSpawner.client_kwargs = {"base_url": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")}
     c.PDLSwarmSpawner.default_gpus = int(os.environ.get("PDL_DEFAULT_GPUS", "1"))
+    c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]
 elif os.environ.get("PDL_SPAWNER", "local") != "local":
     raise SystemExit(f"PDL_SPAWNER must be 'local' or 'swarm', got {os.environ['PDL_SPAWNER']!r}")

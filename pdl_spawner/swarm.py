@@ -35,14 +35,14 @@ import time
 from docker.errors import APIError, NotFound
 from dockerspawner import SwarmSpawner
 from tornado import web
-from traitlets import Float, Instance, Integer, Tuple, Unicode, default, validate
+from traitlets import Float, Instance, Integer, List, Tuple, Unicode, default, validate
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 
 from . import form, swarm_specs
 from .swarm_specs import LABEL_PREFIX, Owner
 from .swarm_state import (
-    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, gpu_usage, node_address, pick_ports,
+    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, excluded_hostnames, gpu_usage, node_address, pick_ports, select_nodes,
     starved_tasks, task_error, used_ports,
 )
 
@@ -96,6 +96,12 @@ class PDLSwarmSpawner(SwarmSpawner):
         help="""Ports (inclusive) the hub picks from for each notebook's Jupyter server and
         ipyparallel controller. Containers use their node's network, so these must be
         free on every node; below Linux's ephemeral range (32768+) by default.""",
+    )
+
+    nodes = List(
+        Unicode(), config=True,
+        help="Hostnames of the swarm nodes whose GPUs PDL hands out (engines run only there); "
+        "empty: every node. A name that is not a node of the swarm fails each spawn with a one-line error.",
     )
 
     starved_timeout = Float(
@@ -157,11 +163,22 @@ class PDLSwarmSpawner(SwarmSpawner):
 
     async def gpu_usage(self) -> GpuUsage:
         """GPUs of the swarm and their holders, this server's own not counted."""
-        nodes = await self.docker("nodes")
+        nodes = await self.cluster_nodes()
         services = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=engine"]})
         tasks = await self.docker("tasks", filters={"desired-state": ["running"]})
+        if self.nodes:  # tasks placed on the other nodes hold none of these GPUs
+            ids = {n["ID"] for n in nodes}
+            tasks = [t for t in tasks if t.get("NodeID") in ids or not t.get("NodeID")]
         return gpu_usage(nodes, services, tasks, self.gpu_resource,
                          promised=PDLSwarmSpawner._promised, exclude_owner=self.owner.key)
+
+    async def cluster_nodes(self) -> list[dict]:
+        """The swarm's nodes that PDL uses (:attr:`nodes`), or HTTP 500 naming the bad names."""
+        try:
+            return select_nodes(await self.docker("nodes"), self.nodes)
+        except ValueError as e:
+            message = f"PDLSwarmSpawner.nodes: {e}"
+            raise web.HTTPError(500, message, reason=message) from None
 
     def not_enough(self, wanted: int, usage: GpuUsage) -> web.HTTPError:
         message = form.not_enough_message(wanted, usage.free, usage.total, usage.holders,
@@ -245,12 +262,13 @@ class PDLSwarmSpawner(SwarmSpawner):
         self.swarm.node_addr = node_address(await self.docker("inspect_node", task["NodeID"]))
         keys, ports = self.swarm.keys, self.swarm.controller_ports
         secret_id, secret_name = await self.create_secret("engine", engine_file(keys, ports, self.swarm.node_addr))
+        avoid = excluded_hostnames(await self.docker("nodes"), self.nodes)
         for index in range(self.swarm.gpus):
             spec = swarm_specs.engine_service(
                 name=f"{self.object_name}-engine-{index}", image=self.engine_image or self.image,
                 owner=self.owner, index=index, env=self.user_environment(), secret_id=secret_id,
                 secret_name=secret_name, user=self.run_as, home=self.container_home,
-                gpu_resource=self.gpu_resource, mounts=self.mounts,
+                gpu_resource=self.gpu_resource, mounts=self.mounts, avoid_hosts=avoid,
             )
             self.swarm.engine_services.append((await self.docker("create_service", **spec))["ID"])
         await self.wait_tasks(self.swarm.engine_services, "engine")

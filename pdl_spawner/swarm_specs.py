@@ -186,8 +186,10 @@ def notebook_service(
 def engine_service(
     *, name: str, image: str, owner: Owner, index: int, env: dict[str, str], secret_id: str,
     secret_name: str, user: str, home: str, gpu_resource: str, mounts: list[dict] = (),
+    avoid_hosts: list[str] = (),
 ) -> dict:
-    """Engine ``index`` of the user's server: ``pdl-engine`` on one GPU of any node."""
+    """Engine ``index`` of the user's server: ``pdl-engine`` on one GPU of any node
+    except those named in ``avoid_hosts``."""
     labels = owner.labels("engine", index=str(index))
     env = {
         **env,
@@ -208,4 +210,6 @@ def engine_service(
         "Placement": {"Preferences": [{"Spread": {"SpreadDescriptor": "node.id"}}]},
         "RestartPolicy": ENGINE_RESTART,
     }
+    if avoid_hosts:
+        task["Placement"]["Constraints"] = [f"node.hostname!={host}" for host in avoid_hosts]
     return _service(name, labels, task)

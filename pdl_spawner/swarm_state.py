@@ -59,6 +59,28 @@ def _count(generic_resources: list[dict], resource: str) -> int:
     return n
 
 
+def select_nodes(nodes: list[dict], names: list[str]) -> list[dict]:
+    """The nodes whose hostname is in ``names`` (every node when ``names`` is empty).
+
+    Raises ValueError, in one line naming the swarm's nodes, for a name that is not one.
+    """
+    if not names:
+        return nodes
+    known = {n.get("Description", {}).get("Hostname", ""): n for n in nodes}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"node(s) {', '.join(unknown)} not in the swarm; its nodes are: "
+                         f"{', '.join(sorted(known)) or 'none'}")
+    return [known[name] for name in names]
+
+
+def excluded_hostnames(nodes: list[dict], names: list[str]) -> list[str]:
+    """Hostnames of the swarm's nodes that ``names`` leaves out (none when it is empty)."""
+    if not names:
+        return []
+    return sorted({n.get("Description", {}).get("Hostname", "") for n in nodes} - set(names))
+
+
 def task_gpus(task: dict, resource: str) -> int:
     """GPUs a task reserves while it is active (0 once it stopped or is meant to stop)."""
     if task.get("DesiredState") != "running" or task.get("Status", {}).get("State") not in ACTIVE_TASK_STATES:

@@ -184,3 +184,27 @@ def test_spawn_form_says_what_is_free():
     page = run(bob.get_options_form())
     assert "1 of 3 GPUs free" in page and "2 held by other users" in page and "alice" not in page
     assert bob.options_from_form({"workers": ["1"]}) == {"workers": 1}
+
+
+def test_named_nodes_limit_the_gpus_handed_out_and_where_engines_run():
+    swarm = FakeSwarm()
+    alice = make_spawner(swarm, "alice", 3, nodes=["node1", "node2"])
+    with pytest.raises(web.HTTPError) as e:
+        run(alice.start())
+    assert e.value.status_code == 409 and "2 of 2 are free" in e.value.log_message
+    alice = make_spawner(swarm, "alice", 2, nodes=["node1", "node2"])
+    run(alice.start())
+    engines = [s for s in services_of(swarm, "alice") if s["Spec"]["Labels"]["pdl.role"] == "engine"]
+    assert len(engines) == 2
+    for service in engines:
+        assert service["Spec"]["TaskTemplate"]["Placement"]["Constraints"] == ["node.hostname!=node3"]
+    run(alice.stop())
+
+
+def test_a_named_node_that_is_not_in_the_swarm_is_a_one_line_error():
+    swarm = FakeSwarm()
+    with pytest.raises(web.HTTPError) as e:
+        run(make_spawner(swarm, "alice", 1, nodes=["node1", "gpu9"]).start())
+    assert e.value.log_message == ("PDLSwarmSpawner.nodes: node(s) gpu9 not in the swarm; "
+                                   "its nodes are: node1, node2, node3")
+    assert not services_of(swarm, "alice") and not secrets_of(swarm, "alice")
