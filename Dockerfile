@@ -14,7 +14,10 @@
 #                            module, e.g. a plain Debian with python3-venv.
 #   TORCH_VERSION            pin torch (scripts/build-images: 2.13.0, as constraints.txt).
 #                            Empty: a base's own torch is kept when it fits pyproject.toml.
-#   WITH_HOROVOD             0. Placeholder: Horovod is not built into the image yet.
+#   WITH_HOROVOD             1 (default): Horovod in the notebook image, from a horovod
+#                            wheel in .pdl/wheelhouse if there is one, else built from
+#                            source with the torch 2.x fixes (scripts/build-horovod,
+#                            cached in a BuildKit cache mount); 0: without Horovod.
 #
 # Local wheels (optional): *.whl in .pdl/wheelhouse/ of the build context are preferred
 # over downloads (scripts/build-images puts the machine's torch CPU wheel there).
@@ -106,7 +109,7 @@ CMD ["jupyterhub", "-f", "/srv/jupyterhub/jupyterhub_config.py"]
 
 FROM ${NOTEBOOK_BASE} AS notebook
 ARG TORCH_VERSION=
-ARG WITH_HOROVOD=0
+ARG WITH_HOROVOD=1
 ARG NB_USER=jovyan
 ARG NB_UID=1000
 ENV PATH=/opt/pdl/bin:$PATH \
@@ -125,9 +128,14 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     --mount=type=bind,from=wheelhouse,source=/wheels,target=/tmp/wheelhouse \
     --mount=type=cache,id=pdl-pip,target=/root/.cache/pip \
     TORCH_VERSION="$TORCH_VERSION" /tmp/pdl-docker/install-deps /tmp/requirements.txt
-RUN if [ "$WITH_HOROVOD" != 0 ]; then \
-      echo "WITH_HOROVOD=$WITH_HOROVOD: Horovod is not part of this image yet" >&2; exit 1; \
-    fi
+RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
+    --mount=type=bind,source=docker/with-ca,target=/tmp/pdl-docker/with-ca \
+    --mount=type=bind,source=docker/install-horovod,target=/tmp/pdl-docker/install-horovod \
+    --mount=type=bind,source=scripts/build-horovod,target=/tmp/pdl-docker/build-horovod \
+    --mount=type=bind,from=wheelhouse,source=/wheels,target=/tmp/wheelhouse \
+    --mount=type=cache,id=pdl-horovod,target=/var/cache/pdl \
+    --mount=type=cache,id=pdl-pip,target=/root/.cache/pip \
+    if [ "$WITH_HOROVOD" = 1 ]; then /tmp/pdl-docker/install-horovod; fi
 RUN --mount=type=bind,from=wheel,source=/wheel,target=/tmp/wheel \
     pip install --no-deps --no-index --no-cache-dir /tmp/wheel/*.whl \
     && python -c "import pdl, pdl_magics, pdl_spawner, pdl_cinic10, ipyparallel, torch"
