@@ -7,24 +7,16 @@ accuracy off the page.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import time
 
 import pytest
 
+from browser_harness import chromium_page
 from hub_harness import REPO, Hub, engine_processes
 
-playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
-
 pytestmark = pytest.mark.browser
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 
 
 @pytest.fixture(scope="module")
@@ -43,22 +35,8 @@ def hub(tmp_path_factory):
 
 @pytest.fixture
 def page(tmp_path):
-    if CHROMIUM is None:
-        reason = "no chromium on PATH (scripts/setup --test installs it as root)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
-        try:
-            yield page
-        except BaseException:
-            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
+    with chromium_page(tmp_path) as page:
+        yield page
 
 
 def test_new_user_logs_in_spawns_and_trains_in_the_browser(hub, page):
@@ -80,6 +58,15 @@ def test_new_user_logs_in_spawns_and_trains_in_the_browser(hub, page):
     page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
     page.click("#jp-menu-panel >> text=Run", timeout=10_000)
     page.click("text=Run All Cells", timeout=10_000)
+
+    # rank 0's progress widget (fed by pdl.log in the trainer) advances while it trains
+    seen = []
+    while len(set(seen)) < 3 and time.monotonic() - started < 400:
+        texts = page.locator(".pdl-progress").all_inner_texts()
+        if texts and "step " in texts[0]:
+            seen.append(int(texts[0].split("step ", 1)[1].split("/", 1)[0]))
+        page.wait_for_timeout(500)
+    assert len(set(seen)) >= 3 and seen == sorted(seen), f"the progress widget did not advance: {seen}"
 
     notebook = page.locator(".jp-Notebook")
     page.wait_for_function(

@@ -13,8 +13,8 @@ import time
 import pytest
 import requests
 
+from browser_harness import chromium_page
 from hub_harness import REPO, Hub, engine_processes
-from test_browser import CHROMIUM, CHROMIUM_ARGS, playwright
 
 pytestmark = pytest.mark.browser
 
@@ -42,18 +42,8 @@ def hub(tmp_path_factory):
 
 @pytest.fixture
 def page(tmp_path):
-    if CHROMIUM is None:
-        pytest.skip("no chromium on PATH (scripts/setup --test installs it as root)")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-        try:
-            yield page
-        except BaseException:
-            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
-            raise
-        finally:
-            browser.close()
+    with chromium_page(tmp_path, height=900) as page:
+        yield page
 
 
 def write_notebook(hub: Hub, user: str, name: str) -> None:

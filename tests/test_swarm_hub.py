@@ -161,6 +161,21 @@ def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, sw
     r = hub.spawn("admin", 1)
     assert r.status_code == 409 and "0 of 3 are free (alice (3))" in r.json()["message"]
 
+    # a hub restart re-attaches to alice's running server: same services, engines usable
+    before = {s.id: s.attrs["Version"]["Index"] for s in swarm.manager.services.list()}
+    hub.stop_hub()
+    hub.start()
+    hub.wait_ready("alice", timeout=60)
+    assert {s.id: s.attrs["Version"]["Index"] for s in swarm.manager.services.list()} == before
+    kernel = Kernel(hub, "alice")
+    try:
+        kernel.execute("%load_ext pdl_magics")
+        out = kernel.execute("%%distributed -n 3\nimport torch, torch.distributed as dist\n"
+                             "t = torch.ones(1); dist.all_reduce(t); print('sum', int(t.item()))", timeout=300)
+        assert out["error"] is None and "sum 3" in out["stdout"], out
+    finally:
+        kernel.close()
+
     # stopping removes every service and secret of alice and frees the GPUs
     assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
     wait_until(lambda: pdl_objects(swarm, "alice") == ([], []), 60, what="alice's services and secrets to go")
