@@ -15,6 +15,7 @@ import time
 import pytest
 
 from pdl_magics import DistributedSession
+from pdl_magics.status_file import pid_alive
 
 SLOTS = ["cpu:0", "cpu:1", "cpu:2"]
 
@@ -62,13 +63,7 @@ class Recorder(io.TextIOBase):
 
 def process_running(pid: int) -> bool:
     """True while ``pid`` is a live (non-zombie) process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
+    return pid_alive(pid)
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:

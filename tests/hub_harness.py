@@ -33,13 +33,18 @@ def free_port() -> int:
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; return that value.
+
+    Raises TimeoutError naming ``what`` if it is still falsy after ``timeout`` s.
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Hub:

@@ -42,6 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from hub_harness import wait_until
+from pdl_magics.status_file import pid_alive
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_RUN_DIR = "/var/tmp/pdl-swarm"
 HOST_DOCKER = "/usr/bin/docker"  # Debian's docker.io client (scripts/docker-up)
@@ -69,18 +72,6 @@ exec "$@"
 
 class SwarmUnavailable(RuntimeError):
     """This machine cannot run the simulated swarm (not root, no Docker, ...)."""
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; return that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 def _run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -145,19 +136,6 @@ def _pids_naming(text: str) -> list[int]:
     return pids
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is as good as gone
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _terminate(pids, timeout: float = 20.0) -> None:
     """SIGTERM the given PIDs, wait up to ``timeout``, then SIGKILL what is left."""
     pids = [p for p in set(pids) if p > 1 and p != os.getpid()]
@@ -165,14 +143,14 @@ def _terminate(pids, timeout: float = 20.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
-        if _alive(pid):
+        if pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.05)
 
 
@@ -444,7 +422,7 @@ class SwarmSim:
                 with contextlib.suppress(OSError, ValueError):
                     pids.append(int((d / name).read_text().strip()))
         # a recorded PID counts only while it is still our daemon (PIDs get reused)
-        return [p for p in set(pids) if _alive(p) and str(self.run_dir) + "/" in _cmdline(p)]
+        return [p for p in set(pids) if pid_alive(p) and str(self.run_dir) + "/" in _cmdline(p)]
 
     def _cleanup_leftovers(self) -> None:
         """Stop our daemons (recorded PIDs first), anything else naming the run directory
