@@ -17,6 +17,7 @@ import math
 import sys
 import time
 from numbers import Real
+from typing import TextIO
 
 #: Key under which a rank's metrics travel on ipyparallel's data channel.
 DATA_KEY = "pdl.metrics"
@@ -72,6 +73,25 @@ def _check(values: dict) -> dict[str, float]:
     return clean
 
 
+class TextProgress:
+    """One progress line on ``stream``, rewritten in place (``\r``) at each update."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.shown = False
+
+    def update(self, snap: dict) -> None:
+        self.stream.write("\r" + progress_line(snap))
+        self.stream.flush()
+        self.shown = True
+
+    def close(self, outcome: str) -> None:
+        """End the line; an outcome other than "ok" is appended, e.g. ``[interrupted]``."""
+        if self.shown:
+            self.stream.write("\n" if outcome == "ok" else f"  [{outcome}]\n")
+            self.stream.flush()
+
+
 class _Channel:
     """Where this process's metrics go: the notebook (in an engine cell) or a text line."""
 
@@ -80,6 +100,7 @@ class _Channel:
         self._publish = None
         self._last_sent = 0.0
         self._text = Recorder()
+        self._line = TextProgress(sys.stderr)
 
     # engine side, called by pdl.engine.run_cell
     def begin_cell(self, publish) -> None:
@@ -99,11 +120,10 @@ class _Channel:
         if self.recorder is None:
             self._text.add(step, total, values)
             snap = self._text.snapshot()
-            done = snap["total"] is not None and snap["step"] >= snap["total"]
-            sys.stderr.write("\r" + progress_line(snap) + ("\n" if done else ""))
-            sys.stderr.flush()
-            if done:
-                self._text = Recorder()
+            self._line.update(snap)
+            if snap["total"] is not None and snap["step"] >= snap["total"]:
+                self._line.close("ok")
+                self._text, self._line = Recorder(), TextProgress(sys.stderr)
             return
         self.recorder.add(step, total, values)
         if time.monotonic() - self._last_sent >= PUBLISH_EVERY_S:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TextIO
 
-from pdl.metrics import progress_line
+from pdl.metrics import TextProgress, progress_line
 
 
 def loss_curve_svg(history: list, key: str, width: int = 360, height: int = 110) -> str:
@@ -40,24 +40,6 @@ def loss_curve_svg(history: list, key: str, width: int = 360, height: int = 110)
 def curve_key(values: dict) -> str | None:
     """The metric to plot: ``loss`` when logged, else the first one."""
     return "loss" if "loss" in values else next(iter(values), None)
-
-
-class TextProgress:
-    """One progress line on ``stream``, rewritten in place."""
-
-    def __init__(self, stream: TextIO):
-        self.stream = stream
-        self.shown = False
-
-    def update(self, snap: dict) -> None:
-        self.stream.write("\r" + progress_line(snap))
-        self.stream.flush()
-        self.shown = True
-
-    def close(self, outcome: str) -> None:
-        if self.shown:
-            self.stream.write("\n" if outcome == "ok" else f"  [{outcome}]\n")
-            self.stream.flush()
 
 
 class WidgetProgress:

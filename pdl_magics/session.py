@@ -172,6 +172,8 @@ class DistributedSession:
             target = n
         else:
             target = clusters.hub_engine_count() or n
+        # ipyparallel's wait shows engines starting (a progress bar) and fails fast if one exits;
+        # ours then waits until the registered engines are live ones (not killed but still listed)
         client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=True)
         self._wait_for_engines(target)
 
@@ -455,9 +457,7 @@ class _Watch:
                         "evalue": "did not respond to interrupts", "traceback": [], "time": time.time(),
                     }
         self._pump()
-        statuses = {res["status"] for res in self.results.values()}
-        self.progress.close("ok" if statuses == {"ok"} else
-                            "interrupted" if self.user_interrupt else "failed")
+        self.progress.close("ok" if not self.failed else "interrupted" if self.user_interrupt else "failed")
         return self
 
     def _pump(self) -> None:
