@@ -5,6 +5,7 @@
 - :mod:`pdl.engine`: code that runs inside each ipyparallel engine (process-group
   setup, running a cell, aborting a group).
 - :mod:`pdl.engine_boot`: the engine/controller process entry point.
+- :mod:`pdl.netaddr`: the address and interface peers on other machines reach.
 - :mod:`pdl.metrics`: :func:`log`, training metrics the notebook shows live.
 """
 

@@ -16,6 +16,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from pdl.netaddr import iface_for
+
 #: Seconds :func:`stop` waits for the ranks to agree on shutting down before
 #: cutting the connections. Cutting at once is not safe: a send that gloo
 #: queues on a connection cut at the same moment can wait for the gloo
@@ -98,15 +100,3 @@ def is_peer_failure(exc: BaseException) -> bool:
     if type(exc).__name__ != "HorovodInternalError":
         return False
     return any(text in str(exc) for text in _PEER_FAILURE_TEXT)
-
-
-def iface_for(addr: str) -> str:
-    """The name of the network interface that holds IPv4 ``addr`` ("lo" for loopback)."""
-    if addr.startswith("127."):
-        return "lo"
-    import psutil  # a dependency of Horovod
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == addr for a in addrs):
-            return name
-    raise RuntimeError(f"no network interface of this host has address {addr}")

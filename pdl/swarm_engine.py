@@ -20,9 +20,9 @@ process.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
+from pdl.netaddr import iface_for, route_addr
 from pdl.slots import engine_env
 
 #: Default generic resource name for GPUs (as in the nodes' daemon.json).
@@ -51,19 +51,10 @@ def gpu_slot_env(assigned: str | None, n_cpus: int) -> dict[str, str]:
     return {**engine_env(slot, 1, n_cpus), "CUDA_VISIBLE_DEVICES": assigned, "PDL_GPU": assigned}
 
 
-def route_addr(dest: str) -> str:
-    """This machine's address on the route to ``dest`` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((dest, 9))
-        return s.getsockname()[0]
-
-
 def collective_iface_env(addr: str, environ) -> dict[str, str]:
     """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``: the interface holding ``addr``, so
     torch.distributed listens where peers on other nodes reach it (the node's host name
     need not resolve in a container). Values the admin set are kept."""
-    from pdl.horovod_engine import iface_for
-
     iface = iface_for(addr)
     return {name: environ.get(name) or iface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
 

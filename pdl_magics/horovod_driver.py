@@ -12,7 +12,6 @@ Horovod is optional. :func:`require` raises a one-line
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,18 +103,6 @@ def rank_env(slot: Slot, rendezvous_addr: str, rendezvous_port: int, timeout_s: 
         "HOROVOD_CROSS_RANK": str(slot.cross_rank),
         "HOROVOD_CROSS_SIZE": str(slot.cross_size),
     }
-
-
-def driver_addr(peer_addr: str) -> str:
-    """This machine's address as seen from ``peer_addr`` (loopback for a local peer).
-
-    Uses a UDP ``connect``, which only picks a route and sends nothing.
-    """
-    if peer_addr.startswith("127.") or peer_addr in ("localhost", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((peer_addr, 9))
-        return s.getsockname()[0]
 
 
 class Rendezvous:

@@ -37,6 +37,7 @@ from typing import TextIO
 import ipyparallel as ipp
 
 from pdl.metrics import DATA_KEY
+from pdl.netaddr import route_addr
 from pdl.slots import default_pool
 
 from . import clusters, horovod_driver, status_file
@@ -271,7 +272,7 @@ class DistributedSession:
                 )
         one_host = len({r.host for r in world}) == 1
         here = one_host and world[0].host == socket.gethostname()
-        bind = "127.0.0.1" if here else horovod_driver.driver_addr(world[0].addr)
+        bind = "127.0.0.1" if here else route_addr(world[0].addr)
         slots = horovod_driver.plan([r.host for r in world])
         self._rendezvous = horovod_driver.Rendezvous(slots, bind)
         return [
