@@ -82,23 +82,17 @@ def init_torch(
     ``world_size``, ``local_rank`` and ``device`` in the engine's namespace.
     All ranks of the group must call this concurrently.
     """
-    global _group_key
     import torch.distributed as dist
 
     device = _device(local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if _group_key != key or not dist.is_initialized():
-        abort_group()
-        _group_sockets.before()
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
-        _group_sockets.after()
-        _group_key = key
+    _join(key, dist.is_initialized(), lambda: dist.init_process_group(
+        backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    ))
     _shell().user_ns.update(
         rank=rank, world_size=world_size, local_rank=local_rank, device=device
     )
@@ -114,21 +108,28 @@ def init_horovod(key: tuple, env: dict[str, str], local_rank: int, iface_addr: s
     ``local_rank`` and ``device`` in the engine's namespace. All ranks of the
     world must call this concurrently.
     """
-    global _group_key
-
     device = _device(local_rank)
-    if _group_key != key or not horovod_engine.is_running():
-        abort_group()
-        _group_sockets.before()
-        horovod_engine.start(env, iface_addr)
-        _group_sockets.after()
-        _group_key = key
+    _join(key, horovod_engine.is_running(), lambda: horovod_engine.start(env, iface_addr))
     import horovod.torch as hvd
 
     _shell().user_ns.update(
         hvd=hvd, rank=hvd.rank(), world_size=hvd.size(), local_rank=hvd.local_rank(), device=device
     )
     return {"backend": "horovod", "device": str(device), "nccl": bool(hvd.nccl_built())}
+
+
+def _join(key: tuple, running: bool, form) -> None:
+    """Make this engine a member of the group named by ``key``: unless it already is
+    (and the group is ``running``), leave the current one and call ``form()``,
+    recording the sockets it opens so that :func:`abort_group` can cut them."""
+    global _group_key
+    if _group_key == key and running:
+        return
+    abort_group()
+    _group_sockets.before()
+    form()
+    _group_sockets.after()
+    _group_key = key
 
 
 def horovod_problem() -> str | None:
