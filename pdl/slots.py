@@ -29,6 +29,14 @@ def parse_slot(slot: str) -> tuple[str, int]:
     return m.group(1), int(m.group(2))
 
 
+def slot_index(slot: str | None) -> int:
+    """The index of a slot (``"gpu:1"`` -> 1), for ordering; 0 for anything unparsable."""
+    try:
+        return parse_slot(slot)[1]
+    except (TypeError, ValueError):
+        return 0
+
+
 def detect_gpus(nvidia_smi: str | None = None) -> list[str]:
     """Return the GPU indices visible on this machine as slot names.
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import ipyparallel as ipp
 
+from pdl.slots import slot_index
 from pdl_magics import clusters
 from pdl_magics.status_file import pid_alive, read_status
 
@@ -62,13 +63,6 @@ def _controller_ready(cluster_file: str) -> bool:
     cid = cluster.get("cluster_id", "")
     name = f"ipcontroller-{cid}-client.json" if cid else "ipcontroller-client.json"
     return (security / name).exists()
-
-
-def _slot_index(slot: str) -> int:
-    try:
-        return int(slot.split(":")[1])
-    except (IndexError, ValueError, AttributeError):
-        return 0
 
 
 class ClusterMonitor:
@@ -255,7 +249,7 @@ class ClusterMonitor:
             if slot not in seen:
                 rows.append(self._row(None, {"slot": slot}, "starting", rank_of))
         self._sampler.forget_except({r["pid"] for r in rows if r["pid"] and r["state"] != "dead"})
-        rows.sort(key=lambda r: (r["host"] or "", _slot_index(r["slot"]), r["id"] if r["id"] is not None else -1))
+        rows.sort(key=lambda r: (r["host"] or "", slot_index(r["slot"]), r["id"] if r["id"] is not None else -1))
         return rows
 
     @staticmethod

@@ -38,7 +38,7 @@ import ipyparallel as ipp
 
 from pdl.metrics import DATA_KEY
 from pdl.netaddr import route_addr
-from pdl.slots import default_pool
+from pdl.slots import default_pool, slot_index
 
 from . import clusters, horovod_driver, status_file
 from .errors import DistributedUsageError, RankFailed, RanksStuck
@@ -215,7 +215,7 @@ class DistributedSession:
 
         def order(item):
             eid, info = item
-            return (info["host"], _slot_index(info["slot"]), eid)
+            return (info["host"], slot_index(info["slot"]), eid)
 
         chosen = sorted(self._engines.items(), key=order)[:n]
         return [
@@ -537,13 +537,6 @@ class _Watch:
             note += "; the process group is rebuilt at the next cell)" if self.aborted else ")"
         host = self.world[rank].host
         raise RankFailed(rank, host, failures[rank], note=note)
-
-
-def _slot_index(slot: str) -> int:
-    try:
-        return int(slot.split(":")[1])
-    except (IndexError, ValueError):
-        return 0
 
 
 def _local_ranks(world: list[Rank]) -> dict[int, int]:
