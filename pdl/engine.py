@@ -132,12 +132,19 @@ def _join(key: tuple, running: bool, form) -> None:
     _group_key = key
 
 
-def horovod_problem() -> str | None:
-    """Why this engine cannot use Horovod (one line), or None if it can."""
+def horovod_problem(across_hosts: bool = False) -> str | None:
+    """Why this engine cannot use Horovod (one line), or None if it can.
+
+    ``across_hosts``: the world spans machines, which needs a Horovod built with
+    PDL's process-set interface fix (:func:`pdl.horovod_engine.fixed_for_hosts`).
+    """
     try:
         import horovod.torch  # noqa: F401
     except ImportError as e:
         return str(e).splitlines()[0] if str(e) else type(e).__name__
+    if across_hosts and not horovod_engine.fixed_for_hosts():
+        return (f"horovod {horovod_engine.installed_version()} lacks the process-set interface fix "
+                "that ranks on several hosts need")
     return None
 
 

@@ -43,6 +43,26 @@ def start(env: dict[str, str], iface_addr: str):
     return hvd
 
 
+def installed_version() -> str:
+    """The installed Horovod distribution's version, e.g. ``0.28.1+pdl1``."""
+    from importlib.metadata import version
+
+    return version("horovod")
+
+
+def fixed_for_hosts() -> bool:
+    """True if the installed Horovod was built by ``scripts/build-horovod`` (label ``+pdlN``).
+
+    Horovod 0.28.1 as released builds the gloo device of every process set
+    (``hvd.init()`` makes one for the global set) from the machine's hostname
+    instead of ``HOROVOD_GLOO_IFACE``: across hosts its ranks then advertise an
+    address their peers cannot reach (127.0.1.1), or crash where the hostname
+    does not resolve (containers). The build script patches that.
+    """
+    local = installed_version().partition("+")[2]
+    return local.startswith("pdl")
+
+
 def is_running() -> bool:
     """True if Horovod was imported and initialised in this process."""
     hvd = sys.modules.get("horovod.torch")

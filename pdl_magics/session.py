@@ -263,14 +263,16 @@ class DistributedSession:
 
     def _horovod_calls(self, world: list[Rank], key: tuple, timeout_s: float) -> list[tuple]:
         """Start this group's rendezvous here; each rank's ``init_horovod`` arguments."""
-        problems = self.client[[r.engine_id for r in world]].apply_sync(_remote, "horovod_problem")
+        one_host = len({r.host for r in world}) == 1
+        problems = self.client[[r.engine_id for r in world]].apply_sync(
+            _remote, "horovod_problem", not one_host
+        )
         for r, problem in zip(world, problems):
             if problem is not None:
                 raise DistributedUsageError(
-                    f"--backend horovod: the engine of rank {r.rank} ({r.host}) cannot import "
+                    f"--backend horovod: the engine of rank {r.rank} ({r.host}) cannot use "
                     f"Horovod ({problem}); {horovod_driver.INSTALL_HINT}"
                 )
-        one_host = len({r.host for r in world}) == 1
         here = one_host and world[0].host == socket.gethostname()
         bind = "127.0.0.1" if here else route_addr(world[0].addr)
         slots = horovod_driver.plan([r.host for r in world])

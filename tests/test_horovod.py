@@ -238,6 +238,21 @@ def test_an_engine_without_horovod_is_a_one_line_usage_error(pdl_session):
     assert run(pdl_session, HVD_SUM_RANK_PLUS_ONE)[0].values == ["6.0"] * 3
 
 
+@pytest.mark.unit
+@needs_horovod
+def test_the_installed_horovod_has_the_fix_for_ranks_on_several_hosts(monkeypatch):
+    from pdl import engine, horovod_engine
+
+    # what scripts/setup --horovod installed: the patched build, usable across hosts
+    assert horovod_engine.fixed_for_hosts(), horovod_engine.installed_version()
+    assert engine.horovod_problem(across_hosts=True) is None
+    # a Horovod as released would crash in hvd.init() across containers: refused in one line
+    monkeypatch.setattr(horovod_engine, "installed_version", lambda: "0.28.1")
+    assert engine.horovod_problem(across_hosts=False) is None
+    problem = engine.horovod_problem(across_hosts=True)
+    assert problem and "\n" not in problem and "horovod 0.28.1 lacks" in problem
+
+
 # -- CINIC-10 training with Horovod ------------------------------------------------------
 
 

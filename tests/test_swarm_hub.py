@@ -3,7 +3,8 @@
 The hub runs in the root namespace (10.77.0.1 on the sim's bridge) and drives the
 swarm through node1's (the manager's) socket. A user asking for 3 GPUs gets a notebook
 service and 3 engine services, one per node's GPU; ``%%distributed -n 3`` trains a
-small DDP model across the three nodes. A second user is refused at once while the
+small DDP model across the three nodes, and the same engines then run a Horovod
+allreduce (``--backend horovod``). A second user is refused at once while the
 GPUs are held, and spawns once the first user's server (every service and secret of
 it) is gone. All traffic stays on 127.0.0.1 and 10.77.0.0/24.
 """
@@ -39,6 +40,15 @@ print(f"rank {rank}/{world_size} host {os.environ['PDL_ENGINE_HOST']} gpu {os.en
       f"loss {loss.item():.4f} weights {w.sum().item():.4f}")
 """
 RESULT = re.compile(r"rank (\d)/3 host (\S+) gpu (\S+) loss ([\d.]+) weights (-?[\d.]+)")
+
+# the same three engines switch to Horovod: one rank per node, gloo between the nodes
+HVD_CELL = """%%distributed -n 3 --backend horovod --all-output
+import os, torch
+total = hvd.allreduce(torch.tensor([rank + 1.0]), op=hvd.Sum)
+print(f"hvd {hvd.rank()}/{hvd.size()} local {hvd.local_rank()}/{hvd.local_size()} "
+      f"cross {hvd.cross_rank()}/{hvd.cross_size()} host {os.environ['PDL_ENGINE_HOST']} sum {int(total.item())}")
+"""
+HVD_RESULT = re.compile(r"hvd (\d)/3 local 0/1 cross (\d)/3 host (\S+) sum 6")
 
 
 class SwarmHub(Hub):
@@ -140,8 +150,14 @@ def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, sw
         assert out["error"] is None, out
         out = kernel.execute(DDP_CELL, timeout=300)
         assert out["error"] is None, f"{out}\n{hub.log_tail()}"
+        hvd = kernel.execute(HVD_CELL, timeout=300)
+        assert hvd["error"] is None, hvd
     finally:
         kernel.close()
+    hvd_ranks = {int(rank): (int(cross), host) for rank, cross, host in HVD_RESULT.findall(hvd["stdout"])}
+    assert sorted(hvd_ranks) == [0, 1, 2], hvd["stdout"]
+    assert sorted(host for _, host in hvd_ranks.values()) == [swarm.hostname(i) for i in swarm.node_ids()]
+    assert all(cross == rank for rank, (cross, _) in hvd_ranks.items()), hvd["stdout"]
     print(out["stdout"])
     ranks = {int(m[0]): m[1:] for m in RESULT.findall(out["stdout"])}
     assert sorted(ranks) == [0, 1, 2], out["stdout"]
