@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 import pdl
 
 from .collectives import Collectives, for_backend
-from .data import seed_from, shard_indices
+from .data import epoch_batches, seed_from, steps_per_epoch
 
 __all__ = ["Hyper", "normalize", "augment", "lr_factor", "fit", "evaluate"]
 
@@ -38,6 +38,10 @@ class Hyper:
     global batch of 256 and is scaled linearly by batch_size * world size;
     ``warmup_epochs`` may be fractional; ``width`` is for ``ResNet18(width=...)``,
     which the caller builds; ``seed`` drives shuffling and augmentation.
+    On a GPU, ``bf16`` runs forward and backward under bfloat16 autocast,
+    ``channels_last`` stores activations NHWC, and ``compile`` wraps the model
+    in ``torch.compile`` (on a CPU these three are off: they do not pay there).
+    ``tta`` scores test images as the mean of the image's and its mirror's logits.
     """
 
     epochs: int = 15
@@ -50,6 +54,10 @@ class Hyper:
     warmup_epochs: float = 1
     width: int = 64
     seed: int = 0
+    bf16: bool = True
+    channels_last: bool = True
+    compile: bool = True
+    tta: bool = True
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -63,18 +71,21 @@ def augment(batch: torch.Tensor, generator: torch.Generator, *, pad: int = 4) ->
     """Random crop of the ``pad``-pixel reflect-padded image, and a random
     horizontal flip (p=0.5), drawn per image from ``generator`` (a CPU generator).
 
-    ``batch`` is [B, C, H, W] of any dtype and device; the result has the same shape.
+    ``batch`` is [B, C, H, W] of any dtype and device; the result has the same
+    shape. Batched: the batch is padded once, and one ``gather`` reads every
+    image's crop (flipped or not) from it.
     """
     b, c, h, w = batch.shape
-    shifts = torch.randint(-pad, pad + 1, (2, b, 1), generator=generator)
+    shifts = torch.randint(0, 2 * pad + 1, (2, b, 1), generator=generator)
     flips = torch.rand(b, 1, generator=generator) < 0.5
-    rows = _reflect(torch.arange(h) + shifts[0], h)
-    cols = _reflect(torch.arange(w) + shifts[1], w)
-    cols = torch.where(flips, cols.flip(1), cols)
-    rows, cols = rows.to(batch.device), cols.to(batch.device)
-    images = torch.arange(b, device=batch.device).view(b, 1, 1, 1)
-    channels = torch.arange(c, device=batch.device).view(1, c, 1, 1)
-    return batch[images, channels, rows.view(b, 1, h, 1), cols.view(b, 1, 1, w)]
+    padded_w = w + 2 * pad
+    rows = (torch.arange(h) + shifts[0]) * padded_w  # [B, H]: offsets of the crop's rows
+    cols = torch.where(flips, torch.arange(w).flip(0), torch.arange(w)) + shifts[1]  # [B, W]
+    index = (rows[:, :, None] + cols[:, None, :]).view(b, 1, h * w).to(batch.device)
+    rows_pad = _reflect(torch.arange(-pad, h + pad), h).to(batch.device)
+    cols_pad = _reflect(torch.arange(-pad, w + pad), w).to(batch.device)
+    padded = batch.index_select(2, rows_pad).index_select(3, cols_pad)  # [B, C, H + 2 pad, W + 2 pad]
+    return padded.flatten(2).gather(2, index.expand(b, c, h * w)).view(b, c, h, w)
 
 
 def _reflect(index: torch.Tensor, size: int) -> torch.Tensor:
@@ -111,21 +122,25 @@ def fit(
     ``backend`` is "torch" (DDP), "horovod" (``hvd.DistributedOptimizer``) or
     "auto" (Horovod if it is initialised here, else torch.distributed); either
     way every rank starts from rank 0's weights.
-    Returns ``{"history": [{epoch, train_loss, test_acc, images_per_sec}, ...],
+    Each epoch every rank takes the same number of steps over its share of a
+    fresh permutation, and together the ranks see every training image once.
+    Returns ``{"history": [{epoch, train_loss, test_acc, images_per_sec, seconds}, ...],
     "test_acc": final accuracy 0..1, "model": the trained (unwrapped) module}``.
     """
     device = torch.device(device)
     comm = for_backend(backend)
     rank, world = comm.rank, comm.world
+    gpu = device.type == "cuda"
     module = _unwrap(model).to(device)
+    if gpu and hp.channels_last:
+        module = module.to(memory_format=torch.channels_last)
 
     images, labels = train
-    shard = len(images) // world
-    if shard == 0:
+    if len(images) < world:
         raise ValueError(f"need at least {world} training images for {world} ranks; got {len(images)}")
-    steps_per_epoch = math.ceil(shard / hp.batch_size)
-    total_steps = hp.epochs * steps_per_epoch
-    warmup_steps = round(hp.warmup_epochs * steps_per_epoch)
+    steps = steps_per_epoch(len(images), world, hp.batch_size)
+    total_steps = hp.epochs * steps
+    warmup_steps = round(hp.warmup_epochs * steps)
     peak_lr = hp.lr * hp.batch_size * world / 256
 
     optimizer = torch.optim.SGD(
@@ -136,45 +151,49 @@ def fit(
         weight_decay=hp.weight_decay,
     )
     net, optimizer = comm.distribute(module, optimizer)
+    forward = torch.compile(net) if gpu and hp.compile else net
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu and hp.bf16)
     criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
     generator = torch.Generator().manual_seed(seed_from(hp.seed, rank))  # per-rank augmentations
 
     history, step = [], 0
-    log_every = max(1, steps_per_epoch // 20)  # about 20 progress points per epoch
+    log_every = max(1, steps // 20)  # about 20 progress points per epoch
     for epoch in range(hp.epochs):
         net.train()
-        order = shard_indices(len(images), rank, world, epoch=epoch, seed=hp.seed)
+        batches = epoch_batches(len(images), rank, world, hp.batch_size, epoch=epoch, seed=hp.seed)
         _synchronize(device)
         started = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        for start in range(0, shard, hp.batch_size):
-            batch = order[start : start + hp.batch_size]
+        seen = 0
+        for batch in batches:
             x = augment(images[batch.to(images.device)].to(device, non_blocking=True), generator)
             y = labels[batch.to(labels.device)].to(device, non_blocking=True)
             for group in optimizer.param_groups:
                 group["lr"] = peak_lr * lr_factor(step, total_steps, warmup_steps)
-            loss = criterion(net(normalize(x)), y)
+            with autocast:
+                loss = criterion(forward(_layout(normalize(x), module)), y)
             optimizer.zero_grad()  # set_to_none (torch >= 2.0); hvd.DistributedOptimizer takes no argument
             loss.backward()
             optimizer.step()
-            loss_sum += loss.detach() * len(batch)
+            loss_sum += loss.detach().float() * len(batch)
+            seen += len(batch)
             step += 1
             if step % log_every == 0 or step == total_steps:  # .item() syncs a GPU: not every step
-                done = min(start + hp.batch_size, shard) * world
                 pdl.log(step=step, total=total_steps, loss=loss.item(), epoch=epoch + 1,
-                        img_per_s=done / (time.perf_counter() - started))
+                        img_per_s=seen * world / (time.perf_counter() - started))
         _synchronize(device)
         seconds = torch.tensor(time.perf_counter() - started, device=device)
         comm.all_reduce_(loss_sum)
         comm.all_reduce_(seconds, "max")
         _broadcast_buffers(comm, module)  # BatchNorm statistics: rank 0's, so every rank holds one model
 
-        accuracy = evaluate(module, *test, device=device, backend=comm)
+        accuracy = evaluate(module, *test, device=device, backend=comm, tta=hp.tta, bf16=hp.bf16)
         record = {
             "epoch": epoch + 1,
-            "train_loss": loss_sum.item() / (shard * world),
+            "train_loss": loss_sum.item() / len(images),
             "test_acc": accuracy,
-            "images_per_sec": shard * world / seconds.item(),
+            "images_per_sec": len(images) / seconds.item(),
+            "seconds": seconds.item(),
         }
         history.append(record)
         if rank == 0:
@@ -184,9 +203,11 @@ def fit(
                 f"  test acc {100 * accuracy:.1f}%"
                 f"  {record['images_per_sec']:.0f} img/s"
             )
+    if not history:
+        accuracy = evaluate(module, *test, device=device, backend=comm, tta=hp.tta, bf16=hp.bf16)
     return {
         "history": history,
-        "test_acc": history[-1]["test_acc"] if history else evaluate(module, *test, device=device, backend=comm),
+        "test_acc": history[-1]["test_acc"] if history else accuracy,
         "model": module,
     }
 
@@ -200,12 +221,15 @@ def evaluate(
     device: str | torch.device,
     batch_size: int = 1024,
     backend: str | Collectives = "auto",
+    tta: bool = False,
+    bf16: bool = True,
 ) -> float:
     """Top-1 accuracy 0..1 of ``model`` over all of ``images``/``labels``.
 
-    When torch.distributed or Horovod is initialised (see ``fit``'s ``backend``),
-    call it on every rank: each rank scores a contiguous slice and the counts are
-    summed across ranks.
+    ``tta``: score each image by the mean of its and its mirror image's logits.
+    ``bf16``: under bfloat16 autocast on a GPU. When torch.distributed or
+    Horovod is initialised (see ``fit``'s ``backend``), call it on every rank:
+    each rank scores a contiguous slice and the counts are summed across ranks.
     """
     device = torch.device(device)
     comm = backend if isinstance(backend, Collectives) else for_backend(backend)
@@ -213,17 +237,30 @@ def evaluate(
     module = _unwrap(model)  # DDP's forward would run collectives; ranks' slices differ in size
     was_training = module.training
     module.eval()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and bf16)
     lo, hi = rank * len(labels) // world, (rank + 1) * len(labels) // world
     counts = torch.zeros(2, dtype=torch.int64, device=device)  # correct, total
     for start in range(lo, hi, batch_size):
         stop = min(start + batch_size, hi)
-        x = normalize(images[start:stop].to(device, non_blocking=True))
+        x = _layout(normalize(images[start:stop].to(device, non_blocking=True)), module)
         y = labels[start:stop].to(device, non_blocking=True)
-        counts[0] += (module(x).argmax(1) == y).sum()
+        with autocast:
+            logits = module(x).float()
+            if tta:
+                logits = logits + module(x.flip(3)).float()
+        counts[0] += (logits.argmax(1) == y).sum()
         counts[1] += stop - start
     module.train(was_training)
     comm.all_reduce_(counts)
     return counts[0].item() / max(1, counts[1].item())
+
+
+def _layout(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """``x`` in the memory format of ``module``'s first conv weight (channels_last or not)."""
+    weight = next((p for p in module.parameters() if p.dim() == 4), None)
+    if weight is not None and weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous():
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from pdl_cinic10 import CLASSES, SPLITS
-from pdl_cinic10.data import default_root, load_split, resolve_root, shard_indices
+from pdl_cinic10.data import default_root, epoch_batches, load_split, resolve_root, shard_indices, steps_per_epoch
 from pdl_cinic10.sample import make_sample
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,14 +99,23 @@ def test_missing_split_or_class_folder_names_the_layout(tmp_path):
 
 
 @pytest.mark.unit
-def test_shards_are_disjoint_equal_and_cover_all_but_the_remainder():
-    n, world = 103, 4
-    shards = [shard_indices(n, rank, world, epoch=2, seed=7) for rank in range(world)]
+@pytest.mark.parametrize("n, world, batch", [(103, 4, 8), (90_000, 3, 256), (12, 3, 4), (7, 1, 3), (5, 5, 1)])
+def test_every_sample_is_seen_exactly_once_per_epoch_across_ranks(n, world, batch):
+    for epoch in range(3):
+        per_rank = [epoch_batches(n, rank, world, batch, epoch=epoch, seed=7) for rank in range(world)]
 
-    assert all(len(s) == n // world and s.dtype == torch.int64 for s in shards)
-    everything = torch.cat(shards)
-    assert len(set(everything.tolist())) == n // world * world
-    assert everything.min() >= 0 and everything.max() < n
+        assert len({len(batches) for batches in per_rank}) == 1  # the same number of steps on every rank
+        assert len(per_rank[0]) == steps_per_epoch(n, world, batch)
+        sizes = [len(b) for batches in per_rank for b in batches]
+        assert 0 < min(sizes) and max(sizes) <= batch
+        seen = torch.cat([b for batches in per_rank for b in batches])
+        assert seen.dtype == torch.int64 and sorted(seen.tolist()) == list(range(n))
+
+
+@pytest.mark.unit
+def test_too_few_images_for_the_ranks_is_a_clear_error():
+    with pytest.raises(ValueError, match="need at least 4 \\* 1 images; got 3"):
+        steps_per_epoch(3, 4, 8)
 
 
 @pytest.mark.unit

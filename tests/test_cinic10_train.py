@@ -83,7 +83,31 @@ def test_single_process_fit_learns_the_sample(sample):
     assert result["history"][-1]["train_loss"] < result["history"][0]["train_loss"]
     assert len(lines) == 5
     assert re.fullmatch(r"epoch 5/5  train loss \d\.\d{3}  test acc \d+\.\d%  \d+ img/s", lines[-1])
-    assert evaluate(result["model"], *test, device="cpu") == result["test_acc"]
+    assert evaluate(result["model"], *test, device="cpu", tta=True) == result["test_acc"]
+
+
+class _LeftHalf(torch.nn.Module):
+    """Logits from the left half of the image only: its mirror image scores differently."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3 * 32 * 16, 10)
+
+    def forward(self, x):
+        return self.linear(x[..., :16].flatten(1))
+
+
+@pytest.mark.unit
+def test_flip_tta_scores_the_mean_of_image_and_mirror_logits():
+    torch.manual_seed(0)
+    model = _LeftHalf()
+    images = torch.randint(0, 256, (200, 3, 32, 32), dtype=torch.uint8)
+    x = normalize(images)
+    with torch.no_grad():
+        labels = (model(x) + model(x.flip(3))).argmax(1)  # what a flip-TTA scorer predicts
+
+    assert evaluate(model, images, labels, device="cpu", tta=True) == 1.0
+    assert evaluate(model, images, labels, device="cpu", tta=False) < 0.9
 
 
 def _free_port() -> int:

@@ -1,0 +1,90 @@
+"""The named peer of PDL's CINIC-10 benchmarks: the pytorch-cifar style recipe.
+
+This is how the original PDL poster trained CINIC-10 (kuangliu/pytorch-cifar's
+``main.py`` on an ImageFolder): every sample is a PNG opened and decoded by PIL
+in ``__getitem__``, padded-crop and flip per sample, converted to a float
+tensor and normalised, batched by a ``DataLoader`` with worker processes; the
+model trains in fp32 with plain SGD (lr 0.1, momentum 0.9, weight decay 5e-4)
+and cosine annealing over the epochs. torchvision is not used (it has no build
+for this torch); its transforms are reproduced with numpy, per sample, as
+``RandomCrop(32, padding=4)``, ``RandomHorizontalFlip()``, ``ToTensor()`` and
+``Normalize(mean, std)`` do them.
+
+Also: :func:`bench_root`, the PNG folder every benchmark reads.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from pdl_cinic10.data import split_files
+from pdl_cinic10.sample import make_sample
+from pdl_cinic10.train import MEAN, STD
+
+__all__ = ["bench_root", "ImageFolderPNG", "peer_loader", "peer_optimizer"]
+
+
+def bench_root(per_class: int, test_per_class: int | None = None) -> Path:
+    """A CINIC-10-layout PNG folder of the synthetic sample, ``per_class`` train images a class.
+
+    The real CINIC-10 at ``$CINIC10_DIR`` is used when that is set. Otherwise
+    the sample is built once under ``~/.cache/pdl/bench/`` and reused.
+    """
+    if os.environ.get("CINIC10_DIR"):
+        return Path(os.environ["CINIC10_DIR"]).expanduser()
+    test_per_class = test_per_class or max(40, per_class // 5)
+    root = Path.home() / ".cache" / "pdl" / "bench" / f"sample-{per_class}-{test_per_class}"
+    if not (root / ".complete").exists():
+        make_sample(root, train_per_class=per_class, test_per_class=test_per_class, valid_per_class=1)
+        (root / ".complete").touch()
+    return root
+
+
+class ImageFolderPNG(torch.utils.data.Dataset):
+    """``(float32 [3, 32, 32] normalised, label)`` per PNG of ``root/<split>``, decoded on access."""
+
+    def __init__(self, root: str | os.PathLike, split: str, *, train: bool):
+        self.samples = split_files(root, split)
+        self.train = train
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        label, path = self.samples[i]
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert("RGB"))  # [32, 32, 3] uint8
+        if self.train:
+            padded = np.pad(pixels, ((4, 4), (4, 4), (0, 0)))  # RandomCrop(32, padding=4): zero padding
+            top, left = random.randint(0, 8), random.randint(0, 8)
+            pixels = padded[top : top + 32, left : left + 32]
+            if random.random() < 0.5:  # RandomHorizontalFlip()
+                pixels = pixels[:, ::-1]
+        x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).float() / 255  # ToTensor()
+        x = (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)  # Normalize()
+        return x, label
+
+
+def peer_loader(root, split: str, *, batch_size: int, workers: int, train: bool,
+                rank: int = 0, world_size: int = 1, seed: int = 0) -> torch.utils.data.DataLoader:
+    """pytorch-cifar's DataLoader (shuffled for training), sharded by a DistributedSampler.
+
+    Its ``workers`` processes start with each epoch and end with it, as in pytorch-cifar.
+    """
+    dataset = ImageFolderPNG(root, split, train=train)
+    sampler = torch.utils.data.DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed
+    )
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers)
+
+
+def peer_optimizer(model: torch.nn.Module, epochs: int):
+    """pytorch-cifar's SGD(lr=0.1, momentum=0.9, weight_decay=5e-4) and CosineAnnealingLR(T_max=epochs)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
