@@ -27,7 +27,7 @@ from pdl_cinic10.data import split_files
 from pdl_cinic10.sample import make_sample
 from pdl_cinic10.train import MEAN, STD
 
-__all__ = ["bench_root", "ImageFolderPNG", "peer_loader", "peer_optimizer"]
+__all__ = ["bench_root", "ImageFolderPNG", "peer_loader", "peer_optimizer", "peer_fit"]
 
 
 def bench_root(per_class: int, test_per_class: int | None = None) -> Path:
@@ -59,7 +59,7 @@ class ImageFolderPNG(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         label, path = self.samples[i]
         with Image.open(path) as image:
-            pixels = np.asarray(image.convert("RGB"))  # [32, 32, 3] uint8
+            pixels = np.array(image.convert("RGB"))  # [32, 32, 3] uint8, writable
         if self.train:
             padded = np.pad(pixels, ((4, 4), (4, 4), (0, 0)))  # RandomCrop(32, padding=4): zero padding
             top, left = random.randint(0, 8), random.randint(0, 8)
@@ -88,3 +88,68 @@ def peer_optimizer(model: torch.nn.Module, epochs: int):
     """pytorch-cifar's SGD(lr=0.1, momentum=0.9, weight_decay=5e-4) and CosineAnnealingLR(T_max=epochs)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
+
+
+def peer_fit(model: torch.nn.Module, root, *, epochs: int, batch_size: int = 128, workers: int = 2,
+             device: str | torch.device = "cpu", on_epoch=None) -> list[dict]:
+    """pytorch-cifar's ``train()``/``test()`` loop, on this rank of any torch.distributed group.
+
+    fp32, cross-entropy, :func:`peer_optimizer` stepped per epoch; DDP when a
+    group is initialised. ``on_epoch(record)`` is called after each epoch's test,
+    where ``record`` is ``{epoch, seconds (training only), images_per_sec, test_acc}``.
+    Returns the records.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    device = torch.device(device)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    model = model.to(device)
+    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    optimizer, scheduler = peer_optimizer(model, epochs)
+    criterion = torch.nn.CrossEntropyLoss()
+    train = peer_loader(root, "train", batch_size=batch_size, workers=workers, train=True,
+                        rank=rank, world_size=world)
+    test = ImageFolderPNG(root, "test", train=False)
+    test_x = torch.stack([test[i][0] for i in range(len(test))])
+    test_y = torch.tensor([label for label, _ in test.samples])
+    records = []
+    for epoch in range(epochs):
+        train.sampler.set_epoch(epoch)
+        net.train()
+        started, seen = time.perf_counter(), 0
+        for x, y in train:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            criterion(net(x), y).backward()
+            optimizer.step()
+            seen += len(y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - started
+        scheduler.step()
+        record = {"epoch": epoch + 1, "seconds": seconds, "images_per_sec": seen * world / seconds,
+                  "test_acc": _accuracy(model, test_x, test_y, device, rank, world)}
+        records.append(record)
+        if on_epoch is not None:
+            on_epoch(record)
+    return records
+
+
+@torch.no_grad()
+def _accuracy(model, x, y, device, rank: int, world: int) -> float:
+    """Top-1 accuracy 0..1 of ``model`` on already normalised ``x`` (pytorch-cifar's test())."""
+    import torch.distributed as dist
+
+    model.eval()
+    lo, hi = rank * len(y) // world, (rank + 1) * len(y) // world
+    counts = torch.zeros(2, dtype=torch.int64, device=device)
+    for start in range(lo, hi, 500):
+        stop = min(start + 500, hi)
+        counts[0] += (model(x[start:stop].to(device)).argmax(1) == y[start:stop].to(device)).sum()
+        counts[1] += stop - start
+    if world > 1:
+        dist.all_reduce(counts)
+    model.train()
+    return counts[0].item() / counts[1].item()
