@@ -30,7 +30,10 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -52,8 +55,11 @@ BACKENDS = ("torch", "horovod")
 PEER_GRACE_S = 1.0
 #: Seconds after which a rank that ignores interrupts is reported as stuck.
 STOP_TIMEOUT_S = 5.0
-#: Seconds between polls for output and results.
+#: Seconds between polls for output and results while a cell runs; the last
+#: rank's result ends the wait at once.
 POLL_S = 0.05
+#: Seconds to wait, after the last result, for ranks' output still in flight.
+OUTPUT_WAIT_S = 1.0
 
 
 def _remote(fname, *args):
@@ -106,6 +112,9 @@ class DistributedSession:
         #: rank -> the last ``pdl.log`` snapshot of the last cell (see :mod:`pdl.metrics`)
         self.last_metrics: dict[int, dict] = {}
         self.last_world: list[Rank] = []
+        self._views: dict[int, ipp.DirectView] = {}
+        # status writes happen on this one thread, in order, so a cell never waits for the disk
+        self._status_writer = ThreadPoolExecutor(1, thread_name_prefix="pdl-status")
 
     @classmethod
     def default(cls) -> DistributedSession:
@@ -316,13 +325,15 @@ class DistributedSession:
         self._ensure_group(world, backend, timeout_s)
         self._cell_number += 1
         ars = [
-            self.client[r.engine_id].apply_async(_remote, "run_cell", code, self._cell_number)
+            self._view(r.engine_id).apply_async(_remote, "run_cell", code, self._cell_number)
             for r in world
         ]
         self.last_world = world
         self._publish_status(running=True, force=True)
         outcome = _Watch(self, world, ars, out, err).wait()
-        self.last_outputs = {r.rank: (ar.stdout or "", ar.stderr or "") for r, ar in zip(world, ars)}
+        self.last_outputs = {
+            r.rank: (md["stdout"] or "", md["stderr"] or "") for r, md in zip(world, outcome.meta)
+        }
         self.last_metrics = outcome.metrics
         self._publish_status(running=False, metrics=outcome.metrics, force=True)
         if outcome.aborted or outcome.stuck or outcome.user_interrupt or outcome.interrupted or (
@@ -388,11 +399,26 @@ class DistributedSession:
                 clusters.restart_slot_engine(self._cluster, info["slot"], len(self.pool()))
         self._wait_for_engines(target)
 
+    def _view(self, engine_id: int) -> ipp.DirectView:
+        """A non-blocking view of one engine (kept: making one per call costs time)."""
+        view = self._views.get(engine_id)
+        if view is None:
+            view = self._views[engine_id] = self.client[engine_id]
+        return view
+
     def _publish_status(self, running: bool, metrics: dict | None = None, force: bool = False) -> None:
-        """Tell the Cluster panel what this session runs (:mod:`pdl_magics.status_file`)."""
+        """Tell the Cluster panel what this session runs (:mod:`pdl_magics.status_file`).
+
+        The file is written on a background thread, in call order, within milliseconds.
+        """
         cluster_file = self._cluster.cluster_file if self._cluster is not None else None
-        status_file.write_status(cluster_file, self.last_world, running=running, metrics=metrics,
-                                 cell=self._cell_number, slots=self.pool(), hub=self.is_hub, force=force)
+        args = (cluster_file, list(self.last_world))
+        kwargs = dict(running=running, metrics=dict(metrics or {}), cell=self._cell_number,
+                      slots=list(self.pool()), hub=self.is_hub, force=force)
+        try:
+            self._status_writer.submit(status_file.write_status, *args, **kwargs)
+        except RuntimeError:  # no new threads at interpreter exit: write here
+            status_file.write_status(*args, **kwargs)
 
     def close(self) -> None:
         """Disconnect; a local cluster is stopped, a hub cluster is left running."""
@@ -403,9 +429,13 @@ class DistributedSession:
             self._cluster.stop_cluster_sync()
         self._cluster = None
         self._engines.clear()
+        self._views.clear()
         self._group_key = None
         self._stop_rendezvous()
-        status_file.remove_status()
+        try:  # after the writes still queued
+            self._status_writer.submit(status_file.remove_status).result(timeout=10)
+        except (RuntimeError, FutureTimeout):
+            status_file.remove_status()
 
 
 class _Watch:
@@ -413,6 +443,9 @@ class _Watch:
 
     def __init__(self, session: DistributedSession, world, ars, out, err):
         self.session, self.world, self.ars = session, world, ars
+        # each rank's metadata dict, which ipyparallel updates in place as output and data
+        # arrive (read directly: the AsyncResult attributes re-check and re-parse on every access)
+        self.meta = [ar.metadata for ar in ars]
         self.out, self.err = out, err
         self.streamed = [0, 0]
         self.results: dict[int, dict] = {}
@@ -425,6 +458,14 @@ class _Watch:
         self.progress = LiveProgress(err)
         #: rank -> latest ``pdl.log`` snapshot of this cell
         self.metrics: dict[int, dict] = {}
+        self._dead: set[int] = set()  # ranks whose engine died: no more output will come
+        self._wake = threading.Event()  # set (from ipyparallel's IO thread) once every result is in
+        for ar in ars:
+            ar.add_done_callback(self._on_result)
+
+    def _on_result(self, _) -> None:
+        if all(ar.done() for ar in self.ars):
+            self._wake.set()
 
     def pending(self) -> list[Rank]:
         return [r for r in self.world if r.rank not in self.results]
@@ -442,7 +483,7 @@ class _Watch:
     def wait(self) -> _Watch:
         while self.pending():
             try:
-                time.sleep(POLL_S)
+                self._wake.wait(POLL_S)
                 self._pump()
                 self._collect()
                 self._escalate()
@@ -459,25 +500,37 @@ class _Watch:
                         "status": "interrupted", "ename": "Stuck", "comm_error": True,
                         "evalue": "did not respond to interrupts", "traceback": [], "time": time.time(),
                     }
+        self._await_output()
         self._pump()
         self.progress.close("ok" if not self.failed else "interrupted" if self.user_interrupt else "failed")
         return self
 
     def _pump(self) -> None:
         """Write rank 0's new output and progress since the last poll."""
-        for r, ar in zip(self.world, self.ars):
-            snap = ar.data.get(DATA_KEY)
+        for r, md in zip(self.world, self.meta):
+            snap = md["data"].get(DATA_KEY)
             if snap is not None:
                 self.metrics[r.rank] = snap
         self.progress.feed(self.metrics.get(0))
         self.session._publish_status(running=True, metrics=self.metrics)
-        ar = self.ars[0]
-        for i, (text, stream) in enumerate(((ar.stdout, self.out), (ar.stderr, self.err))):
+        md = self.meta[0]
+        for i, (text, stream) in enumerate(((md["stdout"], self.out), (md["stderr"], self.err))):
             text = text or ""
             if len(text) > self.streamed[i]:
                 stream.write(text[self.streamed[i]:])
                 stream.flush()
                 self.streamed[i] = len(text)
+
+    def _await_output(self) -> None:
+        """Wait (at most :data:`OUTPUT_WAIT_S`) until the output of every rank that
+        replied is complete: a result can arrive before its last output and metrics."""
+        deadline = time.monotonic() + OUTPUT_WAIT_S
+        try:
+            for r, ar in zip(self.world, self.ars):
+                if ar.ready() and r.rank not in self._dead:
+                    ar.wait_for_output(max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            pass  # every rank has stopped already; keep what came
 
     def _collect(self) -> None:
         for r, ar in zip(self.world, self.ars):
@@ -486,6 +539,7 @@ class _Watch:
             try:
                 res = ar.get()
             except ipp.error.EngineError as e:
+                self._dead.add(r.rank)
                 res = {"status": "error", "ename": "EngineError", "evalue": str(e),
                        "traceback": [f"the engine of rank {r.rank} died: {e}"],
                        "comm_error": False, "time": time.time()}
