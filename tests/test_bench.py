@@ -60,3 +60,29 @@ def test_time_to_accuracy_bench_runs_both_recipes_in_cells(tmp_path):
     rows = TABLE_ROW.findall(out)
     assert any("PDL" in r for r in rows) and any("pytorch-cifar" in r for r in rows), out
     assert ratio(out, "pytorch-cifar / PDL") > 0
+
+
+@pytest.mark.timeout(300)
+def test_dispatch_bench_compares_distributed_with_px_on_the_same_engines(tmp_path):
+    out = run_bench(tmp_path, "dispatch.py", "-n", "2", "--cells", "10", "--warmup", "3")
+    rows = TABLE_ROW.findall(out)
+    assert any("%%distributed" in r for r in rows) and any("%%px" in r for r in rows), out
+    assert re.search(r"p50 \d+\.\d+, p99 \d+\.\d+", out), out
+
+
+@pytest.mark.timeout(400)
+def test_scaling_bench_runs_the_same_script_on_pdl_and_torchrun(tmp_path):
+    out = run_bench(tmp_path, "scaling.py", "--max-n", "2", "--batch", "8", "--width", "4", "--steps", "2",
+                    "--warmup", "1", "--repeats", "1", timeout=400)
+    rows = TABLE_ROW.findall(out)
+    assert any(r.startswith("| 1 |") for r in rows) and any(r.startswith("| 2 |") for r in rows), out
+    assert ratio(out, "E_pdl(2) / E_torchrun(2)") > 0
+
+
+@pytest.mark.timeout(300)
+def test_allreduce_bench_compares_training_with_bare_all_reduce(tmp_path):
+    out = run_bench(tmp_path, "allreduce.py", "-n", "2", "--batch", "8", "--width", "4", "--steps", "2",
+                    "--warmup", "2", "--iters", "3")
+    rows = TABLE_ROW.findall(out)
+    assert any("training" in r for r in rows) and any("bare all_reduce" in r for r in rows), out
+    assert ratio(out, "training busbw / bare busbw") > 0
