@@ -1,4 +1,4 @@
-"""Helpers shared by ``bench/scaling.py`` and ``bench/allreduce.py``."""
+"""Helpers shared by the benchmarks in ``bench/``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import platform
 
 def local_slots(n: int) -> list[str]:
     """The slots a local PDL cluster of ``n`` engines uses: this machine's first ``n``
-    GPUs, or ``n`` CPU slots when it has fewer GPUs than that (as
-    ``bench/horovod_vs_ddp.py`` does).
+    GPUs, or ``n`` CPU slots when it has fewer GPUs than that.
 
     The list is the session's whole pool, so its length fixes each engine's share
     of the cores (:func:`pdl.slots.engine_env`).

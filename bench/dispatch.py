@@ -29,6 +29,8 @@ import statistics
 import sys
 import time
 
+from _common import local_slots
+
 #: The ratio %%distributed / %%px that p50 and p99 should stay within.
 TARGET = 1.25
 
@@ -39,13 +41,10 @@ def main(argv=None) -> float:
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
-    from pdl.slots import default_pool
     from pdl_magics import DistributedSession
 
-    pool = default_pool()
-    if len(pool) < args.n:
-        pool = [f"cpu:{i}" for i in range(args.n)]
-    session = DistributedSession(local_slots=pool[: args.n])
+    pool = local_slots(args.n)
+    session = DistributedSession(local_slots=pool)
     DistributedSession._default = session  # the session %%distributed runs on
     config = Config()
     config.HistoryManager.enabled = False  # keep the benchmark's cells out of the user's history
@@ -69,7 +68,7 @@ def main(argv=None) -> float:
     finally:
         session.close()
 
-    _header(args, pool[: args.n], engines)
+    _header(args, pool, engines)
     print("| magic | p50 (ms) | p99 (ms) | mean (ms) | min (ms) |")
     print("|---|---:|---:|---:|---:|")
     stats = {}

@@ -22,6 +22,8 @@ import platform
 import statistics
 import sys
 
+from _common import local_slots
+
 STEP_CELL = """
 import time, torch
 from pdl_cinic10.collectives import for_backend
@@ -65,13 +67,10 @@ BACKENDS = {"torch": "DDP (torch.distributed)", "horovod": "Horovod"}
 def main(argv=None) -> float:
     """Run the benchmark; return the ratio Horovod / DDP of median images/s."""
     args = _parse(argv)
-    from pdl.slots import default_pool
     from pdl_magics import DistributedSession
 
-    pool = default_pool()
-    if len(pool) < args.n:
-        pool = [f"cpu:{i}" for i in range(args.n)]
-    session = DistributedSession(local_slots=pool[: args.n])
+    pool = local_slots(args.n)
+    session = DistributedSession(local_slots=pool)
     results: dict[str, list[float]] = {b: [] for b in BACKENDS}
     try:
         device = ast.literal_eval(session.run("str(device)", args.n, out=io.StringIO()).values[0])

@@ -30,6 +30,7 @@ import platform
 import sys
 from pathlib import Path
 
+from _common import local_slots
 from peers import bench_root
 
 BENCH = str(Path(__file__).resolve().parent)
@@ -68,16 +69,13 @@ epochs_at
 def main(argv=None) -> float:
     """Run the benchmark; return peer time / PDL time to the target (0 if PDL missed it)."""
     args = _parse(argv)
-    from pdl.slots import default_pool
     from pdl_cinic10.cache import load
     from pdl_magics import DistributedSession
 
     root = str(bench_root(args.per_class))
     load(root, "train"), load(root, "test")  # build the cache once, before the clocks
-    pool = default_pool()
-    if len(pool) < args.n:
-        pool = [f"cpu:{i}" for i in range(args.n)]
-    session = DistributedSession(local_slots=pool[: args.n])
+    pool = local_slots(args.n)
+    session = DistributedSession(local_slots=pool)
     try:
         device = ast.literal_eval(session.run("str(device)", args.n, out=io.StringIO()).values[0])
         pdl = _curve(session, args.n, PDL_CELL.format(root=root, epochs=args.epochs, width=args.width,
