@@ -78,9 +78,11 @@ def load(
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     folder = cache_dir_for(root, cache_dir)
-    arrays = _read_valid(folder, split, _fingerprint(root, split))
+    files = split_files(root, split)  # listed once: for the fingerprint and, if needed, the build
+    fingerprint = _fingerprint(files)
+    arrays = _read_valid(folder, split, fingerprint)
     if arrays is None:
-        arrays = build(root, split, folder, workers=workers)
+        arrays = _build(files, fingerprint, split, folder, workers)
     images, labels = (torch.from_numpy(a) for a in arrays)
     return images.to(device), labels.to(device)
 
@@ -93,15 +95,19 @@ def build(
     If another process finished a valid cache while this one waited for the
     lock, that cache is returned and nothing is decoded.
     """
-    folder = Path(folder)
+    files = split_files(root, split)
+    return _build(files, _fingerprint(files), split, Path(folder), workers)
+
+
+def _build(files: list[tuple[int, Path]], fingerprint: str, split: str, folder: Path, workers: int | None):
+    """:func:`build` of the split's ``files`` (from :func:`split_files`), whose fingerprint is given."""
     folder.mkdir(parents=True, exist_ok=True)
-    fingerprint = _fingerprint(root, split)
     with open(folder / f".{split}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
         arrays = _read_valid(folder, split, fingerprint, quiet=True)
         if arrays is not None:
             return arrays
-        images, labels = _decode_parallel(root, split, workers)
+        images, labels = _decode_parallel(files, workers)
         manifest = {
             "format": FORMAT,
             "split": split,
@@ -165,22 +171,21 @@ def _check(folder: Path, split: str):
     return None, manifest, (images, labels)
 
 
-def _fingerprint(root: str | os.PathLike, split: str) -> str:
-    """SHA-256 over the split's PNG names, sizes and modification times (no pixel reads)."""
+def _fingerprint(files: list[tuple[int, Path]]) -> str:
+    """SHA-256 over the PNGs' labels, names, sizes and modification times (no pixel reads)."""
     digest = hashlib.sha256()
-    for label, path in split_files(root, split):
+    for label, path in files:
         stat = path.stat()
         digest.update(f"{label}/{path.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 
-def _decode_parallel(root, split: str, workers: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Decode the split's PNGs in ``workers`` processes, in order.
+def _decode_parallel(files: list[tuple[int, Path]], workers: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Decode ``files`` (``(label, path)`` pairs) in ``workers`` processes, in order.
 
     None: one process per CPU, but no more than one per 10,000 images (starting
     a process costs about a second; a small split decodes faster in this one).
     """
-    files = split_files(root, split)
     paths = [path for _, path in files]
     labels = np.array([label for label, _ in files], dtype=np.int64)
     if workers is None:
