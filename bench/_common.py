@@ -29,3 +29,26 @@ def machine() -> str:
         f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), load avg {load}; "
         f"python {platform.python_version()}, torch {torch.__version__}, ipyparallel {ipyparallel.__version__}"
     )
+
+
+
+def median_table(header: tuple[str, str], labels: dict[str, str], runs: dict[str, list[float]],
+                 ratio: str, digits: int = 2) -> float:
+    """Print a markdown table of each entry's median, min and max (whole numbers), then
+    the line ``ratio <ratio>: <first median / second median>``; return that ratio.
+
+    ``header`` names the first column and the median column (e.g. ``("recipe", "img/s
+    (median)")``); ``labels`` and ``runs`` share their two keys, the measured entry
+    first and its peer second; ``digits`` is the ratio's decimals.
+    """
+    import statistics
+
+    print(f"| {header[0]} | {header[1]} | min | max |")
+    print("|---|---:|---:|---:|")
+    medians = {}
+    for key, label in labels.items():
+        medians[key] = statistics.median(runs[key])
+        print(f"| {label} | {medians[key]:.0f} | {min(runs[key]):.0f} | {max(runs[key]):.0f} |")
+    first, second = (medians[key] for key in labels)
+    print(f"\nratio {ratio}: {first / second:.{digits}f}")
+    return first / second

@@ -24,13 +24,13 @@ import argparse
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 
 import torch
 
+from _common import median_table
 from peers import bench_root, peer_loader
 
 
@@ -85,17 +85,9 @@ def main(argv=None) -> float:
     print(f"\n{n} train images ({root}), batch {args.batch}, on {device} "
           f"({os.cpu_count()} cores, {platform.processor() or platform.machine()}), torch {torch.__version__}")
     print(f"PDL cache: built once in {build_s:.2f} s, loaded onto {device} in {load_s:.2f} s\n")
-    print("| pipeline | img/s (median) | min | max |")
-    print("|---|---:|---:|---:|")
-    labels_ = {"pdl": "PDL: uint8 cache on device, batched augment",
-               "peer": f"ImageFolder + PIL per sample, DataLoader ({args.workers} workers)"}
-    medians = {}
-    for name, runs in results.items():
-        medians[name] = statistics.median(runs)
-        print(f"| {labels_[name]} | {medians[name]:.0f} | {min(runs):.0f} | {max(runs):.0f} |")
-    ratio = medians["pdl"] / medians["peer"]
-    print(f"\nratio PDL / ImageFolder (median img/s): {ratio:.1f}")
-    return ratio
+    labels = {"pdl": "PDL: uint8 cache on device, batched augment",
+              "peer": f"ImageFolder + PIL per sample, DataLoader ({args.workers} workers)"}
+    return median_table(("pipeline", "img/s (median)"), labels, results, "PDL / ImageFolder (median img/s)", 1)
 
 
 def _sync(device: torch.device, *tensors: torch.Tensor) -> None:

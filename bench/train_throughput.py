@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 
 import torch
 
+from _common import median_table
 from peers import bench_root, peer_fit
 
 
@@ -55,18 +55,11 @@ def main(argv=None) -> float:
         f"cpu ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
     print(f"\nResNet-18 width {width}, {len(train[1])} train images ({root}), {args.epochs} epochs "
           f"(first not counted), on {name}, torch {torch.__version__}\n")
-    print("| recipe | train img/s (median) | min | max |")
-    print("|---|---:|---:|---:|")
     gpu = ", bf16, channels_last, compile" if device.type == "cuda" else ""
     labels = {"pdl": f"PDL: data on device, batched augment, batch 256{gpu}",
               "peer": f"pytorch-cifar: PIL + DataLoader ({args.workers} workers), batch 128, fp32"}
-    medians = {}
-    for key, runs in results.items():
-        medians[key] = statistics.median(runs)
-        print(f"| {labels[key]} | {medians[key]:.0f} | {min(runs):.0f} | {max(runs):.0f} |")
-    ratio = medians["pdl"] / medians["peer"]
-    print(f"\nratio PDL / pytorch-cifar (median train img/s): {ratio:.2f}")
-    return ratio
+    return median_table(("recipe", "train img/s (median)"), labels, results,
+                        "PDL / pytorch-cifar (median train img/s)")
 
 
 def _parse(argv):
