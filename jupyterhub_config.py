@@ -32,6 +32,10 @@ from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, USER_PASSWORD_BYTES, s
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
 
+# Everything the hub writes (its database, cookie secret, passwords, pid files) is
+# created readable by this user alone, with no window in which it is not.
+os.umask(0o077)
+
 state_dir = Path(os.environ.get("PDL_STATE_DIR", ".pdl/hub")).resolve()
 state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 

@@ -237,12 +237,14 @@ def run_cell(code: str, cell_number: int) -> dict:
     (KeyboardInterrupt included), ``{"status": "error" | "interrupted", "ename",
     "evalue", "traceback": [ANSI lines], "comm_error": bool, "time": epoch s}``.
     The traceback starts at the user's cell, not at PDL's frames. ``pdl.log``
-    calls made by the cell are published to the notebook (:mod:`pdl.metrics`).
+    calls made by the cell are published to the notebook (:mod:`pdl.metrics`), and
+    so is the rank's stack when the notebook asks for it (:mod:`pdl.stacks`).
     """
     from ipyparallel.datapub import publish_data
 
-    from pdl import metrics
+    from pdl import metrics, stacks
 
+    stacks.install()  # the hang watchdog can then ask for this rank's stack
     metrics._channel.begin_cell(publish_data)
     try:
         return _run_cell(code, cell_number)

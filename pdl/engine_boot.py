@@ -3,6 +3,8 @@
 ``python -m pdl.engine_boot engine|controller [ipyparallel args...]``
 
 Before handing over to ipyparallel it
+- sets the umask to 077, so the connection files and keys it writes (and any file
+  a cell writes) are private to the user from the moment they exist;
 - asks the kernel to SIGKILL this process (and what it forks) when its parent
   dies, so engines and controllers never outlive the kernel or user server that
   started them (even after ``kill -9``);
@@ -69,6 +71,7 @@ def controller_kwargs() -> dict:
 
 def main() -> None:
     role, args = sys.argv[1], sys.argv[2:]
+    os.umask(0o077)
     die_with_parent()
     kwargs = {}
     if role == "engine":

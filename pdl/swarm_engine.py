@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     no_new_privileges()
+    os.umask(0o077)  # what the engine writes is the user's alone (see pdl.engine_boot)
     path = os.environ.get("PDL_ENGINE_CONNECTION", "/run/secrets/pdl-engine.json")
     controller = read_secret(path)["location"]
     resource = os.environ.get("PDL_GPU_RESOURCE") or DEFAULT_GPU_RESOURCE

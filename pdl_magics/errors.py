@@ -7,8 +7,12 @@ class DistributedUsageError(ValueError):
     """Bad input to a distributed run (a count, a backend); nothing was run."""
 
 
+#: ``ename`` of a rank whose engine process died during the cell.
+ENGINE_DIED = "EngineDied"
+
+
 class RankFailed(Exception):
-    """One rank raised; carries that rank's remote traceback.
+    """One rank raised, or its engine died; carries that rank's remote traceback.
 
     IPython shows :meth:`_render_traceback_`: a header naming the rank and its
     host, then the traceback exactly as the engine formatted it.
@@ -21,10 +25,19 @@ class RankFailed(Exception):
         self.evalue = failure["evalue"]
         self.remote_traceback = list(failure.get("traceback") or [])
         self.note = note
-        super().__init__(f"rank {rank} on {host} raised {self.ename}: {self.evalue}")
+        what = "died" if self.ename == ENGINE_DIED else f"raised {self.ename}"
+        super().__init__(f"rank {rank} on {host} {what}: {self.evalue}")
+
+    @property
+    def engine_died(self) -> bool:
+        return self.ename == ENGINE_DIED
 
     def _render_traceback_(self) -> list[str]:
-        header = f"Rank {self.rank} on host {self.host} raised {self.ename}:"
+        if self.engine_died:
+            header = (f"Rank {self.rank} on host {self.host} died: {self.evalue}. Its engine is restarted "
+                      "on the same slot (variables on that rank are lost); rerun the cell.")
+        else:
+            header = f"Rank {self.rank} on host {self.host} raised {self.ename}:"
         lines = [header, *self.remote_traceback]
         if self.note:
             lines.append(self.note)

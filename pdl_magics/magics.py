@@ -5,16 +5,45 @@ from __future__ import annotations
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Float
 
 from .errors import DistributedUsageError
-from .session import BACKENDS, DistributedSession
+from .session import BACKENDS, HANG_TIMEOUT_S, DistributedSession
 
-_OPTIONS = "-n N, --backend {%s}, --all-output, --timeout SECONDS, --output RANK" % "|".join(BACKENDS)
+
+
+def _whole_number(text: str) -> int:
+    """``-n``/``--output``: ASCII digits only (``int()`` would also take "３" or "1_0")."""
+    if not (text.isascii() and text.lstrip("-").isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``/``--hang-timeout``: an ASCII decimal number."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return float(text)
+
+
+_whole_number.__name__ = "int"  # argparse names the type in its message: "invalid int value"
+_seconds.__name__ = "float"
+
+_OPTIONS = ("-n N, --backend {%s}, --all-output, --timeout SECONDS, --hang-timeout SECONDS, --output RANK"
+            % "|".join(BACKENDS))
 
 
 @magics_class
 class DistributedMagics(Magics):
     """Run a cell on every rank of the user's cluster with torch.distributed (or Horovod) set up."""
+
+    hang_timeout = Float(
+        HANG_TIMEOUT_S,
+        config=True,
+        help="""Seconds without progress on any rank (no output, no pdl.log call, no rank
+        finishing) after which a cell shows every rank's Python stack; 0 turns the
+        watchdog off. --hang-timeout overrides it for one cell.""",
+    )
 
     def __init__(self, shell, session: DistributedSession | None = None):
         super().__init__(shell)
@@ -27,16 +56,19 @@ class DistributedMagics(Magics):
         return self._session
 
     @magic_arguments()
-    @argument("-n", type=int, default=None, metavar="N",
+    @argument("-n", type=_whole_number, default=None, metavar="N",
               help="number of ranks (engines) to run on; default: all of them")
     @argument("--backend", default="torch", metavar="NAME",
               help=f"collective backend: {', '.join(BACKENDS)} (default torch; "
                    "horovod also defines hvd, initialised)")
     @argument("--all-output", action="store_true",
               help="after the cell, also print every other rank's output")
-    @argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+    @argument("--timeout", type=_seconds, default=1800.0, metavar="SECONDS",
               help="how long a collective may wait for its peers (default 1800)")
-    @argument("--output", type=int, default=None, metavar="RANK",
+    @argument("--hang-timeout", type=_seconds, default=None, metavar="SECONDS",
+              help="show every rank's stack after this long without progress "
+                   "(default: DistributedMagics.hang_timeout, 300; 0: off)")
+    @argument("--output", type=_whole_number, default=None, metavar="RANK",
               help="line form only: print the kept output of RANK from the last cell")
     @line_cell_magic
     def distributed(self, line: str, cell: str | None = None):
@@ -63,12 +95,16 @@ class DistributedMagics(Magics):
                 )
             if not 0 < args.timeout < float("inf"):
                 raise DistributedUsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
+            hang = self.hang_timeout if args.hang_timeout is None else args.hang_timeout
+            if not 0 <= hang < float("inf"):
+                raise DistributedUsageError(f"--hang-timeout must be >= 0 seconds (0: off), got {hang}")
             self.session.run(
                 cell,
                 args.n,
                 backend=args.backend,
                 all_output=args.all_output,
                 timeout_s=args.timeout,
+                hang_timeout_s=hang,
             )
         except DistributedUsageError as e:
             raise UsageError(str(e)) from None

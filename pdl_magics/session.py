@@ -21,7 +21,13 @@ Contract of :meth:`DistributedSession.run`:
   rank that failed first on its own (not one that merely lost its peer), after
   every other rank has stopped;
 - on KeyboardInterrupt every rank is interrupted; the call returns (re-raising
-  KeyboardInterrupt) once they have all stopped, leaving the engines usable.
+  KeyboardInterrupt) once they have all stopped, leaving the engines usable;
+- when an engine dies mid-cell (killed, out of memory, its node lost), the cell
+  fails within seconds naming that rank and host; the engine is replaced on the
+  same reserved slot before the next cell, so the next cell runs;
+- the hang watchdog: when no rank has made progress (new output, a ``pdl.log``
+  call, a rank finishing) for ``hang_timeout_s``, the cell says so once and shows
+  every running rank's Python stack (:mod:`pdl.stacks`), then keeps waiting.
 """
 
 from __future__ import annotations
@@ -39,12 +45,13 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
+from pdl import stacks
 from pdl.metrics import DATA_KEY
 from pdl.netaddr import route_addr
 from pdl.slots import default_pool, slot_index
 
 from . import clusters, horovod_driver, status_file
-from .errors import DistributedUsageError, RankFailed, RanksStuck
+from .errors import ENGINE_DIED, DistributedUsageError, RankFailed, RanksStuck
 from .progress import LiveProgress
 
 #: Backends ``--backend`` accepts.
@@ -60,6 +67,11 @@ STOP_TIMEOUT_S = 5.0
 POLL_S = 0.05
 #: Seconds to wait, after the last result, for ranks' output still in flight.
 OUTPUT_WAIT_S = 1.0
+#: Default of the hang watchdog: seconds without progress on any rank before the
+#: cell shows every rank's stack (0 turns it off).
+HANG_TIMEOUT_S = 300.0
+#: Seconds to wait for the ranks' stacks once the watchdog asked for them.
+STACK_WAIT_S = 3.0
 
 
 def _remote(fname, *args):
@@ -312,10 +324,15 @@ class DistributedSession:
         backend: str = "torch",
         all_output: bool = False,
         timeout_s: float = 1800.0,
+        hang_timeout_s: float = HANG_TIMEOUT_S,
         out: TextIO | None = None,
         err: TextIO | None = None,
     ) -> CellResult:
-        """Run ``code`` on ``n`` ranks (default: every available engine). See module doc."""
+        """Run ``code`` on ``n`` ranks (default: every available engine). See module doc.
+
+        ``timeout_s``: how long a collective may wait for its peers (seconds);
+        ``hang_timeout_s``: the hang watchdog's period without progress (seconds, 0: off).
+        """
         out = out or sys.stdout
         err = err or sys.stderr
         if n is None:
@@ -330,13 +347,13 @@ class DistributedSession:
         ]
         self.last_world = world
         self._publish_status(running=True, force=True)
-        outcome = _Watch(self, world, ars, out, err).wait()
+        outcome = _Watch(self, world, ars, out, err, hang_timeout_s).wait()
         self.last_outputs = {
             r.rank: (md["stdout"] or "", md["stderr"] or "") for r, md in zip(world, outcome.meta)
         }
         self.last_metrics = outcome.metrics
         self._publish_status(running=False, metrics=outcome.metrics, force=True)
-        if outcome.aborted or outcome.stuck or outcome.user_interrupt or outcome.interrupted or (
+        if outcome.aborted or outcome.stuck or outcome.user_interrupt or outcome.interrupted or outcome.dead or (
             backend == "horovod" and outcome.failed
         ):
             # Interrupted ranks may have stopped at different collectives; a group
@@ -370,8 +387,14 @@ class DistributedSession:
 
     def interrupt(self, ranks: list[Rank]) -> None:
         """Send SIGINT to the engines of ``ranks`` (through ipyparallel's control channel)."""
-        if ranks:
-            self.client.send_signal(signal.SIGINT, targets=[r.engine_id for r in ranks], block=True)
+        self.send_signal(ranks, signal.SIGINT)
+
+    def send_signal(self, ranks: list[Rank], signum: int) -> None:
+        """Send ``signum`` to the engines of ``ranks`` that are still registered."""
+        live = set(self.client.ids)
+        targets = [r.engine_id for r in ranks if r.engine_id in live]
+        if targets:
+            self.client.send_signal(signum, targets=targets, block=True)
 
     def replace_engines(self, ranks: list[Rank], err: TextIO | None = None) -> None:
         """Kill the engines of ``ranks`` (stuck in native code) and bring up fresh ones.
@@ -441,7 +464,7 @@ class DistributedSession:
 class _Watch:
     """Waits for one cell on every rank, streaming rank 0 and stopping the rest on failure."""
 
-    def __init__(self, session: DistributedSession, world, ars, out, err):
+    def __init__(self, session: DistributedSession, world, ars, out, err, hang_timeout_s: float = 0.0):
         self.session, self.world, self.ars = session, world, ars
         # each rank's metadata dict, which ipyparallel updates in place as output and data
         # arrive (read directly: the AsyncResult attributes re-check and re-parse on every access)
@@ -459,6 +482,11 @@ class _Watch:
         #: rank -> latest ``pdl.log`` snapshot of this cell
         self.metrics: dict[int, dict] = {}
         self._dead: set[int] = set()  # ranks whose engine died: no more output will come
+        # the hang watchdog: when anything last changed, and whether that silence was reported
+        self.hang_timeout_s = hang_timeout_s
+        self._mark: tuple = ()
+        self._progress_at = time.monotonic()
+        self._hang_reported = False
         self._wake = threading.Event()  # set (from ipyparallel's IO thread) once every result is in
         for ar in ars:
             ar.add_done_callback(self._on_result)
@@ -476,6 +504,11 @@ class _Watch:
         return any(res["status"] == "interrupted" for res in self.results.values())
 
     @property
+    def dead(self) -> bool:
+        """True if the engine of any rank died during the cell."""
+        return bool(self._dead)
+
+    @property
     def failed(self) -> bool:
         """True if any rank did not finish the cell normally."""
         return any(res["status"] != "ok" for res in self.results.values())
@@ -487,6 +520,7 @@ class _Watch:
                 self._pump()
                 self._collect()
                 self._escalate()
+                self._watchdog()
             except KeyboardInterrupt:
                 if self.trigger_at is None or not self.user_interrupt:
                     self.user_interrupt = True
@@ -538,14 +572,15 @@ class _Watch:
                 continue
             try:
                 res = ar.get()
-            except ipp.error.EngineError as e:
-                self._dead.add(r.rank)
-                res = {"status": "error", "ename": "EngineError", "evalue": str(e),
-                       "traceback": [f"the engine of rank {r.rank} died: {e}"],
-                       "comm_error": False, "time": time.time()}
-            except ipp.error.RemoteError as e:
-                res = {"status": "error", "ename": e.ename, "evalue": e.evalue,
-                       "traceback": e.render_traceback(), "comm_error": False, "time": time.time()}
+            except (ipp.error.EngineError, ipp.error.RemoteError) as e:
+                if isinstance(e, ipp.error.EngineError) or e.ename == "EngineError":
+                    self._dead.add(r.rank)
+                    res = {"status": "error", "ename": ENGINE_DIED, "comm_error": False, "time": time.time(),
+                           "evalue": "its engine process exited during the cell (killed, out of memory, "
+                                     "or its node went down)", "traceback": []}
+                else:
+                    res = {"status": "error", "ename": e.ename, "evalue": e.evalue,
+                           "traceback": e.render_traceback(), "comm_error": False, "time": time.time()}
             self.results[r.rank] = res
             if res["status"] != "ok" and self.trigger_at is None:
                 self.trigger_at = time.monotonic()
@@ -559,7 +594,8 @@ class _Watch:
             return
         # Finished ranks are idle: cutting their group's connections makes peers
         # blocked on them fail at once with a connection error, state intact.
-        finished = [r for r in self.world if r.rank in self.results and r.rank not in self._aborted_ranks]
+        finished = [r for r in self.world
+                    if r.rank in self.results and r.rank not in self._aborted_ranks | self._dead]
         for r in finished:
             self.session.client[r.engine_id].apply_async(_remote, "abort_group")
             self._aborted_ranks.add(r.rank)
@@ -568,6 +604,55 @@ class _Watch:
             return  # give the released peers time to return before interrupting them
         if self._signalled_at is None or time.monotonic() - self._signalled_at > STOP_TIMEOUT_S:
             self._signal_pending()
+
+    def _progress_mark(self) -> tuple:
+        """A value that changes whenever any rank makes progress: new output, a
+        ``pdl.log`` call, or a finished rank."""
+        return (len(self.results), *(
+            (len(md["stdout"] or ""), len(md["stderr"] or ""), (md["data"].get(DATA_KEY) or {}).get("count"))
+            for md in self.meta
+        ))
+
+    def _watchdog(self) -> None:
+        """Report, once per silence, a cell in which no rank made progress for ``hang_timeout_s``."""
+        if not self.hang_timeout_s or self.trigger_at is not None:
+            return  # off, or the cell is already being stopped
+        now = time.monotonic()
+        mark = self._progress_mark()
+        if mark != self._mark:
+            self._mark, self._progress_at, self._hang_reported = mark, now, False
+        elif not self._hang_reported and now - self._progress_at >= self.hang_timeout_s:
+            self._hang_reported = True
+            self._report_hang(now - self._progress_at)
+
+    def _report_hang(self, silent_s: float) -> None:
+        """Ask the running ranks for their stacks (:mod:`pdl.stacks`) and print them."""
+        running = self.pending()
+
+        def count(r: Rank):
+            return (self.meta[r.rank]["data"].get(stacks.DATA_KEY) or {}).get("count")
+
+        before = {r.rank: count(r) for r in running}
+        self.session.send_signal(running, stacks.SIGNAL)
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline and any(count(r) == before[r.rank] for r in running):
+            time.sleep(POLL_S)
+        lines = [
+            f"No rank has made progress for {silent_s:.0f} s (no output, no pdl.log call, no rank "
+            f"finished; --hang-timeout {self.hang_timeout_s:g}). Where each rank is now:"
+        ]
+        for r in self.world:
+            if r.rank in self.results:
+                lines.append(f"--- rank {r.rank} ({r.host}): finished the cell ---")
+                continue
+            lines.append(f"--- rank {r.rank} ({r.host}), most recent call last ---")
+            if count(r) == before[r.rank]:
+                lines.append("  (no stack: the engine did not answer)")
+            else:
+                lines += ["  " + line for line in self.meta[r.rank]["data"][stacks.DATA_KEY]["stack"]]
+        lines.append("Still waiting. To stop every rank, press the stop button (Ctrl-C): "
+                     "the engines and their variables stay.")
+        print("\n".join(lines), file=self.err, flush=True)
 
     def _signal_pending(self) -> None:
         self._signalled_at = time.monotonic()

@@ -12,6 +12,8 @@ The PDL spawner runs ``pdl-singleuser <jupyterhub-singleuser args>`` with
 4. on SIGINT/SIGTERM, or when the server exits, stops the server and the cluster.
 
 Every engine and the controller get SIGKILL if this process dies, even by SIGKILL.
+The whole tree runs with umask 077: the cluster's connection files, its keys and
+the user's files are created readable by the user alone, with no window in between.
 
 **Controller only** (Docker Swarm): when ``PDL_CONTROLLER_SECRET`` names the notebook
 secret written by ``PDLSwarmSpawner`` (a file under /run/secrets, see
@@ -72,6 +74,7 @@ def remote_engines_secret() -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.umask(0o077)
     remote = remote_engines_secret()
     slots = [] if remote else parse_slot_list(os.environ.get("PDL_SLOTS", ""))
     profile_dir = cluster_dir() / "profile"

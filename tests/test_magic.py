@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -125,6 +126,9 @@ def test_usage_errors_show_as_one_line_in_the_shell(ip, marker):
         ("-n 2 --timeout 0", ["--timeout", "> 0"]),
         ("-n 2 --timeout soon", ["'soon'", "--timeout SECONDS"]),
         ("-n 2 --timeout nan", ["--timeout", "> 0"]),
+        ("-n 2 --hang-timeout -1", ["--hang-timeout", ">= 0"]),
+        ("-n 2 --hang-timeout inf", ["--hang-timeout", ">= 0"]),
+        ("-n 2 --hang-timeout later", ["'later'", "--hang-timeout SECONDS"]),
         ("-n 2 --output 1", ["--output", "line magic"]),
         ("-n 2 --backend 'mpi", ["torch"]),  # unbalanced quote
     ],
@@ -178,7 +182,7 @@ def test_load_ext_registers_distributed_as_cell_and_line_magic(ip, pdl_session, 
 
 def _valid_n(text: str) -> bool:
     try:
-        return 1 <= int(text) <= AVAILABLE
+        return text.isascii() and 1 <= int(text) <= AVAILABLE
     except ValueError:
         return False
 
@@ -213,3 +217,42 @@ def test_fuzz_n_text(ip, marker, text):
 @given(text=line_text.filter(lambda t: "torch" not in t and "horovod" not in t and "--o" not in t and "--t" not in t))
 def test_fuzz_backend(ip, marker, text):
     assert_usage_error_and_nothing_ran(ip, marker, f"-n 2 --backend {text}", "torch")
+
+
+def _number(text: str) -> bool:
+    """What the magic takes as a number: ASCII only (so "３" must be refused)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return text.isascii() and "_" not in text
+
+
+# values a user (or a pasted snippet) could put where a number belongs: Python, shell
+# and format-string code, and the fuzzed line text
+code_text = st.one_of(
+    st.sampled_from([
+        "__import__('os').system('touch /tmp/pdl-pwned')",
+        "$(touch /tmp/pdl-pwned)",
+        "`id`",
+        "{rank}",
+        "'; import os; os._exit(1) #",
+        "exec('print(1)')",
+        "lambda: 1",
+        "1;2",
+        "３",  # a full-width digit
+        "٣",  # an Arabic-Indic digit
+        "2\u00a0",
+    ]),
+    line_text,
+).filter(lambda t: t.strip() and not _number(t.split()[0]))
+
+
+@fuzz
+@given(option=st.sampled_from(["-n", "--timeout", "--hang-timeout", "--backend"]), text=code_text)
+def test_fuzz_code_in_option_values_runs_nothing(ip, marker, option, text):
+    line = f"-n 2 {option} {text}" if option != "-n" else f"-n {text}"
+    if option == "--backend" and text.split()[0].strip("'\"") in ("torch", "horovod"):
+        return
+    assert_usage_error_and_nothing_ran(ip, marker, line)
+    assert not os.path.exists("/tmp/pdl-pwned")
