@@ -194,9 +194,14 @@ class DistributedSession:
             target = n
         else:
             target = clusters.hub_engine_count() or n
-        # ipyparallel's wait shows engines starting (a progress bar) and fails fast if one exits;
-        # ours then waits until the registered engines are live ones (not killed but still listed)
-        client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=True)
+        # ipyparallel's wait shows engines starting (a progress bar); ours then waits until the
+        # registered engines are live ones (not killed but still listed)
+        try:
+            client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=True)
+        except ipp.error.EngineError:
+            # an engine that died since the last cell (its set stopped, or its unregistration
+            # arrived now) while its replacement starts: not a failure of this wait
+            pass
         self._wait_for_engines(target)
 
     def _restart_dead_local_engines(self) -> None:

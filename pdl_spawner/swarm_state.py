@@ -96,17 +96,26 @@ def gpu_usage(
     """How many GPUs the swarm offers and who holds them.
 
     Holders are PDL users (the ``pdl.user`` label of the task's service) or
-    :data:`OTHER_SERVICES`. ``promised`` (owner -> (user, GPUs)) adds GPUs granted to
-    spawns whose engine tasks do not exist yet. ``exclude_owner``'s own tasks are
-    not counted (a server replacing itself).
+    :data:`OTHER_SERVICES`. A PDL engine service holds the GPUs its spec reserves for
+    as long as it exists, also between a task that died and its replacement, so a
+    restarting engine keeps its user's GPU. ``promised`` (owner -> (user, GPUs)) adds
+    GPUs granted to spawns whose engine tasks do not exist yet. ``exclude_owner``'s
+    own services are not counted (a server replacing itself).
     """
     labels = {s["ID"]: s.get("Spec", {}).get("Labels") or {} for s in services}
+    held: dict[str, int] = {}  # service id (a task's own key outside a service) -> GPUs its tasks hold
+    for i, task in enumerate(tasks):
+        key = task.get("ServiceID") or f"task-{i}"
+        held[key] = held.get(key, 0) + task_gpus(task, resource)
+    for svc in services:  # PDL's engine services: at least what the spec reserves
+        if (svc.get("Spec", {}).get("Labels") or {}).get(LABEL_PREFIX + "user"):
+            reservations = svc["Spec"].get("TaskTemplate", {}).get("Resources", {}).get("Reservations", {})
+            held[svc["ID"]] = max(held.get(svc["ID"], 0), _count(reservations.get("GenericResources") or [], resource))
     holders: dict[str, int] = {}
-    for task in tasks:
-        n = task_gpus(task, resource)
+    for key, n in held.items():
         if not n:
             continue
-        svc = labels.get(task.get("ServiceID"), {})
+        svc = labels.get(key, {})
         if exclude_owner is not None and svc.get(LABEL_PREFIX + "owner") == exclude_owner:
             continue
         who = svc.get(LABEL_PREFIX + "user") or OTHER_SERVICES

@@ -11,18 +11,15 @@ it) is gone. All traffic stays on 127.0.0.1 and 10.77.0.0/24.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import pytest
 
-from hub_harness import Hub, Kernel, wait_until
+from hub_harness import Kernel, wait_until
+from swarm_hub_harness import SwarmHub, inspect_task, pdl_objects
 
 pytestmark = pytest.mark.docker
-
-USERS = ["admin", "alice", "bob"]
-IMAGE = "pdl-notebook:test"
 
 DDP_CELL = """%%distributed -n 3 --all-output
 import os, torch, torch.nn as nn
@@ -51,66 +48,9 @@ print(f"hvd {hvd.rank()}/{hvd.size()} local {hvd.local_rank()}/{hvd.local_size()
 HVD_RESULT = re.compile(r"hvd (\d)/3 local 0/1 cross (\d)/3 host (\S+) sum 6")
 
 
-class SwarmHub(Hub):
-    """The project's hub config, switched to PDLSwarmSpawner on the simulated swarm."""
-
-    def __init__(self, root, swarm):
-        super().__init__(root, USERS, pool=["cpu:0"])
-        self.swarm = swarm
-
-    def _write_config(self):
-        config = super()._write_config()
-        config.write_text(config.read_text() + f"""
-c.JupyterHub.spawner_class = "pdl-swarm"
-c.JupyterHub.hub_ip = {self.swarm.host_addr!r}   # containers on the nodes reach the hub API here
-c.PDLSwarmSpawner.client_kwargs = {{"base_url": {self.swarm.docker_host(1)!r}}}
-c.PDLSwarmSpawner.image = {IMAGE!r}
-c.PDLSwarmSpawner.default_gpus = 1
-c.Spawner.start_timeout = 180
-c.Spawner.http_timeout = 120
-""")
-        return config
-
-
-# Run in a task's container: how the PDL process (pdl-singleuser / pdl-engine) runs.
-INSPECT = """
-import json, os, stat, sys
-pid = min(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()
-          and any(a.endswith(sys.argv[1].encode())
-                  for a in open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")[:2]))
-status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
-secret = os.stat(sys.argv[2])
-print(json.dumps({
-    "uid": status["Uid"].split()[0], "cap_eff": status["CapEff"].strip(), "no_new_privs": status["NoNewPrivs"].strip(),
-    "secret_mode": oct(stat.S_IMODE(secret.st_mode)), "secret_uid": secret.st_uid,
-    "docker_socket": any(os.path.exists(p) for p in ("/var/run/docker.sock", "/run/docker.sock")),
-    "environ": open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace"),
-}))
-"""
-
-
-def inspect_task(swarm, service: str, program: str, secret: str) -> dict:
-    """How ``program`` runs in the container of ``service`` (on whichever node has it)."""
-    for i in swarm.node_ids():
-        found = swarm.client(i).containers.list(filters={"label": f"com.docker.swarm.service.name={service}"})
-        if found:
-            out = found[0].exec_run(["python", "-c", INSPECT, program, secret])
-            assert out.exit_code == 0, out.output.decode()
-            return json.loads(out.output.decode().strip().splitlines()[-1])
-    raise AssertionError(f"no container of {service} on any node")
-
-
-def pdl_objects(swarm, user=None):
-    """Services and secrets PDL made (of ``user``), by name."""
-    label = f"pdl.user={user}" if user else "pdl.owner"
-    m = swarm.manager
-    return (sorted(s.name for s in m.services.list(filters={"label": label})),
-            sorted(s.name for s in m.secrets.list(filters={"label": label})))
-
-
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
-    h = SwarmHub(tmp_path_factory.mktemp("swarm-hub"), swarm).start()
+    h = SwarmHub(tmp_path_factory.mktemp("swarm-hub"), swarm, ["admin", "alice", "bob"]).start()
     try:
         yield h
     finally:

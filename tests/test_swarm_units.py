@@ -30,13 +30,17 @@ def node(name, gpus=("GPU-a",), state="ready", availability="active", addr="10.7
     }
 
 
-def service(sid, user=None, owner=None, role="engine", ports=None):
+def service(sid, user=None, owner=None, role="engine", ports=None, gpus=None):
     labels = {}
     if user:
         labels = {"pdl.user": user, "pdl.owner": owner or user, "pdl.role": role}
     if ports:
         labels["pdl.ports"] = ",".join(map(str, ports))
-    return {"ID": sid, "Spec": {"Labels": labels}}
+    spec = {"Labels": labels}
+    if gpus:
+        spec["TaskTemplate"] = {"Resources": {"Reservations": {"GenericResources": [
+            {"DiscreteResourceSpec": {"Kind": GPU, "Value": gpus}}]}}}
+    return {"ID": sid, "Spec": spec}
 
 
 def task(sid, state="running", desired="running", gpus=1, err=None):
@@ -66,6 +70,19 @@ def test_gpu_usage_counts_ready_nodes_and_active_tasks():
     # a server's own tasks are not counted against itself; promised GPUs are
     again = gpu_usage(nodes, services, tasks, GPU, exclude_owner="alice", promised={"carol": ("carol", 1)})
     assert again.holders == {"bob": 1, OTHER_SERVICES: 1, "carol": 1} and again.free == 2
+
+
+def test_an_engine_service_between_a_dead_task_and_its_replacement_keeps_its_gpu():
+    nodes = [node("n1"), node("n2"), node("n3")]
+    services = [service("a1", "alice", gpus=1), service("a2", "alice", gpus=1), service("b1", "bob", gpus=1)]
+    tasks = [task("a1"), task("b1"),
+             task("a2", state="failed", desired="shutdown")]  # killed; Swarm restarts it after a delay
+    usage = gpu_usage(nodes, services, tasks, GPU)
+    assert usage.holders == {"alice": 2, "bob": 1} and usage.free == 0
+    # two replicas of another service hold two GPUs; a removed PDL service holds none
+    other = gpu_usage(nodes + [node("n4")], [service("x")],
+                      [task("x"), task("x"), task("a1", state="running", desired="shutdown")], GPU)
+    assert other.holders == {OTHER_SERVICES: 2} and other.free == 2
 
 
 def test_named_servers_count_for_their_user():
