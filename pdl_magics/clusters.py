@@ -57,8 +57,11 @@ def start_controller(cluster, *, remote_engines: dict | None = None) -> None:
     from it (ports, HMAC key, CurveZMQ on) and reads its keypair from the file named
     by ``$PDL_CONTROLLER_SECRET``.
     """
-    # notice a dead engine within ~3 s instead of ipyparallel's default ~30 s
-    args = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=3"]
+    # notice a dead engine within ~3 s instead of ipyparallel's default ~30 s; CurveZMQ
+    # always: traffic is encrypted, and only holders of this controller's public key
+    # (in connection files readable by the user alone) can connect
+    args = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=3",
+            "--IPController.enable_curve=True"]
     if remote_engines is not None:
         from pdl.connection import CONTROLLER_ARGS, install_controller_files
 
