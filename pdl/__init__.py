@@ -7,9 +7,23 @@
 - :mod:`pdl.engine_boot`: the engine/controller process entry point.
 - :mod:`pdl.netaddr`: the address and interface peers on other machines reach.
 - :mod:`pdl.metrics`: :func:`log`, training metrics the notebook shows live.
+- :mod:`pdl.checkpoint`: :func:`save_checkpoint` (atomic, rank 0 writes) and
+  :func:`load_checkpoint` (``weights_only``, rank 0 reads and broadcasts), to
+  resume training after an interrupt or an engine's death.
 """
 
 from pdl.metrics import log
 
-__all__ = ["log"]
+__all__ = ["log", "save_checkpoint", "load_checkpoint"]
 __version__ = "0.1.0"
+
+#: Exported lazily: ``import pdl`` stays free of torch (the hub side imports it too).
+_CHECKPOINT_API = {"save_checkpoint": "save", "load_checkpoint": "load"}
+
+
+def __getattr__(name: str):
+    if name in _CHECKPOINT_API:
+        from pdl import checkpoint
+
+        return getattr(checkpoint, _CHECKPOINT_API[name])
+    raise AttributeError(f"module 'pdl' has no attribute {name!r}")

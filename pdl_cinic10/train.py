@@ -9,8 +9,9 @@ splits the test set across ranks. :mod:`pdl_cinic10.collectives` hides which.
 from __future__ import annotations
 
 import math
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
@@ -18,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import pdl
+from pdl import checkpoint as ckpt
 
 from .collectives import Collectives, for_backend
 from .data import epoch_batches, seed_from, steps_per_epoch
@@ -28,6 +30,10 @@ MEAN = (0.47889522, 0.47227842, 0.43047404)
 STD = (0.24205776, 0.23828046, 0.25874835)
 
 Split = tuple[torch.Tensor, torch.Tensor]
+
+#: Last number of the augmentation generator's seed (seed, rank, epoch, AUGMENT_STREAM):
+#: keeps it apart from the data order's seed (seed, epoch), which seed_from pads with zeros.
+AUGMENT_STREAM = 1
 
 
 @dataclass
@@ -112,11 +118,13 @@ def fit(
     device: str | torch.device,
     log: Callable[[str], object] = print,
     backend: str = "auto",
+    checkpoint: str | os.PathLike | None = None,
 ) -> dict:
     """Train ``model`` for ``hp.epochs`` epochs and evaluate after each.
 
     ``train``/``test`` are ``(uint8 images [N,3,32,32], int64 labels [N])``, the
-    same on every rank. ``log`` gets one line per epoch, on rank 0 only; progress
+    same on every rank. ``log`` gets one line per epoch (and one on resuming),
+    on rank 0 only; progress
     (step, loss, epoch, img_per_s) goes to :func:`pdl.log` about 20 times an epoch,
     which a ``%%distributed`` cell shows as a live bar and loss curve.
     ``backend`` is "torch" (DDP), "horovod" (``hvd.DistributedOptimizer``) or
@@ -124,6 +132,19 @@ def fit(
     way every rank starts from rank 0's weights.
     Each epoch every rank takes the same number of steps over its share of a
     fresh permutation, and together the ranks see every training image once.
+    Both the permutation and the augmentations are functions of (hp.seed, epoch)
+    (and rank), so a run is reproducible epoch by epoch.
+
+    ``checkpoint``: a file path (on rank 0's filesystem). If a checkpoint is
+    there, training continues after its last epoch (weights, optimizer state,
+    history), with results bit-identical to a run that was never stopped where
+    the computation is deterministic (e.g. on a CPU with
+    ``torch.use_deterministic_algorithms(True)`` and a fixed thread count); a
+    finished run's checkpoint returns its result without training. After every
+    epoch the state is saved there atomically (:func:`pdl.checkpoint.save`),
+    so rerunning the cell after an interrupt or an engine's death loses at most
+    one epoch. A checkpoint written with other hyperparameters or another world
+    size raises ValueError naming the path and the differences.
     Returns ``{"history": [{epoch, train_loss, test_acc, images_per_sec, seconds}, ...],
     "test_acc": final accuracy 0..1, "model": the trained (unwrapped) module}``.
     """
@@ -150,16 +171,17 @@ def fit(
         nesterov=hp.nesterov,
         weight_decay=hp.weight_decay,
     )
+    history = _resume(checkpoint, hp, world, module, optimizer, log if rank == 0 else None)
     net, optimizer = comm.distribute(module, optimizer)
     forward = torch.compile(net) if gpu and hp.compile else net
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu and hp.bf16)
     criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
-    generator = torch.Generator().manual_seed(seed_from(hp.seed, rank))  # per-rank augmentations
 
-    history, step = [], 0
+    step = len(history) * steps
     log_every = max(1, steps // 20)  # about 20 progress points per epoch
-    for epoch in range(hp.epochs):
+    for epoch in range(len(history), hp.epochs):
         net.train()
+        generator = torch.Generator().manual_seed(seed_from(hp.seed, rank, epoch, AUGMENT_STREAM))
         batches = epoch_batches(len(images), rank, world, hp.batch_size, epoch=epoch, seed=hp.seed)
         _synchronize(device)
         started = time.perf_counter()
@@ -196,6 +218,9 @@ def fit(
             "seconds": seconds.item(),
         }
         history.append(record)
+        if checkpoint is not None:  # every rank calls it; rank 0 writes
+            ckpt.save(checkpoint, model=module, optimizer=optimizer, hyper=asdict(hp), world=world,
+                      history=history)
         if rank == 0:
             log(
                 f"epoch {epoch + 1:>{len(str(hp.epochs))}}/{hp.epochs}"
@@ -210,6 +235,35 @@ def fit(
         "test_acc": history[-1]["test_acc"] if history else accuracy,
         "model": module,
     }
+
+
+def _resume(
+    path: str | os.PathLike | None,
+    hp: Hyper,
+    world: int,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    log: Callable[[str], object] | None,
+) -> list[dict]:
+    """The history of the epochs done so far: [] without a checkpoint at ``path``,
+    else that of the checkpoint, whose weights and optimizer state are loaded into
+    ``module`` and ``optimizer`` (only once its settings are known to match)."""
+    state = ckpt.read(path) if path is not None else None
+    if state is None:
+        return []
+    if not {"hyper", "world", "history", "model", "optimizer"} <= state.keys():
+        raise ValueError(f"checkpoint {path} was not written by fit (entries: {', '.join(state)})")
+    saved = {**state["hyper"], "world size": state["world"]}
+    wanted = {**asdict(hp), "world size": world}
+    differ = [f"{k} {saved.get(k)!r} (now {v!r})" for k, v in wanted.items() if saved.get(k) != v]
+    if differ:
+        raise ValueError(f"checkpoint {path} was written with other settings: {', '.join(differ)}; "
+                         "pass another checkpoint path, or delete it to start over")
+    ckpt.restore(state, model=module, optimizer=optimizer)
+    history = state["history"]
+    if log is not None:
+        log(f"resuming from {path}: {len(history)}/{hp.epochs} epochs done")
+    return history
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-import psutil
+from pdl.process import pid_alive
 
 VERSION = 1
 #: Minimum seconds between two throttled writes from one process.
@@ -117,16 +117,6 @@ def remove_status() -> None:
         status_path().unlink()
     except OSError:
         pass
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` is a live, non-zombie process on this host."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
 
 
 def _same_file(a: str | None, b: str) -> bool:
