@@ -7,6 +7,8 @@
 - :mod:`pdl.engine_boot`: the engine/controller process entry point.
 - :mod:`pdl.netaddr`: the address and interface peers on other machines reach.
 - :mod:`pdl.metrics`: :func:`log`, training metrics the notebook shows live.
+- :mod:`pdl.stacks`: a rank's Python stack on request (the hang watchdog).
+- :mod:`pdl.process`: whether a local process is alive.
 - :mod:`pdl.checkpoint`: :func:`save_checkpoint` (atomic, rank 0 writes) and
   :func:`load_checkpoint` (``weights_only``, rank 0 reads and broadcasts), to
   resume training after an interrupt or an engine's death.
