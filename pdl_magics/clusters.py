@@ -66,7 +66,7 @@ def start_controller(cluster, *, remote_engines: dict | None = None) -> None:
         from pdl.connection import CONTROLLER_ARGS, install_controller_files
 
         install_controller_files(remote_engines, Path(cluster.profile_dir) / "security", cluster.cluster_id)
-        args += CONTROLLER_ARGS
+        args += [arg for arg in CONTROLLER_ARGS if arg not in args]  # traitlets refuses an option twice
     cluster.start_controller_sync(controller_cmd=[*_BOOT, "controller"], controller_args=args)
 
 
