@@ -15,6 +15,9 @@ Contract of :meth:`DistributedSession.run`:
   ``backend="horovod"`` initialises Horovod (``hvd`` is defined in the cell)
   against a rendezvous this session runs (:mod:`~pdl_magics.horovod_driver`).
   An engine is in one group at a time: switching backends tears the old one down;
+- before the first cell on a set of engines, the preflight (:mod:`~pdl_magics.preflight`)
+  checks them; when it fails, :class:`~pdl_magics.preflight.PreflightFailed` is raised and
+  nothing runs;
 - rank 0's stdout/stderr are written to ``out``/``err`` live; every rank's output
   is kept in :attr:`DistributedSession.last_outputs`;
 - when a rank raises, :class:`~pdl_magics.errors.RankFailed` is raised for the
@@ -72,6 +75,8 @@ OUTPUT_WAIT_S = 1.0
 HANG_TIMEOUT_S = 300.0
 #: Seconds to wait for the ranks' stacks once the watchdog asked for them.
 STACK_WAIT_S = 3.0
+#: Seconds to wait for engines to confirm a signal (interrupt, stack request).
+SIGNAL_REPLY_S = 2.0
 
 
 def _remote(fname, *args):
@@ -109,8 +114,12 @@ class DistributedSession:
 
     _default: DistributedSession | None = None
 
-    def __init__(self, cluster_file: str | None = None, local_slots: list[str] | None = None):
+    def __init__(self, cluster_file: str | None = None, local_slots: list[str] | None = None,
+                 preflight: bool = True):
         self.cluster_file = cluster_file or clusters.hub_cluster_file()
+        #: run :mod:`~pdl_magics.preflight` before the first cell on each set of engines
+        self.preflight = preflight
+        self._preflight_passed: set[frozenset] = set()
         self.local_slots = list(local_slots) if local_slots is not None else None
         self.client: ipp.Client | None = None
         self._cluster = None
@@ -332,11 +341,13 @@ class DistributedSession:
         hang_timeout_s: float = HANG_TIMEOUT_S,
         out: TextIO | None = None,
         err: TextIO | None = None,
+        preflight: bool = True,
     ) -> CellResult:
         """Run ``code`` on ``n`` ranks (default: every available engine). See module doc.
 
         ``timeout_s``: how long a collective may wait for its peers (seconds);
-        ``hang_timeout_s``: the hang watchdog's period without progress (seconds, 0: off).
+        ``hang_timeout_s``: the hang watchdog's period without progress (seconds, 0: off);
+        ``preflight=False`` (or the session's) skips the preflight before the first cell.
         """
         out = out or sys.stdout
         err = err or sys.stderr
@@ -344,6 +355,10 @@ class DistributedSession:
             n = self.available()
         self.validate(n, backend)
         world = self.world(n)
+        if preflight and self.preflight:
+            from .preflight import before_first_cell
+
+            before_first_cell(self, world, backend, timeout_s)  # raises PreflightFailed: nothing runs
         self._ensure_group(world, backend, timeout_s)
         self._cell_number += 1
         ars = [
@@ -395,11 +410,19 @@ class DistributedSession:
         self.send_signal(ranks, signal.SIGINT)
 
     def send_signal(self, ranks: list[Rank], signum: int) -> None:
-        """Send ``signum`` to the engines of ``ranks`` that are still registered."""
+        """Send ``signum`` to the engines of ``ranks`` that are still registered.
+
+        Waits at most :data:`SIGNAL_REPLY_S` for the engines' nannies to confirm: an
+        engine that died a moment ago (its node gone) never answers.
+        """
         live = set(self.client.ids)
         targets = [r.engine_id for r in ranks if r.engine_id in live]
         if targets:
-            self.client.send_signal(signum, targets=targets, block=True)
+            sent = self.client.send_signal(signum, targets=targets, block=False)
+            try:
+                sent.result(timeout=SIGNAL_REPLY_S)
+            except Exception:  # noqa: BLE001 - no answer, or an engine that is gone: sent anyway
+                pass
 
     def replace_engines(self, ranks: list[Rank], err: TextIO | None = None) -> None:
         """Kill the engines of ``ranks`` (stuck in native code) and bring up fresh ones.
