@@ -57,3 +57,26 @@ def parse_workers(formdata: dict, *, maximum: int) -> int:
 def check_workers(n, *, maximum: int) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= maximum:
         raise ValueError(f"workers must be a whole number from 1 to {maximum}, got {n!r}")
+
+
+#: The only spawn option a user may set. Image, mounts, environment and command are
+#: the admin's choice: a spawn that names any of them is refused.
+USER_OPTIONS = ("workers",)
+
+
+def requested_workers(user_options, *, default: int, maximum: int) -> int:
+    """How many workers a spawn asks for, from its ``user_options`` (REST body or form).
+
+    ``default`` when ``workers`` is not given. ValueError, one line naming the valid
+    option and its range, when the options hold any other key (``image``,
+    ``volumes``, ``env``, ...) or ``workers`` is not a whole number from 1 to ``maximum``.
+    """
+    valid = f"the only option is 'workers', a whole number from 1 to {maximum}"
+    if not isinstance(user_options, dict):
+        raise ValueError(f"spawn options must be a JSON object; {valid}")
+    unknown = sorted(ascii(str(key)[:30]) for key in user_options if key not in USER_OPTIONS)
+    if unknown:
+        raise ValueError(f"spawn option not allowed: {', '.join(unknown)}; {valid}")
+    n = user_options.get("workers", default)
+    check_workers(n, maximum=maximum)
+    return n

@@ -2,11 +2,14 @@
 
 Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner`:
 
-- ``start()`` reserves ``workers`` slots from :attr:`PDLLocalSpawner.pool` in the
-  :class:`~pdl_spawner.reservations.SlotLedger` before anything is launched. If they
-  are not free it fails at once (no process started, nothing reserved) with a
-  one-line message saying what is free. It then runs ``pdl-singleuser`` with
-  ``PDL_SLOTS``, which starts the server and one pinned engine per slot.
+- ``start()`` first checks ``user_options``: ``workers`` is the only key a user may
+  set; any other (``image``, ``volumes``, ``env``, ...) fails with HTTP 400 naming
+  the valid option. It then reserves ``workers`` slots from
+  :attr:`PDLLocalSpawner.pool` in the :class:`~pdl_spawner.reservations.SlotLedger`
+  before anything is launched. If they are not free it fails at once (no process
+  started, nothing reserved) with a one-line message saying what is free. It then
+  runs ``pdl-singleuser`` with ``PDL_SLOTS``, which starts the server (on a port from
+  :attr:`PDLLocalSpawner.port_range`) and one pinned engine per slot.
 - ``stop()`` stops that process tree and releases the slots; so does a ``poll()``
   that finds the server gone (``clear_state``).
 - The reservation is in the spawner state and in the ledger file, so it survives
@@ -16,11 +19,13 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
 from __future__ import annotations
 
 import os
+import random
+import socket
 import sys
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
-from traitlets import Bool, Integer, List, Unicode, default, validate
+from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
 
@@ -88,7 +93,25 @@ class PDLLocalSpawner(LocalProcessSpawner):
         "{username} is the hub user's name, ~ the hub user's home.",
     )
 
+    port_range = Tuple(
+        Integer(), Integer(), default_value=(20000, 32000), config=True,
+        help="""Ports (inclusive) the hub picks each server's port from. Below Linux's
+        ephemeral range (32768+), where the users' ipyparallel controllers and engines
+        get their ZeroMQ ports: picked from there, a port that was free when the hub
+        chose it could be taken by another user's cluster before the server binds it.""",
+    )
+
+    @validate("port_range")
+    def _validate_port_range(self, proposal):
+        low, high = proposal.value
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"port_range must be (low, high), 1024 <= low <= high <= 65535: {proposal.value}")
+        return proposal.value
+
     slots = List(Unicode(), help="The slots reserved for this server (spawner state).")
+
+    #: Ports given to this hub's servers, which may not listen yet: owner -> port.
+    _ports: dict[str, int] = {}
 
     @default("cmd")
     def _default_cmd(self):
@@ -140,12 +163,12 @@ class PDLLocalSpawner(LocalProcessSpawner):
             raise web.HTTPError(400, str(e)) from None
 
     def _requested_workers(self) -> int:
-        n = self.user_options.get("workers", self.default_workers)
+        """``workers`` from the user options, or HTTPError(400) naming the valid option."""
         try:
-            form.check_workers(n, maximum=self.workers_limit)
+            return form.requested_workers(self.user_options, default=self.default_workers,
+                                          maximum=self.workers_limit)
         except ValueError as e:
-            raise web.HTTPError(400, str(e)) from None
-        return n
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
 
     def reserve(self) -> list[str]:
         """Reserve this server's slots, or raise HTTPError(409) saying what is free."""
@@ -159,6 +182,7 @@ class PDLLocalSpawner(LocalProcessSpawner):
             raise web.HTTPError(409, message, reason=message) from None
 
     def release(self) -> None:
+        PDLLocalSpawner._ports.pop(self.owner, None)
         released = self.ledger.release(self.owner)
         if released:
             self.log.info("Released %s for %s", ",".join(released), self.owner)
@@ -186,6 +210,17 @@ class PDLLocalSpawner(LocalProcessSpawner):
         env.update(USER=self.user.name, HOME=self.home_dir, SHELL="/bin/bash")
         return env
 
+    def pick_port(self) -> int:
+        """A port of :attr:`port_range` that no server of this hub was given and nothing listens on."""
+        low, high = self.port_range
+        given = {port for owner, port in PDLLocalSpawner._ports.items() if owner != self.owner}
+        candidates = [p for p in range(low, high + 1) if p not in given]
+        for port in random.sample(candidates, min(len(candidates), 200)):
+            if _can_bind(self.ip or "127.0.0.1", port):
+                PDLLocalSpawner._ports[self.owner] = port
+                return port
+        raise web.HTTPError(503, f"no free port for the server in port_range {low}-{high}")
+
     def get_env(self):
         env = super().get_env()
         env["PDL_SLOTS"] = ",".join(self.slots)
@@ -204,6 +239,7 @@ class PDLLocalSpawner(LocalProcessSpawner):
         self.slots = self.reserve()
         self.log.info("Reserved %s for %s", ",".join(self.slots), self.owner)
         try:
+            self.port = self.pick_port()
             return await super().start()
         except BaseException:
             self.release()
@@ -233,3 +269,13 @@ class PDLLocalSpawner(LocalProcessSpawner):
         if self.slots:
             self.release()
         self.slots = []
+
+
+def _can_bind(ip: str, port: int) -> bool:
+    """True if nothing holds ``ip:port`` (TCP) right now."""
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as sock:
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return False
+    return True

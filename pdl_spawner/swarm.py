@@ -8,17 +8,19 @@ connection info and keys from :mod:`pdl.connection`.
 
 Contract:
 
-- ``start()`` first counts free GPUs (what the nodes offer minus what running or
-  pending tasks reserve, and GPUs promised to spawns in progress in this hub). If
-  the request can't be met it raises HTTP 409 at once, with one line saying how
-  many are free of how many and who holds the rest (names only to admins), and
-  creates nothing. Otherwise it generates the cluster keys, picks the ports, and
-  creates the notebook secret and service; once the notebook task runs, it creates
-  the engine secret (the controller's node address, ports and keys) and one engine
-  service per GPU, and returns when every engine task runs. An engine task left
-  pending for lack of GPUs (a race with another hub or service) for more than
-  ``starved_timeout`` seconds makes it remove everything and raise the same 409.
-  Any failure removes everything it created: nothing is left pending.
+- ``start()`` first checks ``user_options``: ``workers`` is the only key a user may
+  set; any other (``image``, ``mounts``, ``env``, ...) fails with HTTP 400 naming the
+  valid option, before any Docker call. It then counts free GPUs (what the nodes offer
+  minus what running or pending tasks reserve, and GPUs promised to spawns in progress
+  in this hub). If the request can't be met it raises HTTP 409 at once, with one line
+  saying how many are free of how many and who holds the rest (names only to admins),
+  and creates nothing. Otherwise it generates the cluster keys, picks the ports, and
+  creates the notebook secret and service; once the notebook task runs, it creates the
+  engine secret (the controller's node address, ports and keys) and one engine service
+  per GPU, and returns when every engine task runs. An engine task left pending for
+  lack of GPUs (a race with another hub or service) for more than ``starved_timeout``
+  seconds makes it remove everything and raise the same 409. Any failure removes
+  everything it created: nothing is left pending.
 - ``stop()`` removes every service and secret labelled with this server's
   ``pdl.owner`` and waits until their tasks stopped, so their GPUs are free.
 - ``poll()`` watches the notebook task (SwarmSpawner's); the state
@@ -147,12 +149,12 @@ class PDLSwarmSpawner(SwarmSpawner):
             raise web.HTTPError(400, str(e)) from None
 
     def requested_gpus(self) -> int:
-        n = self.user_options.get("workers", self.default_gpus)
+        """``workers`` from the user options, or HTTPError(400) naming the valid option."""
         try:
-            form.check_workers(n, maximum=self.max_gpus or GPU_REQUEST_CAP)
+            return form.requested_workers(self.user_options, default=self.default_gpus,
+                                          maximum=self.max_gpus or GPU_REQUEST_CAP)
         except ValueError as e:
-            raise web.HTTPError(400, str(e)) from None
-        return n
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
 
     # -- GPUs ----------------------------------------------------------------------
 
@@ -222,6 +224,7 @@ class PDLSwarmSpawner(SwarmSpawner):
     # -- dockerspawner hooks -----------------------------------------------------------
 
     async def start(self):
+        self.requested_gpus()  # refuse other options (image, mounts, ...) before any Docker call
         try:
             return await super().start()
         except BaseException:

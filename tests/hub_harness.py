@@ -147,8 +147,9 @@ c.JupyterHub.log_level = "INFO"
 
     # -- REST ------------------------------------------------------------------
 
-    def api(self, method: str, path: str, **kwargs) -> requests.Response:
-        headers = {"Authorization": f"token {self.token}"}
+    def api(self, method: str, path: str, token: str | None = None, **kwargs) -> requests.Response:
+        """A hub REST call, with the tests' admin service token unless ``token`` is given."""
+        headers = {"Authorization": f"token {token or self.token}"}
         kwargs.setdefault("timeout", 60)
         return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, **kwargs)
 
@@ -170,6 +171,32 @@ c.JupyterHub.log_level = "INFO"
             wait_until(lambda: self.server_ready(user), timeout, what=f"{user}'s server")
         except TimeoutError:
             raise TimeoutError(f"{user}'s server not ready:\n{self.log_tail()}") from None
+
+    def wait_spawned(self, user: str, timeout: float = 120) -> tuple[bool, str]:
+        """Follow the spawn's progress events: (True, "") once ready, (False, message) if it failed."""
+        with self.api("GET", f"/users/{user}/server/progress", stream=True, timeout=timeout) as r:
+            r.raise_for_status()
+            for line in r.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data:"):
+                    continue
+                event = json.loads(line[len("data:"):])
+                if event.get("ready"):
+                    return True, ""
+                if event.get("failed"):
+                    return False, event.get("message", "")
+        return self.server_ready(user), "the progress stream ended"
+
+    def home(self, user: str) -> Path:
+        """The user's home (``PDLLocalSpawner.home_dir_template`` as configured here)."""
+        return self.root / "home" / user
+
+    def processes_of(self, user: str) -> dict[int, str]:
+        """``user``'s processes (server, controller, engines, kernels) -> their role."""
+        return user_processes(self.home(user))
+
+    def rss_kib(self) -> int:
+        """The hub process's resident memory (VmRSS), in KiB."""
+        return proc_status_kib(self.proc.pid, "VmRSS")
 
     def running_servers(self) -> list[str]:
         r = self.api("GET", "/users")
@@ -201,6 +228,17 @@ c.JupyterHub.log_level = "INFO"
         from pdl_spawner.reservations import SlotLedger
 
         return {h.slot: h.owner for h in SlotLedger(self.state_dir / "reservations.sqlite").holdings()}
+
+
+def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None):
+    """For a module's ``hub`` fixture (``yield from``): a started :class:`Hub`, then
+    everything stopped, failing if an engine outlived it."""
+    hub = Hub(root, users, pool, spawner_env=spawner_env).start()
+    try:
+        yield hub
+    finally:
+        hub.close()
+    assert not engine_processes(root), "engines left running after the hub was closed"
 
 
 class Kernel:
@@ -275,17 +313,72 @@ def pids_matching(predicate) -> list[int]:
     return found
 
 
+def process_env(pid: int) -> dict[str, str] | None:
+    """The environment ``pid`` started with; None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
 def engine_processes(root: Path) -> dict[int, dict[str, str]]:
-    """Engine processes started under ``root`` -> their PDL_* environment."""
+    """Engine processes started under ``root`` -> their PDL_*, CUDA_VISIBLE_DEVICES and HOME."""
     result = {}
     for pid in pids_matching(lambda cmd, cwd: "pdl.engine_boot engine" in cmd and cwd.startswith(str(root))):
+        env = process_env(pid)
+        if env is not None:
+            result[pid] = {k: v for k, v in env.items()
+                           if k.startswith("PDL_") or k in ("HOME", "CUDA_VISIBLE_DEVICES")}
+    return result
+
+
+#: Command-line marks of the processes of one user's server, and their role.
+ROLES = (
+    ("pdl_magics.singleuser", "pdl-singleuser"),
+    ("jupyterhub.singleuser", "server"),
+    ("pdl.engine_boot controller", "controller"),
+    ("pdl.engine_boot engine", "engine"),
+    ("ipykernel", "kernel"),
+)
+
+
+def user_processes(home: Path) -> dict[int, str]:
+    """Every process running with ``HOME=home`` (one user's server tree) -> its role
+    (see :data:`ROLES`; ``"other"`` for anything else, e.g. a controller's scheduler)."""
+    result = {}
+    for pid in pids_matching(lambda cmd, cwd: True):
+        env = process_env(pid)
+        if env is None or env.get("HOME") != str(home):
+            continue
         try:
-            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        env = dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
-        result[pid] = {k: v for k, v in env.items() if k.startswith("PDL_") or k == "HOME"}
+        result[pid] = next((role for mark, role in ROLES if mark in cmd), "other")
     return result
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        return proc_status(pid, "State")[0] != "Z"
+    except OSError:
+        return False
+
+
+def proc_status(pid: int, field: str) -> str:
+    """A field of /proc/<pid>/status, e.g. ``Umask`` -> ``"0077"``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            return value.strip()
+    raise KeyError(f"no {field} in /proc/{pid}/status")
+
+
+def proc_status_kib(pid: int, field: str) -> int:
+    """A memory field of /proc/<pid>/status (``"123456 kB"``) in KiB."""
+    return int(proc_status(pid, field).split()[0])
 
 
 def _kill(pid: int) -> None:

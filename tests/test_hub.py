@@ -8,7 +8,6 @@ concurrent users and a hub restart.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import re
 import signal
 import time
@@ -16,7 +15,7 @@ import time
 import nbformat
 import pytest
 
-from hub_harness import REPO, Hub, Kernel, engine_processes, wait_until
+from hub_harness import REPO, Kernel, alive, engine_processes, hub_fixture, wait_until
 
 pytestmark = pytest.mark.hub
 
@@ -31,10 +30,7 @@ def hub(tmp_path_factory):
     # A small, fast run of the notebook: a width-16 ResNet-18 on the generated sample.
     env = {"CINIC10_DIR": str(root / "no-cinic10-here"), "CINIC10_EPOCHS": "6", "CINIC10_WIDTH": "16",
            "CINIC10_BATCH": "32"}
-    h = Hub(root, USERS, POOL, spawner_env=env).start()
-    yield h
-    h.close()
-    assert not engine_processes(root), "engines left running after the hub was closed"
+    yield from hub_fixture(root, USERS, POOL, spawner_env=env)
 
 
 @pytest.fixture
@@ -159,17 +155,39 @@ def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):
     assert not hub.server_ready("bob")
 
 
+def wait_for_tree(hub, user: str, engines: int) -> dict[int, str]:
+    """``user``'s processes once their server, controller and ``engines`` engines all run."""
+    def tree():
+        procs = hub.processes_of(user)
+        roles = list(procs.values())
+        complete = all(roles.count(r) == 1 for r in ("pdl-singleuser", "server")) and "controller" in roles
+        return procs if complete and roles.count("engine") == engines else None
+
+    return wait_until(tree, 60, what=f"{user}'s server, controller and {engines} engines")
+
+
+def stop_and_count(hub, user: str) -> None:
+    """Stop ``user``'s server; once the hub says it stopped, no reservation is left,
+    and none of their processes within a few seconds (engines die with their parent)."""
+    procs = hub.processes_of(user)
+    assert hub.api("DELETE", f"/users/{user}/server").status_code in (202, 204)
+    wait_until(lambda: user not in hub.running_servers(), 60, what=f"{user}'s server to stop")
+    assert user not in hub.reservations().values()
+    try:
+        wait_until(lambda: not hub.processes_of(user), 10, what=f"{user}'s processes to exit")
+    except TimeoutError:
+        raise AssertionError(f"left running after the stop: {hub.processes_of(user)}") from None
+    assert {pid: role for pid, role in procs.items() if alive(pid)} == {}
+
+
 def test_stop_releases_slots_and_processes(clean):
     hub = clean
     hub.spawn("dave", 2)
     hub.wait_ready("dave")
-    pids = list(engine_processes(hub.root))
-    assert len(pids) == 2
-    assert hub.api("DELETE", "/users/dave/server").status_code in (202, 204)
-    wait_until(lambda: not engine_processes(hub.root), 30, what="dave's engines to exit")
-    assert "dave" not in hub.reservations().values()
-    for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}")
+    procs = wait_for_tree(hub, "dave", engines=2)
+    assert sorted(engine_processes(hub.root)) == sorted(p for p, role in procs.items() if role == "engine")
+    stop_and_count(hub, "dave")
+    assert not engine_processes(hub.root)
 
 
 def test_many_users_at_once_never_share_a_slot(clean):
@@ -197,15 +215,22 @@ def test_hub_restart_keeps_servers_and_reservations(clean, how):
     hub = clean
     hub.spawn("erin", 4)
     hub.wait_ready("erin")
-    engines = engine_processes(hub.root)
+    erin = wait_for_tree(hub, "erin", engines=4)
     held = hub.reservations()
     hub.stop_hub(how)
     hub.start()
     hub.wait_ready("erin", timeout=30)
     assert hub.reservations() == held
-    assert engine_processes(hub.root).keys() == engines.keys(), "engines were restarted"
+    assert hub.processes_of("erin") == erin, "erin's server, controller or engines were restarted"
     r = hub.spawn("bob", 3)
     assert r.status_code == 409 and "2 of 6 are free" in r.json()["message"]
+    # bob gets exactly the two free slots, never one of erin's
+    assert hub.spawn("bob", 2).status_code in (201, 202)
+    hub.wait_ready("bob")
+    bob = wait_for_tree(hub, "bob", engines=2)
+    free = sorted(set(POOL) - set(held))
+    assert sorted(s for s, owner in hub.reservations().items() if owner == "bob") == free
+    assert sorted(e["PDL_SLOT"] for pid, e in engine_processes(hub.root).items() if pid in bob) == free
     kernel = Kernel(hub, "erin")
     try:
         kernel.execute("%load_ext pdl_magics")
@@ -213,3 +238,8 @@ def test_hub_restart_keeps_servers_and_reservations(clean, how):
         assert out["error"] is None and "world 4" in out["stdout"], out
     finally:
         kernel.close()
+    # the restarted hub stops erin's server completely, and bob's keeps running
+    wait_until(lambda: "kernel" not in hub.processes_of("erin").values(), 30, what="erin's kernel to exit")
+    stop_and_count(hub, "erin")
+    assert hub.reservations() == dict.fromkeys(free, "bob")
+    assert hub.processes_of("bob") == bob

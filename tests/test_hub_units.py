@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 from importlib.metadata import entry_points
+from types import SimpleNamespace
 
 import pytest
+from tornado import web
 
 from pdl.slots import cpus_for_slot, engine_env, parse_slot
 from pdl_spawner import form
@@ -76,6 +79,86 @@ def test_workers_field_rejects_bad_values_naming_the_range(raw):
     assert form.parse_workers({"workers": ["4"]}, maximum=6) == 4
 
 
+@pytest.mark.parametrize("options, named", [
+    ({"image": "evil", "workers": 1}, "'image'"),
+    ({"volumes": {"/": "/host"}}, "'volumes'"),
+    ({"mounts": [], "env": {}, "cmd": ["sh"]}, "'cmd', 'env', 'mounts'"),
+    ({"workers\nimage": 1}, "'workers\\nimage'"),
+])
+def test_user_options_other_than_workers_are_refused_in_one_line(options, named):
+    with pytest.raises(ValueError) as e:
+        form.requested_workers(options, default=1, maximum=6)
+    message = str(e.value)
+    assert message == f"spawn option not allowed: {named}; the only option is 'workers', a whole number from 1 to 6"
+    assert "\n" not in message
+
+
+def test_user_options_give_workers_or_the_default():
+    assert form.requested_workers({}, default=2, maximum=6) == 2
+    assert form.requested_workers({"workers": 5}, default=2, maximum=6) == 5
+    for bad in ({"workers": 7}, {"workers": "3"}, {"workers": True}):
+        with pytest.raises(ValueError, match="from 1 to 6"):
+            form.requested_workers(bad, default=1, maximum=6)
+    with pytest.raises(ValueError, match="must be a JSON object; the only option is 'workers'"):
+        form.requested_workers(["workers"], default=1, maximum=6)
+
+
+def _fake_user(name: str):
+    return SimpleNamespace(name=name, admin=False, url=f"/user/{name}/", escaped_name=name, id=1,
+                           server=None, spawners={}, settings={}, orm_user=None)
+
+
+def test_local_spawner_refuses_an_image_before_reserving_or_starting(tmp_path):
+    from pdl_spawner.local import PDLLocalSpawner
+
+    db = tmp_path / "r.sqlite"
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(db))
+    spawner.user_options = {"image": "evil", "workers": 1}
+    with pytest.raises(web.HTTPError) as e:
+        asyncio.run(spawner.start())
+    assert e.value.status_code == 400 and "the only option is 'workers'" in e.value.reason
+    assert SlotLedger(db).holdings() == [] and spawner.pid == 0 and spawner.slots == []
+
+
+def test_swarm_spawner_refuses_mounts_before_any_docker_call():
+    from jupyterhub.objects import Hub
+
+    from pdl_spawner.swarm import PDLSwarmSpawner
+    from swarm_doubles import FakeSwarm
+
+    swarm = FakeSwarm()
+    cls = type("FakeSwarmSpawner", (PDLSwarmSpawner,), {"_client": swarm})
+    spawner = cls(user=_fake_user("alice"), hub=Hub(ip="10.77.0.1", port=8081, base_url="/hub/"),
+                  api_token="token", image="pdl-notebook:test")
+    for options in ({"mounts": [{"source": "/", "target": "/host"}]}, {"image": "evil", "workers": 1}):
+        spawner.user_options = options
+        with pytest.raises(web.HTTPError) as e:
+            asyncio.run(spawner.start())
+        assert e.value.status_code == 400 and "the only option is 'workers'" in e.value.reason
+    assert swarm.calls == [] and PDLSwarmSpawner._promised == {}
+
+
+def test_local_spawner_gives_each_server_a_port_nothing_else_holds(tmp_path):
+    import socket
+
+    from pdl_spawner.local import PDLLocalSpawner
+
+    low = 29871
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(tmp_path / "r.sqlite"),
+                              port_range=(low, low + 2))
+    PDLLocalSpawner._ports["bob"] = low + 1  # given to bob's server, which may not listen yet
+    try:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", low))  # something else listens here
+            assert spawner.pick_port() == low + 2
+        spawner.release()
+        assert PDLLocalSpawner._ports == {"bob": low + 1}
+    finally:
+        PDLLocalSpawner._ports.clear()
+    with pytest.raises(Exception, match="port_range must be"):
+        PDLLocalSpawner(user=_fake_user("alice"), port_range=(80, 90))
+
+
 def test_gpu_slot_sees_only_its_gpu_and_cpu_slots_share_the_cores():
     env = engine_env("gpu:2", pool_size=4, n_cpus=16)
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["PDL_CPUS"] == "8,9,10,11"
@@ -91,7 +174,7 @@ def test_spawner_is_registered_and_documents_its_config():
 
     assert entry_points(group="jupyterhub.spawners")["pdl-local"].load() is PDLLocalSpawner
     own = ["pool", "cpu_slots", "default_workers", "max_workers", "reservations_db",
-           "system_users", "home_dir_template"]
+           "system_users", "home_dir_template", "port_range"]
     traits = PDLLocalSpawner.class_traits(config=True)
     for name in own:
         assert traits[name].help.strip(), f"{name} has no help text"
