@@ -52,6 +52,15 @@ def describe() -> dict:
     }
 
 
+def preflight(step: str, *args):
+    """Run ``pdl.preflight.<step>`` (``probe`` or ``all_reduce_smoke``) here: see :mod:`pdl.preflight`."""
+    from pdl import preflight as checks
+
+    if step not in checks.__all__:
+        raise ValueError(f"unknown preflight step {step!r}")
+    return getattr(checks, step)(*args)
+
+
 def _routable_addr() -> str:
     """This host's address as peers on other hosts would reach it."""
     try:

@@ -1,9 +1,11 @@
-"""PDL notebook magics: ``%load_ext pdl_magics`` then ``%%distributed -n N``.
+"""PDL notebook magics: ``%load_ext pdl_magics`` then ``%%distributed -n N`` (and ``%pdl check``).
 
-Without IPython, use :func:`run` (or :class:`DistributedSession`) directly.
+Without IPython, use :func:`run` and :func:`check` (or :class:`DistributedSession`) directly.
 """
 
+from . import preflight
 from .errors import DistributedUsageError, RankFailed, RanksStuck
+from .preflight import PreflightFailed, PreflightReport
 from .session import BACKENDS, CellResult, DistributedSession
 
 __all__ = [
@@ -11,8 +13,11 @@ __all__ = [
     "CellResult",
     "DistributedSession",
     "DistributedUsageError",
+    "PreflightFailed",
+    "PreflightReport",
     "RankFailed",
     "RanksStuck",
+    "check",
     "load_ipython_extension",
     "run",
 ]
@@ -21,6 +26,11 @@ __all__ = [
 def run(code: str, n: int | None = None, **kwargs) -> CellResult:
     """Run ``code`` on ``n`` ranks of the default session, as ``%%distributed -n n`` does."""
     return DistributedSession.default().run(code, n, **kwargs)
+
+
+def check(n: int | None = None, **kwargs) -> PreflightReport:
+    """The preflight on ``n`` ranks of the default session, as ``%pdl check -n n`` runs it."""
+    return preflight.check(DistributedSession.default(), n, **kwargs)
 
 
 def load_ipython_extension(ipython):

@@ -1,15 +1,17 @@
-"""``%%distributed``: parse and validate, then hand off to :class:`DistributedSession`."""
+"""``%%distributed`` and ``%pdl check``: parse and validate, then hand off to
+:class:`DistributedSession` (and :mod:`pdl_magics.preflight`)."""
 
 from __future__ import annotations
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Float
+from IPython.display import display
+from traitlets import Bool, Float
 
+from . import preflight as checks
 from .errors import DistributedUsageError
 from .session import BACKENDS, HANG_TIMEOUT_S, DistributedSession
-
 
 
 def _whole_number(text: str) -> int:
@@ -32,6 +34,10 @@ _seconds.__name__ = "float"
 _OPTIONS = ("-n N, --backend {%s}, --all-output, --timeout SECONDS, --hang-timeout SECONDS, --output RANK"
             % "|".join(BACKENDS))
 
+#: ``%pdl`` subcommands.
+PDL_SUBCOMMANDS = ("check",)
+_PDL_USAGE = "%%pdl {%s} [-n N] [--backend {%s}]" % ("|".join(PDL_SUBCOMMANDS), "|".join(BACKENDS))
+
 
 @magics_class
 class DistributedMagics(Magics):
@@ -43,6 +49,13 @@ class DistributedMagics(Magics):
         help="""Seconds without progress on any rank (no output, no pdl.log call, no rank
         finishing) after which a cell shows every rank's Python stack; 0 turns the
         watchdog off. --hang-timeout overrides it for one cell.""",
+    )
+    preflight = Bool(
+        True,
+        config=True,
+        help="""Run the preflight (every rank's GPU, versions and network interface, and an
+        all-reduce smoke test; see %pdl check) before the first cell on each set of engines,
+        and stop that cell if it fails. False skips it.""",
     )
 
     def __init__(self, shell, session: DistributedSession | None = None):
@@ -105,14 +118,43 @@ class DistributedMagics(Magics):
                 all_output=args.all_output,
                 timeout_s=args.timeout,
                 hang_timeout_s=hang,
+                preflight=self.preflight,
             )
         except DistributedUsageError as e:
             raise UsageError(str(e)) from None
         return None
 
-    def _parse(self, line: str):
+    @magic_arguments()
+    @argument("subcommand", nargs="?", default=None, metavar="SUBCOMMAND",
+              help=f"{', '.join(PDL_SUBCOMMANDS)}: check every rank (GPU, versions, network "
+                   "interface) and run an all-reduce smoke test")
+    @argument("-n", type=_whole_number, default=None, metavar="N",
+              help="number of ranks (engines) to check; default: all of them")
+    @argument("--backend", default="torch", metavar="NAME",
+              help=f"the process group to smoke-test: {', '.join(BACKENDS)} (default torch)")
+    @line_magic
+    def pdl(self, line: str):
+        """``%pdl check [-n N] [--backend torch|horovod]``: the preflight, as a table.
+
+        Shows one row per rank (its GPU, driver, CUDA, torch and Horovod versions, the
+        network interface of its collectives, the all-reduce bandwidth it reached) and
+        raises :class:`~pdl_magics.preflight.PreflightFailed`, one line per problem,
+        if anything is wrong.
+        """
+        args = self._parse(line, self.pdl, _PDL_USAGE)
+        if args.subcommand not in PDL_SUBCOMMANDS:
+            what = f"unknown subcommand {args.subcommand!r}" if args.subcommand else "%pdl needs a subcommand"
+            raise UsageError(f"{what}; valid: {', '.join(PDL_SUBCOMMANDS)} (usage: {_PDL_USAGE})")
         try:
-            return parse_argstring(self.distributed, line)
+            report = checks.check(self.session, args.n, backend=args.backend)
+        except DistributedUsageError as e:
+            raise UsageError(str(e)) from None
+        display(report)
+        report.raise_if_failed()
+
+    def _parse(self, line: str, magic=None, options: str = _OPTIONS):
+        try:
+            return parse_argstring(magic or self.distributed, line)
         except (UsageError, ValueError) as e:  # ValueError: shlex, e.g. an unclosed quote
             message = " ".join(str(e).split())
-            raise UsageError(f"{message}; options: {_OPTIONS}") from None
+            raise UsageError(f"{message}; options: {options}") from None

@@ -15,6 +15,9 @@ Contract of :meth:`DistributedSession.run`:
   ``backend="horovod"`` initialises Horovod (``hvd`` is defined in the cell)
   against a rendezvous this session runs (:mod:`~pdl_magics.horovod_driver`).
   An engine is in one group at a time: switching backends tears the old one down;
+- before the first cell on a set of engines, the preflight (:mod:`~pdl_magics.preflight`)
+  checks them; when it fails, :class:`~pdl_magics.preflight.PreflightFailed` is raised and
+  nothing runs;
 - rank 0's stdout/stderr are written to ``out``/``err`` live; every rank's output
   is kept in :attr:`DistributedSession.last_outputs`;
 - when a rank raises, :class:`~pdl_magics.errors.RankFailed` is raised for the
@@ -111,8 +114,12 @@ class DistributedSession:
 
     _default: DistributedSession | None = None
 
-    def __init__(self, cluster_file: str | None = None, local_slots: list[str] | None = None):
+    def __init__(self, cluster_file: str | None = None, local_slots: list[str] | None = None,
+                 preflight: bool = True):
         self.cluster_file = cluster_file or clusters.hub_cluster_file()
+        #: run :mod:`~pdl_magics.preflight` before the first cell on each set of engines
+        self.preflight = preflight
+        self._preflight_passed: set[frozenset] = set()
         self.local_slots = list(local_slots) if local_slots is not None else None
         self.client: ipp.Client | None = None
         self._cluster = None
@@ -334,11 +341,13 @@ class DistributedSession:
         hang_timeout_s: float = HANG_TIMEOUT_S,
         out: TextIO | None = None,
         err: TextIO | None = None,
+        preflight: bool = True,
     ) -> CellResult:
         """Run ``code`` on ``n`` ranks (default: every available engine). See module doc.
 
         ``timeout_s``: how long a collective may wait for its peers (seconds);
-        ``hang_timeout_s``: the hang watchdog's period without progress (seconds, 0: off).
+        ``hang_timeout_s``: the hang watchdog's period without progress (seconds, 0: off);
+        ``preflight=False`` (or the session's) skips the preflight before the first cell.
         """
         out = out or sys.stdout
         err = err or sys.stderr
@@ -346,6 +355,10 @@ class DistributedSession:
             n = self.available()
         self.validate(n, backend)
         world = self.world(n)
+        if preflight and self.preflight:
+            from .preflight import before_first_cell
+
+            before_first_cell(self, world, backend, timeout_s)  # raises PreflightFailed: nothing runs
         self._ensure_group(world, backend, timeout_s)
         self._cell_number += 1
         ars = [

@@ -13,9 +13,11 @@ IMAGE = "pdl-notebook:test"
 class SwarmHub(Hub):
     """The project's hub config, switched to PDLSwarmSpawner on the simulated swarm."""
 
-    def __init__(self, root, swarm, users: list[str]):
+    def __init__(self, root, swarm, users: list[str], extra_config: str = ""):
+        """``extra_config``: lines appended to the hub's config, e.g. PDLSwarmSpawner settings."""
         super().__init__(root, users, pool=["cpu:0"])
         self.swarm = swarm
+        self.extra_config = extra_config
 
     def _write_config(self):
         config = super()._write_config()
@@ -25,8 +27,11 @@ c.JupyterHub.hub_ip = {self.swarm.host_addr!r}   # containers on the nodes reach
 c.PDLSwarmSpawner.client_kwargs = {{"base_url": {self.swarm.docker_host(1)!r}}}
 c.PDLSwarmSpawner.image = {IMAGE!r}
 c.PDLSwarmSpawner.default_gpus = 1
+# the simulated nodes declare fake GPUs that torch cannot see: the preflight's GPU check is off
+c.Spawner.environment = {{"PDL_PREFLIGHT_SKIP": "gpu"}}
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 120
+{self.extra_config}
 """)
         return config
 
