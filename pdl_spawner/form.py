@@ -27,20 +27,50 @@ def not_enough_message(
 
 
 def render_form(
-    *, kind: str, pool_size: int, free: int, holders: dict[str, int], default: int, maximum: int, show_names: bool
+    *, kind: str, pool_size: int, free: int, holders: dict[str, int], default: int, maximum: int, show_names: bool,
+    waiting: list[tuple[str, int]] | None = None,
 ) -> str:
-    """HTML for the spawn page: how many workers, with what is free and who holds the rest."""
+    """HTML for the spawn page: how many workers, with what is free and who holds the
+    rest, and (where the spawner has a queue, ``waiting`` not None) the choice to wait
+    in it. ``waiting``: (user, workers) in queue order, shown by name to admins and as
+    a count to everyone else."""
     unit = "GPU" if kind == "gpu" else "CPU worker"
     value = max(1, min(default, maximum))
+    queue = "" if waiting is None else f"""
+  <p class="help-block pdl-queue">{escape(describe_queue(waiting, show_names=show_names))}</p>
+  <label><input type="checkbox" name="queue" id="pdl-queue"> If they are busy, wait in the queue
+     (first come, first served; cancel to leave it)</label>"""
     return f"""
 <div class="form-group pdl-workers">
   <label for="pdl-workers">Workers ({unit}s, one engine each)</label>
   <input id="pdl-workers" name="workers" type="number" class="form-control"
          min="1" max="{maximum}" value="{value}" required>
   <p class="help-block pdl-free">{free} of {pool_size} {unit}s free;
-     {escape(describe_holders(holders, show_names=show_names))}.</p>
+     {escape(describe_holders(holders, show_names=show_names))}.</p>{queue}
 </div>
 """
+
+
+def describe_queue(waiting: list[tuple[str, int]], *, show_names: bool) -> str:
+    """``"Queue: alice (2), bob (1)."`` for admins; ``"2 users are waiting."`` for everyone else."""
+    if not waiting:
+        return "Nobody is waiting."
+    if not show_names:
+        return f"{len(waiting)} user{'s are' if len(waiting) > 1 else ' is'} waiting."
+    return "Queue: " + ", ".join(f"{user} ({n})" for user, n in waiting) + "."
+
+
+def queue_message(wanted: int, position: int, free: int, pool_size: int, holders: dict[str, int], *,
+                  show_names: bool, unit: str = "workers") -> str:
+    """One line for a user waiting in the queue (the spawn page's progress message)."""
+    return (f"Waiting for {wanted} {unit}: number {position} in the queue; {free} of {pool_size} are free "
+            f"({describe_holders(holders, show_names=show_names)}). Cancel to leave the queue.")
+
+
+def queue_first_message(waiting: int, unit: str = "workers") -> str:
+    """One line for a direct spawn refused because others wait for the same workers."""
+    return (f"Not enough free {unit} for you now: {waiting} user{'s are' if waiting > 1 else ' is'} waiting "
+            f"in the queue, first come, first served. Tick 'wait in the queue' to join it.")
 
 
 def parse_workers(formdata: dict, *, maximum: int) -> int:
@@ -59,9 +89,10 @@ def check_workers(n, *, maximum: int) -> None:
         raise ValueError(f"workers must be a whole number from 1 to {maximum}, got {n!r}")
 
 
-#: The only spawn option a user may set. Image, mounts, environment and command are
-#: the admin's choice: a spawn that names any of them is refused.
-USER_OPTIONS = ("workers",)
+#: The spawn options a user may set: how many workers, and whether to wait for them.
+#: Image, mounts, environment and command are the admin's choice: a spawn that names
+#: any of them is refused.
+USER_OPTIONS = ("workers", "queue")
 
 
 def requested_workers(user_options, *, default: int, maximum: int) -> int:
@@ -71,12 +102,19 @@ def requested_workers(user_options, *, default: int, maximum: int) -> int:
     option and its range, when the options hold any other key (``image``,
     ``volumes``, ``env``, ...) or ``workers`` is not a whole number from 1 to ``maximum``.
     """
-    valid = f"the only option is 'workers', a whole number from 1 to {maximum}"
+    valid = f"the options are 'workers', a whole number from 1 to {maximum}, and 'queue', true or false"
     if not isinstance(user_options, dict):
         raise ValueError(f"spawn options must be a JSON object; {valid}")
     unknown = sorted(ascii(str(key)[:30]) for key in user_options if key not in USER_OPTIONS)
     if unknown:
         raise ValueError(f"spawn option not allowed: {', '.join(unknown)}; {valid}")
+    if not isinstance(user_options.get("queue", False), bool):
+        raise ValueError(f"spawn option 'queue' must be true or false, got {user_options['queue']!r}; {valid}")
     n = user_options.get("workers", default)
     check_workers(n, maximum=maximum)
     return n
+
+
+def wants_queue(formdata: dict) -> bool:
+    """Whether the spawn form's "wait in the queue" box was ticked."""
+    return (formdata.get("queue") or [""])[0] in ("on", "true", "1")

@@ -10,6 +10,10 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
   started, nothing reserved) with a one-line message saying what is free. It then
   runs ``pdl-singleuser`` with ``PDL_SLOTS``, which starts the server (on a port from
   :attr:`PDLLocalSpawner.port_range`) and one pinned engine per slot.
+- A spawn with ``user_options["queue"]`` (the form's "wait in the queue") that finds
+  the slots busy waits instead, first come first served (:mod:`~pdl_spawner.wait_queue`),
+  showing its position on the spawn page; cancelling the spawn leaves the queue. A
+  direct spawn is refused while anyone waits.
 - ``stop()`` stops that process tree and releases the slots; so does a ``poll()``
   that finds the server gone (``clear_state``).
 - The reservation is in the spawner state and in the ledger file, so it survives
@@ -18,6 +22,7 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import socket
@@ -25,12 +30,16 @@ import sys
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
-from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
+from traitlets import Bool, Integer, List, Tuple, Unicode, default, observe, validate
 
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
 
 from . import form
 from .reservations import NotEnoughSlots, SlotLedger
+from .wait_queue import WaitQueue
+
+#: Seconds between a waiting spawn's looks at the queue and the free slots.
+QUEUE_POLL_S = 1.0
 
 
 class PDLLocalSpawner(LocalProcessSpawner):
@@ -108,7 +117,19 @@ class PDLLocalSpawner(LocalProcessSpawner):
             raise ValueError(f"port_range must be (low, high), 1024 <= low <= high <= 65535: {proposal.value}")
         return proposal.value
 
+    queue_timeout = Integer(
+        3600,
+        config=True,
+        help="""Longest a user may wait in the queue for busy workers (seconds), after which
+        the spawn fails. 0 turns the queue off: a busy request is refused at once.""",
+    )
+
     slots = List(Unicode(), help="The slots reserved for this server (spawner state).")
+
+    #: What a spawn waiting in the queue shows on the spawn page (None when not waiting).
+    _queue_status: str | None = None
+    #: ``start_timeout`` as configured, before a queued spawn extends it.
+    _configured_start_timeout: int | None = None
 
     #: Ports given to this hub's servers, which may not listen yet: owner -> port.
     _ports: dict[str, int] = {}
@@ -144,9 +165,20 @@ class PDLLocalSpawner(LocalProcessSpawner):
                 holders[user] = holders.get(user, 0) + 1
         return len(self.pool) - sum(holders.values()), holders
 
+    @property
+    def wait_queue(self) -> WaitQueue:
+        """The hub's queue of spawns waiting for slots (next to the ledger)."""
+        return WaitQueue(self.reservations_db)
+
+    def _waiting(self) -> list[tuple[str, int]] | None:
+        if not self.queue_timeout:
+            return None
+        return [(w.user, w.wanted) for w in self.wait_queue.waiters()]
+
     def _render_options_form(self, spawner) -> str:
         free, holders = self._free_and_holders()
         return form.render_form(
+            waiting=self._waiting(),
             kind=parse_slot(self.pool[0])[0] if self.pool else "cpu",
             pool_size=len(self.pool),
             free=free,
@@ -158,9 +190,21 @@ class PDLLocalSpawner(LocalProcessSpawner):
 
     def options_from_form(self, formdata):
         try:
-            return {"workers": form.parse_workers(formdata, maximum=self.workers_limit)}
+            options = {"workers": form.parse_workers(formdata, maximum=self.workers_limit)}
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
+        if form.wants_queue(formdata):
+            options["queue"] = True
+        return options
+
+    @observe("user_options")
+    def _extend_start_timeout_to_wait(self, change):
+        """JupyterHub fails a start() that takes longer than ``start_timeout``: a spawn
+        that waits in the queue gets ``queue_timeout`` more."""
+        if self._configured_start_timeout is None:
+            self._configured_start_timeout = self.start_timeout
+        queued = isinstance(change.new, dict) and change.new.get("queue") is True
+        self.start_timeout = self._configured_start_timeout + (self.queue_timeout if queued else 0)
 
     def _requested_workers(self) -> int:
         """``workers`` from the user options, or HTTPError(400) naming the valid option."""
@@ -171,8 +215,15 @@ class PDLLocalSpawner(LocalProcessSpawner):
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 
     def reserve(self) -> list[str]:
-        """Reserve this server's slots, or raise HTTPError(409) saying what is free."""
+        """Reserve this server's slots, or raise HTTPError(409) saying what is free.
+
+        Refused too while others wait in the queue: they come first.
+        """
         n = self._requested_workers()
+        waiting = self.wait_queue.ahead_of(self.owner) if self.queue_timeout else []
+        if waiting:
+            message = form.queue_first_message(len(waiting))
+            raise web.HTTPError(409, message, reason=message)
         try:
             return self.ledger.reserve(self.owner, n, self.pool)
         except NotEnoughSlots as e:
@@ -180,6 +231,45 @@ class PDLLocalSpawner(LocalProcessSpawner):
                 e.wanted, e.free, len(self.pool), e.holders, show_names=bool(self.user.admin)
             )
             raise web.HTTPError(409, message, reason=message) from None
+
+    async def wait_and_reserve(self) -> list[str]:
+        """Join the queue and wait, without blocking the hub, until this spawn is first
+        and its slots are free; then reserve them. Cancelling the spawn (stopping the
+        pending server) or ``queue_timeout`` leaves the queue."""
+        n = self._requested_workers()
+        if not self.queue_timeout:
+            raise web.HTTPError(400, "the queue is off on this hub (queue_timeout = 0)")
+        queue = self.wait_queue
+        queue.join(self.owner, self.user.name, n)
+        self.log.info("%s waits in the queue for %d slot(s)", self.owner, n)
+        try:
+            while True:
+                position = queue.position(self.owner)
+                if position == 1:
+                    try:
+                        return self.ledger.reserve(self.owner, n, self.pool)
+                    except NotEnoughSlots:
+                        pass
+                free, holders = self._free_and_holders()
+                self._queue_status = form.queue_message(
+                    n, position, free, len(self.pool), holders, show_names=bool(self.user.admin))
+                await asyncio.sleep(QUEUE_POLL_S)
+                queue.beat(self.owner)
+        finally:
+            self._queue_status = None
+            if queue.leave(self.owner):
+                self.log.info("%s left the queue", self.owner)
+
+    async def progress(self):
+        """Until the slots are reserved: the queue position and what is free, when the
+        spawn waits in the queue (every :data:`QUEUE_POLL_S`, as it changes)."""
+        shown = None
+        while not self.slots and self.pending == "spawn":
+            if self._queue_status != shown and self._queue_status is not None:
+                shown = self._queue_status
+                yield {"message": shown}
+            await asyncio.sleep(QUEUE_POLL_S / 4)
+        yield {"progress": 50, "message": "Starting your server and its engines..."}
 
     def release(self) -> None:
         PDLLocalSpawner._ports.pop(self.owner, None)
@@ -236,7 +326,8 @@ class PDLLocalSpawner(LocalProcessSpawner):
         return paths if not self.system_users else super().move_certs(paths)
 
     async def start(self):
-        self.slots = self.reserve()
+        queued = self.user_options.get("queue") is True if isinstance(self.user_options, dict) else False
+        self.slots = await self.wait_and_reserve() if queued else self.reserve()
         self.log.info("Reserved %s for %s", ",".join(self.slots), self.owner)
         try:
             self.port = self.pick_port()

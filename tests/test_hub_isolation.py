@@ -24,7 +24,7 @@ pytestmark = pytest.mark.hub
 POOL = ["gpu:0", "gpu:1", "gpu:2", "gpu:3"]
 USERS = ["admin", "ann", "ben", "cat"]
 WORKERS = {"ann": 1, "ben": 2}
-VALID = "the only option is 'workers', a whole number from 1 to 4"
+VALID = "the options are 'workers', a whole number from 1 to 4, and 'queue', true or false"
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,7 @@ def test_user_options_other_than_workers_are_refused_in_one_line(options, named)
     with pytest.raises(ValueError) as e:
         form.requested_workers(options, default=1, maximum=6)
     message = str(e.value)
-    assert message == f"spawn option not allowed: {named}; the only option is 'workers', a whole number from 1 to 6"
+    assert message == f"spawn option not allowed: {named}; the options are 'workers', a whole number from 1 to 6, and 'queue', true or false"
     assert "\n" not in message
 
 
@@ -99,7 +99,7 @@ def test_user_options_give_workers_or_the_default():
     for bad in ({"workers": 7}, {"workers": "3"}, {"workers": True}):
         with pytest.raises(ValueError, match="from 1 to 6"):
             form.requested_workers(bad, default=1, maximum=6)
-    with pytest.raises(ValueError, match="must be a JSON object; the only option is 'workers'"):
+    with pytest.raises(ValueError, match="must be a JSON object; the options are 'workers'"):
         form.requested_workers(["workers"], default=1, maximum=6)
 
 
@@ -116,7 +116,7 @@ def test_local_spawner_refuses_an_image_before_reserving_or_starting(tmp_path):
     spawner.user_options = {"image": "evil", "workers": 1}
     with pytest.raises(web.HTTPError) as e:
         asyncio.run(spawner.start())
-    assert e.value.status_code == 400 and "the only option is 'workers'" in e.value.reason
+    assert e.value.status_code == 400 and "the options are 'workers'" in e.value.reason
     assert SlotLedger(db).holdings() == [] and spawner.pid == 0 and spawner.slots == []
 
 
@@ -134,7 +134,7 @@ def test_swarm_spawner_refuses_mounts_before_any_docker_call():
         spawner.user_options = options
         with pytest.raises(web.HTTPError) as e:
             asyncio.run(spawner.start())
-        assert e.value.status_code == 400 and "the only option is 'workers'" in e.value.reason
+        assert e.value.status_code == 400 and "the options are 'workers'" in e.value.reason
     assert swarm.calls == [] and PDLSwarmSpawner._promised == {}
 
 
@@ -178,3 +178,19 @@ def test_spawner_is_registered_and_documents_its_config():
     traits = PDLLocalSpawner.class_traits(config=True)
     for name in own:
         assert traits[name].help.strip(), f"{name} has no help text"
+
+
+def test_the_queue_on_the_spawn_form_names_waiters_only_to_admins():
+    kwargs = dict(kind="cpu", pool_size=2, free=0, holders={"alice": 2}, default=1, maximum=2)
+    admin = form.render_form(**kwargs, show_names=True, waiting=[("bob", 1), ("carol", 2)])
+    user = form.render_form(**kwargs, show_names=False, waiting=[("bob", 1), ("carol", 2)])
+    assert "Queue: bob (1), carol (2)." in admin and 'name="queue"' in admin
+    assert "2 users are waiting." in user and "bob" not in user
+    assert 'name="queue"' not in form.render_form(**kwargs, show_names=True)  # a spawner without a queue
+    assert form.wants_queue({"queue": ["on"]}) and not form.wants_queue({})
+    assert form.requested_workers({"workers": 2, "queue": True}, default=1, maximum=2) == 2
+    with pytest.raises(ValueError, match="'queue' must be true or false, got 'yes'"):
+        form.requested_workers({"workers": 1, "queue": "yes"}, default=1, maximum=2)
+    message = form.queue_message(2, 3, 0, 4, {"alice": 4}, show_names=False)
+    assert message == ("Waiting for 2 workers: number 3 in the queue; 0 of 4 are free (4 held by other users). "
+                       "Cancel to leave the queue.")
