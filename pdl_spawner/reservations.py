@@ -21,6 +21,14 @@ CREATE TABLE IF NOT EXISTS slots (
     since REAL NOT NULL
 )
 """
+_RECLAIMS = """
+CREATE TABLE IF NOT EXISTS reclaims (
+    owner  TEXT NOT NULL,
+    slots  TEXT NOT NULL,
+    at     REAL NOT NULL,
+    reason TEXT NOT NULL
+)
+"""
 
 
 class NotEnoughSlots(RuntimeError):
@@ -29,6 +37,14 @@ class NotEnoughSlots(RuntimeError):
     def __init__(self, wanted: int, free: int, holders: dict[str, int]):
         self.wanted, self.free, self.holders = wanted, free, holders
         super().__init__(f"{wanted} slot(s) requested, {free} free")
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    owner: str
+    slots: list[str]
+    at: float     # epoch seconds
+    reason: str   # one line, e.g. "engines idle for 600 s"
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,7 @@ class SlotLedger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.execute(_SCHEMA)
+            db.execute(_RECLAIMS)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -95,3 +112,22 @@ class SlotLedger:
         with self._connect() as db:
             rows = db.execute("SELECT slot, owner, since FROM slots ORDER BY slot").fetchall()
         return [Holding(*r) for r in rows]
+
+    def reclaim(self, owner: str, reason: str) -> list[str]:
+        """Free every slot ``owner`` holds and log it as a reclaim (see :meth:`reclaims`)."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            rows = [r[0] for r in db.execute("SELECT slot FROM slots WHERE owner = ? ORDER BY slot", (owner,))]
+            db.execute("DELETE FROM slots WHERE owner = ?", (owner,))
+            if rows:
+                db.execute("INSERT INTO reclaims (owner, slots, at, reason) VALUES (?, ?, ?, ?)",
+                           (owner, ",".join(rows), time.time(), reason))
+            db.execute("COMMIT")
+        return rows
+
+    def reclaims(self, limit: int = 50) -> list[Reclaim]:
+        """The most recent reclaims, newest first."""
+        with self._connect() as db:
+            rows = db.execute("SELECT owner, slots, at, reason FROM reclaims ORDER BY at DESC LIMIT ?",
+                              (limit,)).fetchall()
+        return [Reclaim(owner, slots.split(","), at, reason) for owner, slots, at, reason in rows]
