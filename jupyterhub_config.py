@@ -16,6 +16,8 @@ Environment variables tune it without editing this file:
   address as the other nodes reach it, is required, and ``PDL_NODES`` (the swarm
   nodes whose GPUs to use, e.g. ``gpu1,gpu2,gpu3``; default: all), ``PDL_NOTEBOOK_IMAGE``,
   ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_GPUS`` apply);
+- ``PDL_ENGINE_IDLE_TIMEOUT``: seconds without a task after which a user's engines
+  are stopped and their slots released (default 0: never); the server and its files stay;
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
   (default: every GPU, else 4 CPU slots).
 
@@ -73,6 +75,8 @@ c.PDLLocalSpawner.default_workers = 3
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
+# idle engines give their slots back after this many seconds (0: never); the server stays
+c.PDLLocalSpawner.engine_idle_timeout = int(os.environ.get("PDL_ENGINE_IDLE_TIMEOUT", "0"))
 if os.environ.get("PDL_POOL"):
     c.PDLLocalSpawner.pool = [s.strip() for s in os.environ["PDL_POOL"].split(",") if s.strip()]
 
@@ -90,3 +94,25 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]
 elif os.environ.get("PDL_SPAWNER", "local") != "local":
     raise SystemExit(f"PDL_SPAWNER must be 'local' or 'swarm', got {os.environ['PDL_SPAWNER']!r}")
+
+# -- Admin view (pdl_spawner/admin_view.py) ---------------------------------------------
+# A JupyterHub managed service at /services/pdl-admin/ (and .../api/status as JSON): who
+# holds which slot since when, the queue, recent reclaims. Admins only: it needs the scope
+# access:services!service=pdl-admin, which the admin role has. It listens on 127.0.0.1,
+# port PDL_ADMIN_VIEW_PORT (default 8002). The embedded default only: swarm admins see the
+# holders in the spawn form and with `docker service ls` (docs/admin.md, "Admin view").
+if os.environ.get("PDL_SPAWNER", "local") == "local":
+    import sys
+
+    _admin_view_env = {"PDL_RESERVATIONS_DB": c.PDLLocalSpawner.reservations_db}
+    if "pool" in c.PDLLocalSpawner:
+        _admin_view_env["PDL_POOL"] = ",".join(c.PDLLocalSpawner.pool)
+    if "cpu_slots" in c.PDLLocalSpawner:
+        _admin_view_env["PDL_CPU_SLOTS"] = str(c.PDLLocalSpawner.cpu_slots)
+    c.JupyterHub.services.append({
+        "name": "pdl-admin",
+        "url": f"http://127.0.0.1:{int(os.environ.get('PDL_ADMIN_VIEW_PORT', '8002'))}",
+        "command": [sys.executable, "-m", "pdl_spawner.admin_view"],
+        "environment": _admin_view_env,
+        "oauth_no_confirm": True,
+    })

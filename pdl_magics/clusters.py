@@ -111,10 +111,12 @@ def hub_cluster_file() -> str | None:
 
 
 def hub_slots() -> list[str]:
-    """The slots the hub reserved for this user (``PDL_SLOTS``)."""
+    """The slots the hub reserved for this user: ``PDL_SLOTS``, or those its engines
+    came back on after an idle release (:func:`pdl.engine_lease.current_slots`)."""
+    from pdl import engine_lease
     from pdl.slots import parse_slot_list
 
-    return parse_slot_list(os.environ.get("PDL_SLOTS", ""))
+    return engine_lease.current_slots(engine_lease.lease_dir(), parse_slot_list(os.environ.get("PDL_SLOTS", "")))
 
 
 def hub_engine_count() -> int:

@@ -48,7 +48,7 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
-from pdl import stacks
+from pdl import engine_lease, stacks
 from pdl.metrics import DATA_KEY
 from pdl.netaddr import route_addr
 from pdl.slots import default_pool, slot_index
@@ -77,6 +77,8 @@ HANG_TIMEOUT_S = 300.0
 STACK_WAIT_S = 3.0
 #: Seconds to wait for engines to confirm a signal (interrupt, stack request).
 SIGNAL_REPLY_S = 2.0
+#: Seconds a cell waits for the hub to grant slots again after an idle release.
+LEASE_WAIT_S = 60.0
 
 
 def _remote(fname, *args):
@@ -202,6 +204,7 @@ class DistributedSession:
                 clusters.start_slot_engines(self._cluster, missing, len(self.pool()))
             target = n
         else:
+            self._bring_back_engines()
             target = clusters.hub_engine_count() or n
         # ipyparallel's wait shows engines starting (a progress bar); ours then waits until the
         # registered engines are live ones (not killed but still listed)
@@ -212,6 +215,28 @@ class DistributedSession:
             # arrived now) while its replacement starts: not a failure of this wait
             pass
         self._wait_for_engines(target)
+
+    def _bring_back_engines(self) -> None:
+        """Under the hub: if the engines were stopped for idleness, ask for slots again and
+        wait until they run (:mod:`pdl.engine_lease`); DistributedUsageError if none are free."""
+        lease = engine_lease.lease_dir()
+        released = engine_lease.read(lease, engine_lease.RELEASED) if lease is not None else None
+        if released is None:
+            return
+        n = len(released.get("slots") or clusters.hub_slots())
+        reason = released.get("reason", "idle")
+        print(f"Your engines were stopped ({reason}) and their slots given back; asking for {n} again...",
+              file=sys.stderr, flush=True)
+        engine_lease.write(lease, engine_lease.WANT, {"workers": n})
+        deadline = time.monotonic() + LEASE_WAIT_S
+        while engine_lease.read(lease, engine_lease.RELEASED) is not None:
+            grant = engine_lease.read(lease, engine_lease.GRANT) or {}
+            if "refused" in grant or time.monotonic() > deadline:
+                engine_lease.remove(lease, engine_lease.WANT, engine_lease.GRANT)
+                why = grant.get("refused") or f"the hub did not answer within {LEASE_WAIT_S:.0f} s"
+                raise DistributedUsageError(f"your engines were stopped ({reason}) and cannot come back now: {why}")
+            time.sleep(0.2)
+        self._engines.clear()  # every engine is new
 
     def _restart_dead_local_engines(self) -> None:
         """Start a fresh engine on the slot of each local engine whose process died

@@ -8,7 +8,10 @@ The PDL spawner runs ``pdl-singleuser <jupyterhub-singleuser args>`` with
 2. starts the user's ipyparallel controller on 127.0.0.1, in ``$PDL_CLUSTER_DIR``
    (default ``~/.pdl/cluster``);
 3. starts one engine per reserved slot, pinned to it, and restarts an engine that
-   dies, so the reservation always has its engines;
+   dies, so the reservation always has its engines; with ``PDL_ENGINE_IDLE_TIMEOUT``
+   set, stops them after that many seconds without a task, giving the slots back,
+   and starts them again on the slots the hub grants when a cell asks
+   (:mod:`pdl.engine_lease`);
 4. on SIGINT/SIGTERM, or when the server exits, stops the server and the cluster.
 
 Every engine and the controller get SIGKILL if this process dies, even by SIGKILL.
@@ -30,8 +33,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+from pdl import engine_lease
 from pdl.slots import parse_slot_list
 
 from . import clusters
@@ -44,9 +49,68 @@ def cluster_dir() -> Path:
     return Path(os.environ.get("PDL_CLUSTER_DIR") or Path.home() / ".pdl" / "cluster")
 
 
-def supervise(cluster, slots: list[str], stop: threading.Event) -> None:
-    """Restart the engine of any slot whose process has exited, until ``stop`` is set."""
+class IdleTracker:
+    """When the cluster's engines last had a task: queued, running or newly completed."""
+
+    def __init__(self, cluster):
+        self.client = cluster.connect_client_sync()
+        self.last_busy = time.monotonic()
+        self._completed = None
+
+    def idle_s(self) -> float:
+        """Seconds since an engine last had a task (0 now if one has)."""
+        status = self.client.queue_status()
+        engines = {k: v for k, v in status.items() if isinstance(v, dict)}
+        completed = sum(v.get("completed", 0) for v in engines.values())
+        busy = any(v.get("queue") or v.get("tasks") for v in engines.values()) or status.get("unassigned")
+        if busy or completed != self._completed:
+            self.last_busy = time.monotonic()
+        self._completed = completed
+        return time.monotonic() - self.last_busy
+
+    def reset(self) -> None:
+        self.last_busy = time.monotonic()
+
+
+def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: float = 0.0,
+              lease: Path | None = None) -> None:
+    """Restart the engine of any slot whose process has exited, until ``stop`` is set.
+
+    With ``idle_timeout_s`` and a ``lease`` directory: stop every engine once none has
+    had a task for that long and record the release, then, once the hub grants slots
+    again, start one engine on each (see :mod:`pdl.engine_lease`).
+    """
+    tracker = IdleTracker(cluster) if idle_timeout_s and lease is not None else None
+    released = tracker is not None and engine_lease.read(lease, engine_lease.RELEASED) is not None
     while not stop.wait(SUPERVISE_PERIOD_S):
+        if released:
+            grant = engine_lease.read(lease, engine_lease.GRANT)
+            if grant and grant.get("slots"):
+                slots = list(grant["slots"])
+                for slot in slots:
+                    clusters.restart_slot_engine(cluster, slot, len(slots))
+                engine_lease.write(lease, engine_lease.SLOTS, {"slots": slots})
+                engine_lease.remove(lease, engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT)
+                print(f"pdl-singleuser: engines back on {','.join(slots)}", file=sys.stderr, flush=True)
+                tracker.reset()
+                released = False
+            continue
+        if tracker is not None:
+            try:
+                idle = tracker.idle_s()
+            except Exception:  # noqa: BLE001 - the controller is busy or restarting: look again later
+                idle = 0.0
+            if idle >= idle_timeout_s:
+                for slot in slots:
+                    esid = clusters.slot_engine_set_id(slot)
+                    if esid in cluster.engines:
+                        cluster.stop_engines_sync(esid)
+                reason = f"engines idle for {idle_timeout_s:g} s"
+                engine_lease.write(lease, engine_lease.RELEASED, {"reason": reason, "slots": slots})
+                print(f"pdl-singleuser: {reason}; stopped them and gave back {','.join(slots)}",
+                      file=sys.stderr, flush=True)
+                released = True
+                continue
         for slot in slots:
             engine_set = cluster.engines.get(clusters.slot_engine_set_id(slot))
             if engine_set is not None and clusters.engine_set_running(engine_set):
@@ -78,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     remote = remote_engines_secret()
     slots = [] if remote else parse_slot_list(os.environ.get("PDL_SLOTS", ""))
     profile_dir = cluster_dir() / "profile"
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    # a new server starts its engines on the slots of this spawn: forget an earlier release
+    engine_lease.remove(cluster_dir(), engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT,
+                        engine_lease.SLOTS)
     cluster = clusters.new_cluster(cluster_id="pdl", profile_dir=str(profile_dir), shutdown_atexit=False)
-    env = dict(os.environ, PDL_CLUSTER_FILE=cluster.cluster_file)
+    env = dict(os.environ, PDL_CLUSTER_FILE=cluster.cluster_file, PDL_CLUSTER_DIR=str(cluster_dir()))
     if remote:
         env["JUPYTERHUB_API_TOKEN"] = env["JPY_API_TOKEN"] = remote["api_token"]
 
@@ -99,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         server = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *argv], env=env)
         clusters.start_controller(cluster, remote_engines=remote)
         clusters.start_slot_engines(cluster, slots, len(slots))
-        watcher = threading.Thread(target=supervise, args=(cluster, slots, stop), daemon=True)
+        idle_timeout_s = float(os.environ.get("PDL_ENGINE_IDLE_TIMEOUT") or 0)
+        watcher = threading.Thread(target=supervise, args=(cluster, slots, stop, idle_timeout_s, cluster_dir()),
+                                   daemon=True)
         watcher.start()
         if not stop.is_set():
             while server.poll() is None:

@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import random
 import socket
 import sys
+from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from traitlets import Bool, Integer, List, Tuple, Unicode, default, observe, validate
 
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
+from pdl import engine_lease
 
 from . import form
 from .reservations import NotEnoughSlots, SlotLedger
@@ -40,6 +43,8 @@ from .wait_queue import WaitQueue
 
 #: Seconds between a waiting spawn's looks at the queue and the free slots.
 QUEUE_POLL_S = 1.0
+#: Seconds between the hub's looks at a server's engine lease (released, wanted).
+LEASE_TICK_S = 1.0
 
 
 class PDLLocalSpawner(LocalProcessSpawner):
@@ -124,7 +129,16 @@ class PDLLocalSpawner(LocalProcessSpawner):
         the spawn fails. 0 turns the queue off: a busy request is refused at once.""",
     )
 
+    engine_idle_timeout = Integer(
+        0,
+        config=True,
+        help="""Seconds without a task on a user's engines after which they are stopped and
+        their slots released; the notebook server and its files stay, and the next
+        %%distributed cell asks for slots again (or says that none are free). 0: never.""",
+    )
+
     slots = List(Unicode(), help="The slots reserved for this server (spawner state).")
+    _lease_task: asyncio.Task | None = None
 
     #: What a spawn waiting in the queue shows on the spawn page (None when not waiting).
     _queue_status: str | None = None
@@ -214,12 +228,13 @@ class PDLLocalSpawner(LocalProcessSpawner):
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 
-    def reserve(self) -> list[str]:
-        """Reserve this server's slots, or raise HTTPError(409) saying what is free.
+    def reserve(self, n: int | None = None) -> list[str]:
+        """Reserve ``n`` slots (default: what the spawn asked for), or raise HTTPError(409)
+        saying what is free.
 
         Refused too while others wait in the queue: they come first.
         """
-        n = self._requested_workers()
+        n = self._requested_workers() if n is None else n
         waiting = self.wait_queue.ahead_of(self.owner) if self.queue_timeout else []
         if waiting:
             message = form.queue_first_message(len(waiting))
@@ -311,10 +326,59 @@ class PDLLocalSpawner(LocalProcessSpawner):
                 return port
         raise web.HTTPError(503, f"no free port for the server in port_range {low}-{high}")
 
+    @property
+    def cluster_dir(self) -> Path:
+        """Where the user's server keeps its cluster (and the engine lease files)."""
+        home = pwd.getpwnam(self.user.name).pw_dir if self.system_users else self.home_dir
+        return Path(home) / ".pdl" / "cluster"
+
     def get_env(self):
         env = super().get_env()
         env["PDL_SLOTS"] = ",".join(self.slots)
+        env["PDL_CLUSTER_DIR"] = str(self.cluster_dir)
+        if self.engine_idle_timeout:
+            env["PDL_ENGINE_IDLE_TIMEOUT"] = str(self.engine_idle_timeout)
         return env
+
+    # -- idle engines ----------------------------------------------------------
+
+    def _watch_lease(self) -> None:
+        if self.engine_idle_timeout and (self._lease_task is None or self._lease_task.done()):
+            self._lease_task = asyncio.ensure_future(self._lease_loop())
+
+    async def _lease_loop(self) -> None:
+        """While the server runs: free the slots of engines stopped for idleness (and log
+        it), and answer a cell that wants engines again (:mod:`pdl.engine_lease`)."""
+        while True:
+            await asyncio.sleep(LEASE_TICK_S)
+            try:
+                self.tend_lease()
+            except Exception:  # noqa: BLE001 - a bad file must not end the watch
+                self.log.exception("engine lease of %s", self.owner)
+
+    def tend_lease(self) -> None:
+        """One look at the lease files: reclaim released slots, grant or refuse a request."""
+        directory = self.cluster_dir
+        released = engine_lease.read(directory, engine_lease.RELEASED)
+        if released is None:
+            return
+        if self.ledger.held_by(self.owner):
+            slots = self.ledger.reclaim(self.owner, released.get("reason", "engines idle"))
+            self.log.info("Reclaimed %s from %s: %s", ",".join(slots), self.owner, released.get("reason"))
+        want = engine_lease.read(directory, engine_lease.WANT)
+        if want is None or engine_lease.read(directory, engine_lease.GRANT) is not None:
+            return
+        try:
+            self.slots = self.reserve(int(want["workers"]))
+            answer = {"slots": self.slots}
+            self.log.info("Granted %s to %s again", ",".join(self.slots), self.owner)
+        except web.HTTPError as e:
+            answer = {"refused": e.reason or str(e)}
+        owner = None
+        if self.system_users:
+            entry = pwd.getpwnam(self.user.name)
+            owner = (entry.pw_uid, entry.pw_gid)
+        engine_lease.write(directory, engine_lease.GRANT, answer, owner=owner)
 
     def get_args(self):
         args = super().get_args()
@@ -331,13 +395,24 @@ class PDLLocalSpawner(LocalProcessSpawner):
         self.log.info("Reserved %s for %s", ",".join(self.slots), self.owner)
         try:
             self.port = self.pick_port()
-            return await super().start()
+            url = await super().start()
+            self._watch_lease()
+            return url
         except BaseException:
             self.release()
             self.slots = []
             raise
 
+    async def poll(self):
+        status = await super().poll()
+        if status is None:
+            self._watch_lease()  # also after a hub restart
+        return status
+
     async def stop(self, now=False):
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            self._lease_task = None
         try:
             await super().stop(now=now)
         finally:

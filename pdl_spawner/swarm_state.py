@@ -107,8 +107,10 @@ def gpu_usage(
     for i, task in enumerate(tasks):
         key = task.get("ServiceID") or f"task-{i}"
         held[key] = held.get(key, 0) + task_gpus(task, resource)
+    promised = promised or {}
     for svc in services:  # PDL's engine services: at least what the spec reserves
-        if (svc.get("Spec", {}).get("Labels") or {}).get(LABEL_PREFIX + "user"):
+        svc_labels = svc.get("Spec", {}).get("Labels") or {}
+        if svc_labels.get(LABEL_PREFIX + "user") and svc_labels.get(LABEL_PREFIX + "owner") not in promised:
             reservations = svc["Spec"].get("TaskTemplate", {}).get("Resources", {}).get("Reservations", {})
             held[svc["ID"]] = max(held.get(svc["ID"], 0), _count(reservations.get("GenericResources") or [], resource))
     holders: dict[str, int] = {}
@@ -120,7 +122,7 @@ def gpu_usage(
             continue
         who = svc.get(LABEL_PREFIX + "user") or OTHER_SERVICES
         holders[who] = holders.get(who, 0) + n
-    for owner, (user, n) in (promised or {}).items():
+    for owner, (user, n) in promised.items():
         if owner != exclude_owner:
             holders[user] = holders.get(user, 0) + n
     return GpuUsage(total=sum(node_gpus(n, resource) for n in nodes), holders=holders)

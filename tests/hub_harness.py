@@ -59,6 +59,7 @@ class Hub:
         self.url = f"http://127.0.0.1:{self.port}"
         # fixed for the hub's lifetime: running servers keep talking to these after a restart
         self.internal_port, self.proxy_api_port = free_port(), free_port()
+        self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin_view.py)
         self.state_dir = self.root / "state"
         self.log_path = self.root / "hub.log"
         self.spawner_env = spawner_env or {}
@@ -71,7 +72,7 @@ class Hub:
         config.write_text(
             f"""
 load_subconfig({str(REPO / 'jupyterhub_config.py')!r})
-c.JupyterHub.services = [{{"name": "pdl-tests", "api_token": {self.token!r}}}]
+c.JupyterHub.services.append({{"name": "pdl-tests", "api_token": {self.token!r}}})
 c.JupyterHub.load_roles = [{{
     "name": "pdl-tests",
     "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users", "read:users"],
@@ -94,6 +95,7 @@ c.JupyterHub.log_level = "INFO"
             PDL_HUB_PORT=str(self.port),
             PDL_HUB_INTERNAL_PORT=str(self.internal_port),
             PDL_PROXY_API_PORT=str(self.proxy_api_port),
+            PDL_ADMIN_VIEW_PORT=str(self.admin_view_port),
             PDL_POOL=",".join(self.pool),
             PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         )

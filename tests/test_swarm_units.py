@@ -83,6 +83,9 @@ def test_an_engine_service_between_a_dead_task_and_its_replacement_keeps_its_gpu
     other = gpu_usage(nodes + [node("n4")], [service("x")],
                       [task("x"), task("x"), task("a1", state="running", desired="shutdown")], GPU)
     assert other.holders == {OTHER_SERVICES: 2} and other.free == 2
+    # a spawn in progress counts once: by its promise, not also by the services it created
+    starting = gpu_usage(nodes, [service("c1", "carol", gpus=1)], [], GPU, promised={"carol": ("carol", 1)})
+    assert starting.holders == {"carol": 1} and starting.free == 2
 
 
 def test_named_servers_count_for_their_user():

@@ -1,0 +1,81 @@
+"""Idle reclaim on the embedded default, through a real JupyterHub: idle engines give
+their slots to a waiting user while the notebook server stays; the next cell says no
+workers are free, and once some are, it brings engines back and runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from hub_harness import Hub, Kernel, engine_processes, wait_until
+from pdl_spawner.reservations import SlotLedger
+
+pytestmark = pytest.mark.hub
+
+USERS = ["admin", "alice", "bob"]
+POOL = ["cpu:0", "cpu:1"]
+IDLE_S = 10  # long enough for the test's steps between two idle periods on a busy machine
+SUM = ("%%distributed -n 2\nimport torch, torch.distributed as dist\n"
+       "t = torch.ones(1); dist.all_reduce(t); print('sum', int(t.item()))")
+
+
+class IdleHub(Hub):
+    def _write_config(self):
+        config = super()._write_config()
+        config.write_text(config.read_text() + f"c.PDLLocalSpawner.engine_idle_timeout = {IDLE_S}\n")
+        return config
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    h = IdleHub(tmp_path_factory.mktemp("hub-reclaim"), USERS, POOL).start()
+    yield h
+    h.close()
+    assert not engine_processes(h.root)
+
+
+def ok(kernel, code, **kwargs):
+    out = kernel.execute(code, **kwargs)
+    assert out["error"] is None, out
+    return out
+
+
+def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
+    hub.spawn("alice", 2)
+    hub.wait_ready("alice")
+    kernel = Kernel(hub, "alice")
+    try:
+        ok(kernel, "%load_ext pdl_magics")
+        assert "sum 2" in ok(kernel, SUM, timeout=120)["stdout"]
+        ok(kernel, "x = 41")  # kernel state, which must survive the reclaim
+
+        # bob waits in the queue; alice's engines go idle and their slots go to him
+        assert hub.api("POST", "/users/bob/server", json={"workers": 2, "queue": True}).status_code == 202
+        hub.wait_ready("bob", timeout=120)
+        assert sorted(hub.reservations().values()) == ["bob", "bob"]
+        engines = wait_until(lambda: e if len(e := engine_processes(hub.root)) == 2 else None, 30,
+                             what="bob's two engines")
+        assert all(env["HOME"].endswith("/bob") for env in engines.values()), engines
+        assert hub.server_ready("alice"), "alice's notebook server must stay"
+        newest = SlotLedger(hub.state_dir / "reservations.sqlite").reclaims()[0]  # newest first
+        assert (newest.owner, newest.slots, newest.reason) == ("alice", POOL, f"engines idle for {IDLE_S} s")
+        assert f"Reclaimed cpu:0,cpu:1 from alice: engines idle for {IDLE_S} s" in hub.log_tail(400)
+
+        # alice's next cell says clearly that no workers are free, and runs nothing
+        out = kernel.execute(SUM, timeout=120)  # IPython shows a UsageError as one line on stderr
+        assert f"Your engines were stopped (engines idle for {IDLE_S} s)" in out["stderr"], out
+        assert (f"UsageError: your engines were stopped (engines idle for {IDLE_S} s) and cannot come back now: "
+                "Not enough free workers: you asked for 2, 0 of 2 are free") in out["stderr"], out
+        assert "sum" not in out["stdout"]
+
+        # bob stops: alice's next cell brings engines back and runs, with her kernel's state
+        hub.api("DELETE", "/users/bob/server")
+        wait_until(lambda: "bob" not in hub.reservations().values(), 60, what="bob's slots to free")
+        out = ok(kernel, SUM, timeout=180)
+        assert "sum 2" in out["stdout"] and "asking for 2 again" in out["stderr"]
+        assert "Granted cpu:0,cpu:1 to alice again" in hub.log_tail(400)
+        assert ok(kernel, "print(x + 1)")["stdout"].strip() == "42"
+    finally:
+        kernel.close()
+        hub.api("DELETE", "/users/alice/server")
+        hub.api("DELETE", "/users/bob/server")
+    wait_until(lambda: not hub.running_servers() and not hub.reservations(), 60, what="servers to stop")
