@@ -18,6 +18,8 @@ Environment variables tune it without editing this file:
   ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_GPUS`` apply);
 - ``PDL_ENGINE_IDLE_TIMEOUT``: seconds without a task after which a user's engines
   are stopped and their slots released (default 0: never); the server and its files stay;
+- ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
+  stops a whole server (default 86400; 0: never);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
   (default: every GPU, else 4 CPU slots).
 
@@ -94,6 +96,25 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]
 elif os.environ.get("PDL_SPAWNER", "local") != "local":
     raise SystemExit(f"PDL_SPAWNER must be 'local' or 'swarm', got {os.environ['PDL_SPAWNER']!r}")
+
+# -- Idle servers ------------------------------------------------------------------------
+# jupyterhub-idle-culler, as a hub service, stops whole servers that had no activity for
+# PDL_CULL_IDLE_S seconds (default 86400; 0: never); their slots or GPUs are freed and the
+# users' files stay. Idle engines alone are released sooner: PDL_ENGINE_IDLE_TIMEOUT.
+_cull_idle_s = int(os.environ.get("PDL_CULL_IDLE_S", "86400"))
+if _cull_idle_s:
+    import sys as _sys
+
+    c.JupyterHub.services.append({
+        "name": "idle-culler",
+        "command": [_sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={_cull_idle_s}",
+                    f"--cull-every={max(5, min(300, _cull_idle_s // 4))}"],
+    })
+    c.JupyterHub.load_roles.append({
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    })
 
 # -- Admin view (pdl_spawner/admin_view.py) ---------------------------------------------
 # A JupyterHub managed service at /services/pdl-admin/ (and .../api/status as JSON): who

@@ -50,7 +50,8 @@ def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "co
 class Hub:
     """A JupyterHub process for one test module."""
 
-    def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None):
+    def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
+                 hub_env: dict | None = None):
         self.root = Path(root)
         self.users = users
         self.pool = pool
@@ -63,6 +64,7 @@ class Hub:
         self.state_dir = self.root / "state"
         self.log_path = self.root / "hub.log"
         self.spawner_env = spawner_env or {}
+        self.hub_env = hub_env or {}  # extra environment of the hub process (PDL_* settings)
         self.proc: subprocess.Popen | None = None
 
     # -- lifecycle -----------------------------------------------------------
@@ -73,11 +75,11 @@ class Hub:
             f"""
 load_subconfig({str(REPO / 'jupyterhub_config.py')!r})
 c.JupyterHub.services.append({{"name": "pdl-tests", "api_token": {self.token!r}}})
-c.JupyterHub.load_roles = [{{
+c.JupyterHub.load_roles.append({{
     "name": "pdl-tests",
     "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users", "read:users"],
     "services": ["pdl-tests"],
-}}]
+}})
 c.PDLLocalSpawner.home_dir_template = {str(self.root / 'home' / '{username}')!r}
 c.PDLLocalSpawner.default_workers = 1
 c.Spawner.environment = {json.dumps(self.spawner_env)}
@@ -98,6 +100,7 @@ c.JupyterHub.log_level = "INFO"
             PDL_ADMIN_VIEW_PORT=str(self.admin_view_port),
             PDL_POOL=",".join(self.pool),
             PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+            **self.hub_env,
         )
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(

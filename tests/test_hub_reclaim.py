@@ -79,3 +79,19 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
         hub.api("DELETE", "/users/alice/server")
         hub.api("DELETE", "/users/bob/server")
     wait_until(lambda: not hub.running_servers() and not hub.reservations(), 60, what="servers to stop")
+
+
+def test_a_whole_idle_server_is_culled_and_its_slots_freed(tmp_path):
+    """jupyterhub-idle-culler runs as a hub service (PDL_CULL_IDLE_S)."""
+    hub = Hub(tmp_path, USERS, POOL, hub_env={"PDL_CULL_IDLE_S": "10"}).start()
+    try:
+        hub.spawn("alice", 2)
+        hub.wait_ready("alice")
+        assert sorted(hub.reservations().values()) == ["alice", "alice"]
+        wait_until(lambda: not hub.running_servers(), 90, what="the idle culler to stop alice's server")
+        wait_until(lambda: not hub.reservations() and not engine_processes(hub.root), 30,
+                   what="alice's slots and engines to go")
+        assert (tmp_path / "home" / "alice").is_dir(), "the user's files stay"
+        assert "Culling server alice (inactive for" in hub.log_tail(2000)
+    finally:
+        hub.close()
