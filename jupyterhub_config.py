@@ -15,7 +15,12 @@ Environment variables tune it without editing this file:
   ``swarm`` (a Docker Swarm mini-cluster; then ``PDL_HUB_CONNECT_IP``, this node's
   address as the other nodes reach it, is required, and ``PDL_NODES`` (the swarm
   nodes whose GPUs to use, e.g. ``gpu1,gpu2,gpu3``; default: all), ``PDL_NOTEBOOK_IMAGE``,
-  ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_GPUS`` apply);
+  ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_GPUS`` apply); storage there:
+  ``PDL_HOME_STORAGE`` (``volume``, the default: a Docker volume ``pdl-home-<user>`` per
+  node, or ``path``: a folder every node mounts from shared storage), ``PDL_HOME_PATH``
+  (that folder, e.g. ``/srv/pdl/home/{username}``), and the read-only dataset at /data:
+  ``PDL_DATA_PATH`` (a folder on every node, e.g. ``/srv/pdl/data``) or ``PDL_DATA_NFS``
+  (``addr:/export``, e.g. ``10.0.0.5:/export/data``), not both (docs/admin.md, "Storage");
 - ``PDL_ENGINE_IDLE_TIMEOUT``: seconds without a task after which a user's engines
   are stopped and their slots released (default 0: never); the server and its files stay;
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
@@ -94,6 +99,16 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLSwarmSpawner.client_kwargs = {"base_url": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")}
     c.PDLSwarmSpawner.default_gpus = int(os.environ.get("PDL_DEFAULT_GPUS", "1"))
     c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]
+    c.PDLSwarmSpawner.home_storage = os.environ.get("PDL_HOME_STORAGE", "volume")
+    if os.environ.get("PDL_HOME_PATH"):
+        c.PDLSwarmSpawner.home_path_template = os.environ["PDL_HOME_PATH"]
+    if os.environ.get("PDL_DATA_PATH") and os.environ.get("PDL_DATA_NFS"):
+        raise SystemExit("set PDL_DATA_PATH or PDL_DATA_NFS, not both")
+    if os.environ.get("PDL_DATA_PATH"):
+        c.PDLSwarmSpawner.data_storage = {"kind": "path", "source": os.environ["PDL_DATA_PATH"]}
+    elif os.environ.get("PDL_DATA_NFS"):
+        addr, _, export = os.environ["PDL_DATA_NFS"].partition(":")
+        c.PDLSwarmSpawner.data_storage = {"kind": "nfs", "addr": addr, "export": export}
 elif os.environ.get("PDL_SPAWNER", "local") != "local":
     raise SystemExit(f"PDL_SPAWNER must be 'local' or 'swarm', got {os.environ['PDL_SPAWNER']!r}")
 

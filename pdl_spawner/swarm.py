@@ -23,6 +23,12 @@ Contract:
   everything it created: nothing is left pending.
 - ``stop()`` removes every service and secret labelled with this server's
   ``pdl.owner`` and waits until their tasks stopped, so their GPUs are free.
+- Storage (:class:`~pdl_spawner.swarm_specs.Storage`: ``home_storage``, ``data_storage``,
+  ``cache_volume``) is mounted the same in the notebook and every engine, after which
+  come the mounts of dockerspawner's ``volumes``. A storage setting that cannot work
+  (``home_storage = "path"`` without a template, a refused host path) fails the spawn
+  with HTTP 500 naming it, before any Docker call; a mount Docker cannot make (a
+  missing host folder) fails it once the task is rejected.
 - ``poll()`` watches the notebook task (SwarmSpawner's); the state
   (:class:`~pdl_spawner.swarm_state.SwarmServer`: ports, node, keys, service and
   secret ids) survives hub restarts, and ``poll()`` works after ``load_state``.
@@ -37,7 +43,7 @@ import time
 from docker.errors import APIError, NotFound
 from dockerspawner import SwarmSpawner
 from tornado import web
-from traitlets import Float, Instance, Integer, List, Tuple, Unicode, default, validate
+from traitlets import Dict, Float, Instance, Integer, List, Tuple, Unicode, Union, default, validate
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 
@@ -54,6 +60,16 @@ POLL_S = 0.25
 STOP_WAIT_S = 30.0
 #: Upper bound on GPUs per server when ``max_gpus`` is 0 (the real bound is what is free).
 GPU_REQUEST_CAP = 1024
+
+
+class TaskFailed(web.HTTPError, RuntimeError):
+    """A task of the server will never run (rejected: a missing image or home folder,
+    failed, ...): HTTP 500 whose one line JupyterHub shows the user as it is, on the
+    spawn page, in the progress events and in the REST API."""
+
+    def __init__(self, message: str):
+        super().__init__(500, message, reason=message)
+        self.jupyterhub_message = message
 
 
 class PDLSwarmSpawner(SwarmSpawner):
@@ -112,6 +128,70 @@ class PDLSwarmSpawner(SwarmSpawner):
         "before the spawn is abandoned with HTTP 409.",
     )
 
+    home_storage = Unicode(
+        "volume", config=True,
+        help="""How each user's home (`container_home`, in the notebook and every engine) is kept.
+        "volume": the Docker named volume `pdl-home-{username}` of `home_volume_driver`. With the
+        default local driver and no options it is a folder on the node the task runs on: it
+        survives server restarts on that node, but not a move to another node (and engines on
+        other nodes see their own). With a shared driver or NFS options it follows the user.
+        "path": a bind mount of `home_path_template`, a folder every node mounts from shared
+        storage (NFS at the same path on every node); the admin creates it, owned by `run_as`.""",
+    )
+
+    home_volume_driver = Unicode(
+        "local", config=True,
+        help="Docker volume driver of the home volume (`home_storage = \"volume\"`), on every node.",
+    )
+
+    home_volume_driver_opts = Dict(
+        value_trait=Unicode(), config=True,
+        help="""Options of the home volume's driver; `{username}` is filled in. NFS with the local
+        driver: {"type": "nfs", "o": "addr=10.0.0.5,rw,nfsvers=4", "device": ":/export/home/{username}"}.
+        Docker keeps a volume's options from its first use on each node.""",
+    )
+
+    home_path_template = Unicode(
+        "", config=True,
+        help="""Host folder of each user's home when `home_storage = "path"`, e.g.
+        `/srv/pdl/home/{username}` ({username}: the escaped user name). The same on every
+        node (shared storage). A missing folder fails the spawn naming it.""",
+    )
+
+    data_storage = Union(
+        [Dict()], default_value=None, allow_none=True, config=True,
+        help="""The dataset, mounted read-only at /data in the notebook and every engine
+        (`CINIC10_DIR=/data/cinic10` unless `environment` sets it). None: no dataset.
+        {"kind": "path", "source": "/srv/pdl/data"}: that host folder on each node.
+        {"kind": "nfs", "addr": "10.0.0.5", "export": "/export/data"} (optional "options",
+        e.g. "nfsvers=4"): an NFS export, mounted by each node.""",
+    )
+
+    cache_volume = Unicode(
+        "pdl-cache-{username}", config=True,
+        help="""Node-local volume (driver local: one per node) at /var/tmp in the notebook and
+        every engine, where datasets are staged once per node (`CINIC10_CACHE=/var/tmp/cinic10`
+        unless `environment` sets it): a user's ranks on one node share it. One per user by
+        default: every user's containers run as the same `run_as`, so in a volume shared by
+        all ("pdl-cache") any user could alter what the others load. "": no cache volume.""",
+    )
+
+    @validate("home_storage")
+    def _validate_home_storage(self, proposal):
+        return swarm_specs.check_home_kind(proposal.value)
+
+    @validate("home_path_template")
+    def _validate_home_path_template(self, proposal):
+        return swarm_specs.check_home_path_template(proposal.value)
+
+    @validate("data_storage")
+    def _validate_data_storage(self, proposal):
+        return swarm_specs.check_data(proposal.value)
+
+    @validate("cache_volume")
+    def _validate_cache_volume(self, proposal):
+        return swarm_specs.check_volume_template(proposal.value, "cache_volume")
+
     swarm = Instance(SwarmServer, args=(), help="This server's swarm objects (spawner state).")
 
     @default("prefix")
@@ -151,10 +231,14 @@ class PDLSwarmSpawner(SwarmSpawner):
     def requested_gpus(self) -> int:
         """``workers`` from the user options, or HTTPError(400) naming the valid option."""
         try:
-            return form.requested_workers(self.user_options, default=self.default_gpus,
-                                          maximum=self.max_gpus or GPU_REQUEST_CAP)
+            n = form.requested_workers(self.user_options, default=self.default_gpus,
+                                       maximum=self.max_gpus or GPU_REQUEST_CAP)
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
+        if self.user_options.get("queue"):
+            message = "the queue is not available on Docker Swarm yet: ask again when GPUs are free"
+            raise web.HTTPError(400, message, reason=message)
+        return n
 
     # -- GPUs ----------------------------------------------------------------------
 
@@ -201,6 +285,25 @@ class PDLSwarmSpawner(SwarmSpawner):
     def forget_promise(self) -> None:
         PDLSwarmSpawner._promised.pop(self.owner.key, None)
 
+    # -- storage ---------------------------------------------------------------------
+
+    @property
+    def storage(self) -> swarm_specs.Storage:
+        return swarm_specs.Storage(
+            home=self.home_storage, home_volume_driver=self.home_volume_driver,
+            home_volume_driver_opts=dict(self.home_volume_driver_opts), home_path_template=self.home_path_template,
+            data=self.data_storage, cache_volume=self.cache_volume,
+        )
+
+    def storage_mounts(self) -> list[dict]:
+        """This user's storage mounts, then those of ``volumes``; HTTP 500 naming a bad setting."""
+        try:
+            return swarm_specs.check_mounts([*self.storage.mounts(self.escaped_name, self.container_home),
+                                             *self.mounts])
+        except ValueError as e:
+            message = f"PDLSwarmSpawner storage: {e}"
+            raise web.HTTPError(500, message, reason=message) from None
+
     # -- env and secrets -------------------------------------------------------------
 
     def get_env(self):
@@ -211,8 +314,9 @@ class PDLSwarmSpawner(SwarmSpawner):
         return env
 
     def user_environment(self) -> dict[str, str]:
-        """``Spawner.environment`` (callables evaluated), which the engines get too."""
-        return {k: str(v(self) if callable(v) else v) for k, v in self.environment.items()}
+        """``Spawner.environment`` (callables evaluated) over the storage's variables:
+        what the engines get."""
+        return {**self.storage.env(), **{k: str(v(self) if callable(v) else v) for k, v in self.environment.items()}}
 
     async def create_secret(self, kind: str, data: dict) -> tuple[str, str]:
         name = f"{self.object_name}-{kind}-{secrets.token_hex(4)}"
@@ -225,6 +329,7 @@ class PDLSwarmSpawner(SwarmSpawner):
 
     async def start(self):
         self.requested_gpus()  # refuse other options (image, mounts, ...) before any Docker call
+        self.storage_mounts()  # and storage settings that cannot work
         try:
             return await super().start()
         except BaseException:
@@ -241,6 +346,7 @@ class PDLSwarmSpawner(SwarmSpawner):
     async def create_object(self):
         """Check and promise the GPUs, then create the notebook secret and service."""
         n = self.requested_gpus()
+        mounts = self.storage_mounts()
         await self.promise_gpus(n)
         keys = self.swarm.keys or ClusterKeys.generate()
         notebooks = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=notebook"]})
@@ -251,8 +357,8 @@ class PDLSwarmSpawner(SwarmSpawner):
             "notebook", notebook_secret(keys, self.swarm.controller_ports, self.api_token))
         spec = swarm_specs.notebook_service(
             name=self.object_name, image=self.image, owner=self.owner, command=await self.get_command(),
-            env=self.get_env(), secret_id=secret_id, secret_name=secret_name, user=self.run_as,
-            home=self.container_home, ports=ports, gpus=n, mounts=self.mounts,
+            env={**self.storage.env(), **self.get_env()}, secret_id=secret_id, secret_name=secret_name,
+            user=self.run_as, home=self.container_home, ports=ports, gpus=n, mounts=mounts,
         )
         return await self.docker("create_service", **spec)
 
@@ -266,12 +372,13 @@ class PDLSwarmSpawner(SwarmSpawner):
         keys, ports = self.swarm.keys, self.swarm.controller_ports
         secret_id, secret_name = await self.create_secret("engine", engine_file(keys, ports, self.swarm.node_addr))
         avoid = excluded_hostnames(await self.docker("nodes"), self.nodes)
+        mounts = self.storage_mounts()
         for index in range(self.swarm.gpus):
             spec = swarm_specs.engine_service(
                 name=f"{self.object_name}-engine-{index}", image=self.engine_image or self.image,
                 owner=self.owner, index=index, env=self.user_environment(), secret_id=secret_id,
                 secret_name=secret_name, user=self.run_as, home=self.container_home,
-                gpu_resource=self.gpu_resource, mounts=self.mounts, avoid_hosts=avoid,
+                gpu_resource=self.gpu_resource, mounts=mounts, avoid_hosts=avoid,
             )
             self.swarm.engine_services.append((await self.docker("create_service", **spec))["ID"])
         await self.wait_tasks(self.swarm.engine_services, "engine")
@@ -279,9 +386,9 @@ class PDLSwarmSpawner(SwarmSpawner):
     async def wait_tasks(self, service_ids: list[str], what: str) -> list[dict]:
         """The running task of each service, once all run.
 
-        Raises RuntimeError when a task fails, and HTTP 409 when one waits for a GPU
-        longer than ``starved_timeout``. Promised GPUs are released once every service
-        has its task (from then on Swarm counts them).
+        Raises :class:`TaskFailed` (HTTP 500, a RuntimeError) when a task fails, and
+        HTTP 409 when one waits for a GPU longer than ``starved_timeout``. Promised GPUs
+        are released once every service has its task (from then on Swarm counts them).
         """
         starved_since = None
         while True:
@@ -293,7 +400,7 @@ class PDLSwarmSpawner(SwarmSpawner):
                 self.forget_promise()
             for t in current.values():
                 if t["Status"]["State"] in FAILED_TASK_STATES:
-                    raise RuntimeError(f"{what} task of {self.owner.key} did not start: {task_error(t)}")
+                    raise TaskFailed(f"{what} task of {self.owner.key} did not start: {task_error(t)}")
             if starved_tasks(list(current.values())):
                 starved_since = starved_since or time.monotonic()
                 if time.monotonic() - starved_since > self.starved_timeout:

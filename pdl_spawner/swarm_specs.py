@@ -18,10 +18,16 @@ Every container gets the same secure defaults, refused or fixed here rather than
 left to configuration: a non-root user; all capabilities dropped and none added
 back (nothing PDL runs needs one); ``NoNewPrivileges`` (honoured by Engine API
 1.44+; ``pdl-singleuser`` and ``pdl-engine`` also set it on themselves, for older
-daemons); no Docker socket mounted; secrets only as files under /run/secrets, mode
+daemons); no Docker socket, host root or host system folder mounted (a configured
+path that names one is refused); secrets only as files under /run/secrets, mode
 0400, owned by that user, never in a command line, environment or image (environment
 variables that carry secrets are refused); an init process as PID 1 (stops take
 milliseconds, so GPUs free at once). Swarm services cannot be privileged at all.
+
+Storage (:class:`Storage`), the same in the notebook and every engine: the user's
+home (a named volume, or a host path that every node mounts from shared storage),
+an optional read-only dataset at ``/data``, and a node-local cache volume per user
+at ``/var/tmp`` for staged datasets (``CINIC10_CACHE``).
 
 Networking is the node's own (``host``): the node kernel may have no IPVS, so there
 are no service VIPs. Containers bind the ports the hub chose; the hub and the
@@ -30,9 +36,11 @@ engines reach the notebook at its node's address.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 #: Prefix of every label PDL puts on services and secrets.
 LABEL_PREFIX = "pdl."
@@ -43,8 +51,18 @@ NOTEBOOK_SECRET_FILE = "pdl-notebook.json"
 ENGINE_SECRET_FILE = "pdl-engine.json"
 #: Environment variables that carry secrets: never put in a spec.
 SECRET_ENV = frozenset({"JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "IPP_CURVE_SECRETKEY", "IPP_CURVE_PUBLICKEY"})
-#: Host paths whose mount would hand out the Docker daemon.
-DOCKER_SOCKETS = frozenset({"/var/run/docker.sock", "/run/docker.sock", "/var/run", "/run", "/"})
+#: Host paths never mounted into a user's container: the host's root and system
+#: folders, and those holding the Docker daemon's socket (``/var/run``, ``/run``).
+REFUSED_HOST_PATHS = frozenset({
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
+    "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib", "/var/run",
+})
+#: ... nor anything under these (sockets, devices, kernel files, Docker's own state).
+REFUSED_HOST_TREES = ("/boot/", "/dev/", "/etc/", "/proc/", "/root/", "/run/", "/sys/", "/var/lib/docker/",
+                      "/var/lib/containerd/", "/var/run/")
+#: The notebook's ipyparallel files (connection files, keys): in the container, not in
+#: the home, which other servers of the user may share and which outlives the server.
+CLUSTER_DIR = "/tmp/pdl-cluster"
 #: Seconds, in the nanoseconds the Engine API wants.
 _NS = 1_000_000_000
 STOP_GRACE_NS = 5 * _NS
@@ -87,13 +105,41 @@ def uid_gid(user: str) -> tuple[str, str]:
     return uid, gid
 
 
+def check_host_path(path: str) -> str:
+    """``path`` normalised; ValueError unless it is absolute and not the host's root, a
+    system folder (:data:`REFUSED_HOST_PATHS`, :data:`REFUSED_HOST_TREES`) or a socket."""
+    if not path.startswith("/"):
+        raise ValueError(f"host paths must be absolute, got {path!r}")
+    normal = "/" + posixpath.normpath(path).lstrip("/")  # normpath keeps a leading "//"
+    if normal in REFUSED_HOST_PATHS or normal.startswith(REFUSED_HOST_TREES) or normal.endswith(".sock"):
+        raise ValueError(f"refusing to mount {normal} into a user's container")
+    return normal
+
+
+def _host_path(mount: dict) -> str | None:
+    """The host path a mount exposes: a bind's source, or the device of a ``local``
+    volume with ``o=bind``; None for volumes that hold their own data (or NFS)."""
+    if mount.get("Type", "bind") == "bind":
+        return mount.get("Source") or ""
+    options = ((mount.get("VolumeOptions") or {}).get("DriverConfig") or {}).get("Options") or {}
+    if {"bind", "rbind"} & set(str(options.get("o", "")).split(",")):
+        return str(options.get("device", ""))
+    return None
+
+
 def check_mounts(mounts: list[dict]) -> list[dict]:
-    """The mounts as plain dicts; ValueError for any that would expose the Docker socket."""
+    """The mounts as plain dicts; ValueError for a host path :func:`check_host_path`
+    refuses (the Docker socket, ``/``, ...) or two mounts at one target."""
     plain = [dict(m) for m in mounts]
+    targets = set()
     for m in plain:
-        source = posixpath.normpath(m.get("Source") or "/-")
-        if source in DOCKER_SOCKETS or source.endswith("/docker.sock"):
-            raise ValueError(f"refusing to mount {source} into a user's container")
+        host = _host_path(m)
+        if host is not None:
+            check_host_path(host)
+        target = posixpath.normpath(m.get("Target") or "")
+        if target in targets:
+            raise ValueError(f"two mounts at {target} in one container")
+        targets.add(target)
     return plain
 
 
@@ -169,6 +215,7 @@ def notebook_service(
     env = {
         **env,
         "HOME": home,
+        "PDL_CLUSTER_DIR": CLUSTER_DIR,
         "PDL_CONTROLLER_SECRET": posixpath.join(SECRETS_DIR, NOTEBOOK_SECRET_FILE),
         "PDL_ENGINES": str(gpus),
     }
@@ -213,3 +260,144 @@ def engine_service(
     if avoid_hosts:
         task["Placement"]["Constraints"] = [f"node.hostname!={host}" for host in avoid_hosts]
     return _service(name, labels, task)
+
+
+# -- storage ------------------------------------------------------------------------
+
+#: How a user's home can be provided (``PDLSwarmSpawner.home_storage``).
+HOME_KINDS = ("volume", "path")
+#: The home's named volume; ``{username}`` is the escaped hub user name.
+HOME_VOLUME = "pdl-home-{username}"
+#: Where the read-only dataset is mounted, and CINIC-10 in it.
+DATA_DIR = "/data"
+CINIC10_DIR = "/data/cinic10"
+#: Where the node-local cache volume is mounted, and CINIC-10's staged copy in it.
+#: /var/tmp because a new volume takes the owner and mode of the image's folder at its
+#: mount point: /var/tmp (sticky, world-writable) is writable by any ``run_as``; a
+#: folder the image lacks, such as /cache, would be root's.
+CACHE_DIR = "/var/tmp"
+CINIC10_CACHE = "/var/tmp/cinic10"
+#: Docker's rule for volume names.
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_DATA_HELP = ("data_storage must be None, {'kind': 'path', 'source': '/srv/pdl/data'} or "
+              "{'kind': 'nfs', 'addr': '10.0.0.5', 'export': '/export/data'} (optional 'options': 'nfsvers=4')")
+
+
+def check_home_kind(kind: str) -> str:
+    if kind not in HOME_KINDS:
+        raise ValueError(f"home_storage must be {' or '.join(map(repr, HOME_KINDS))}, got {kind!r}")
+    return kind
+
+
+def check_home_path_template(template: str) -> str:
+    """An absolute host path containing ``{username}``; "" (unset) passes."""
+    if template and "{username}" not in template:
+        raise ValueError(f"home_path_template must contain {{username}} (one home per user), got {template!r}")
+    if template:
+        check_host_path(template.replace("{username}", "user"))
+    return template
+
+
+def check_volume_template(template: str, setting: str) -> str:
+    """A Docker volume name once ``{username}`` is filled in; "" passes."""
+    if template and not _VOLUME_NAME.fullmatch(template.replace("{username}", "user")):
+        raise ValueError(f"{setting} must be a Docker volume name ([A-Za-z0-9_.-], "
+                         f"optionally with {{username}}), got {template!r}")
+    return template
+
+
+def check_data(data) -> dict | None:
+    """``data_storage`` normalised: None, ``{"kind": "path", "source"}`` or
+    ``{"kind": "nfs", "addr", "export", "options"}``; ValueError saying what is valid."""
+    if data is None:
+        return None
+    keys = {"path": ({"kind", "source"}, set()), "nfs": ({"kind", "addr", "export"}, {"options"})}
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in keys:
+        raise ValueError(f"{_DATA_HELP}; got {data!r}")
+    required, optional = keys[kind]
+    if not required <= set(data) <= required | optional or not all(
+            isinstance(v, str) and v for v in data.values()):
+        raise ValueError(f"{_DATA_HELP}; got {data!r}")
+    if kind == "path":
+        return {"kind": "path", "source": check_host_path(data["source"])}
+    if not data["export"].startswith("/") or "," in data["addr"]:
+        raise ValueError(f"{_DATA_HELP}; got {data!r}")
+    return {"kind": "nfs", "addr": data["addr"], "export": posixpath.normpath(data["export"]),
+            "options": data.get("options", "")}
+
+
+def _volume(name: str, target: str, role: str, *, driver: str = "local", options: dict | None = None,
+            labels: dict[str, str] | None = None, read_only: bool = False) -> dict:
+    """A named-volume mount; Docker creates the volume on the task's node at first use."""
+    config = {"Name": driver, **({"Options": dict(options)} if options else {})}
+    mount = {"Type": "volume", "Source": name, "Target": target}
+    if read_only:
+        mount["ReadOnly"] = True
+    mount["VolumeOptions"] = {"Labels": {LABEL_PREFIX + "volume": role, **(labels or {})}, "DriverConfig": config}
+    return mount
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where a user's files live, as mounts: the same in the notebook and every engine.
+
+    - ``home``: ``"volume"``: the named volume :data:`HOME_VOLUME` of ``home_volume_driver``
+      with ``home_volume_driver_opts`` (``{username}`` filled in). With the ``local``
+      driver and no options that is a folder on the task's node: it survives restarts
+      on that node only. ``"path"``: a bind of ``home_path_template``, which every node
+      mounts from shared storage at the same path; Docker refuses a task whose source
+      folder is missing, so the admin creates it, owned by ``run_as``.
+    - ``data``: :func:`check_data`; mounted read-only at :data:`DATA_DIR`.
+    - ``cache_volume``: the node-local cache volume's name (``{username}`` filled in),
+      at :data:`CACHE_DIR`; "" for none.
+    """
+
+    home: str = "volume"
+    home_volume_driver: str = "local"
+    home_volume_driver_opts: dict = field(default_factory=dict)
+    home_path_template: str = ""
+    data: dict | None = None
+    cache_volume: str = "pdl-cache-{username}"
+
+    def home_mount(self, username: str, target: str) -> dict:
+        if check_home_kind(self.home) == "path":
+            if not self.home_path_template:
+                raise ValueError("home_storage is 'path' but home_path_template is empty")
+            source = check_home_path_template(self.home_path_template).replace("{username}", username)
+            return {"Type": "bind", "Source": check_host_path(source), "Target": target}
+        options = {k: str(v).replace("{username}", username) for k, v in self.home_volume_driver_opts.items()}
+        return _volume(HOME_VOLUME.format(username=username), target, "home", driver=self.home_volume_driver,
+                       options=options, labels={LABEL_PREFIX + "user": username})
+
+    def data_mount(self) -> dict | None:
+        data = check_data(self.data)
+        if data is None:
+            return None
+        if data["kind"] == "path":
+            return {"Type": "bind", "Source": data["source"], "Target": DATA_DIR, "ReadOnly": True}
+        # named after its options: Docker keeps a volume's options from its first use on a node
+        digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+        o = ",".join(filter(None, [f"addr={data['addr']}", "ro", data["options"]]))
+        options = {"type": "nfs", "o": o, "device": f":{data['export']}"}
+        return _volume(f"pdl-data-{digest}", DATA_DIR, "data", options=options, read_only=True)
+
+    def cache_mount(self, username: str) -> dict | None:
+        if not check_volume_template(self.cache_volume, "cache_volume"):
+            return None
+        return _volume(self.cache_volume.replace("{username}", username), CACHE_DIR, "cache",
+                       labels={LABEL_PREFIX + "user": username})
+
+    def mounts(self, username: str, home: str) -> list[dict]:
+        """The mounts for ``username`` (escaped: a Docker name part) with HOME at ``home``."""
+        mounts = [self.home_mount(username, home), self.data_mount(), self.cache_mount(username)]
+        return check_mounts([m for m in mounts if m is not None])
+
+    def env(self) -> dict[str, str]:
+        """``CINIC10_DIR`` and ``CINIC10_CACHE`` where the dataset and the cache are mounted."""
+        env = {}
+        if self.data is not None:
+            env["CINIC10_DIR"] = CINIC10_DIR
+        if self.cache_volume:
+            env["CINIC10_CACHE"] = CINIC10_CACHE
+        return env

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from _engines import Recorder, pdl_session, process_running, strip_ansi  # noqa: F401
+from fault_cells import ALL_REDUCE_LOOP
 from pdl_magics import RankFailed
 
 pytestmark = pytest.mark.integration
@@ -44,16 +45,7 @@ def test_an_engine_killed_mid_cell_fails_the_cell_naming_it_and_the_cluster_heal
 
     with pytest.raises(RankFailed) as info:
         pdl_session.run(
-            """
-import time, torch, torch.distributed as dist
-steps, stop_at = 0, time.time() + 120
-while time.time() < stop_at:
-    dist.all_reduce(torch.ones(1000))
-    steps += 1
-    if steps == 20 and rank == 0:
-        print("loop running", flush=True)
-""",
-            3, out=Recorder(on_write=kill_rank1), err=Recorder(),
+            ALL_REDUCE_LOOP, 3, out=Recorder(on_write=kill_rank1), err=Recorder(),
         )
     failed_after = time.monotonic() - killed[0]
     assert failed_after < 30, f"the cell took {failed_after:.0f} s to fail after the engine died"

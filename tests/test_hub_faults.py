@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from fault_cells import ALL_REDUCE_LOOP, SUM, magic
 from hub_harness import Hub, Kernel, engine_processes, wait_until
 
 pytestmark = pytest.mark.hub
@@ -18,17 +19,8 @@ USERS = ["admin", "alice"]
 POOL = ["cpu:0", "cpu:1", "cpu:2"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-LOOP = """%%distributed -n 3
-import time, torch, torch.distributed as dist
-steps, stop_at = 0, time.time() + 120
-while time.time() < stop_at:
-    dist.all_reduce(torch.ones(1000))
-    steps += 1
-    if steps == 20 and rank == 0:
-        print("loop running", flush=True)
-"""
-SUM = ("%%distributed -n 3\nimport torch, torch.distributed as dist\n"
-       "t = torch.ones(1); dist.all_reduce(t); print('sum', int(t.item()))")
+LOOP = magic(ALL_REDUCE_LOOP, 3)
+SUM3 = magic(SUM, 3)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +66,7 @@ def test_an_engine_killed_mid_cell_fails_the_cell_and_its_slot_gets_a_new_engine
         fresh = wait_until(lambda: e if len(e := engine_processes(hub.root)) == 3 and victim not in e else None,
                            60, what="a new engine for cpu:1")
         assert sorted(env["PDL_SLOT"] for env in fresh.values()) == POOL
-        assert "sum 3" in ok(kernel, SUM, timeout=120)["stdout"]
+        assert "sum 3" in ok(kernel, SUM3, timeout=120)["stdout"]
 
         # a hang: the watchdog shows where each rank is; the stop button ends it
         out = kernel.execute(
@@ -85,7 +77,7 @@ def test_an_engine_killed_mid_cell_fails_the_cell_and_its_slot_gets_a_new_engine
         )
         assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt", out
         assert "No rank has made progress" in out["stderr"] and "time.sleep(600)" in out["stderr"], out
-        assert "sum 3" in ok(kernel, SUM, timeout=120)["stdout"]
+        assert "sum 3" in ok(kernel, SUM3, timeout=120)["stdout"]
         assert engine_processes(hub.root).keys() == fresh.keys(), "an engine was restarted"
     finally:
         kernel.close()

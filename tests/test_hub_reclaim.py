@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from fault_cells import SUM, magic
 from hub_harness import Hub, Kernel, engine_processes, wait_until
 from pdl_spawner.reservations import SlotLedger
 
@@ -14,8 +15,7 @@ pytestmark = pytest.mark.hub
 USERS = ["admin", "alice", "bob"]
 POOL = ["cpu:0", "cpu:1"]
 IDLE_S = 10  # long enough for the test's steps between two idle periods on a busy machine
-SUM = ("%%distributed -n 2\nimport torch, torch.distributed as dist\n"
-       "t = torch.ones(1); dist.all_reduce(t); print('sum', int(t.item()))")
+SUM2 = magic(SUM, 2)
 
 
 class IdleHub(Hub):
@@ -45,7 +45,7 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
     kernel = Kernel(hub, "alice")
     try:
         ok(kernel, "%load_ext pdl_magics")
-        assert "sum 2" in ok(kernel, SUM, timeout=120)["stdout"]
+        assert "sum 2" in ok(kernel, SUM2, timeout=120)["stdout"]
         ok(kernel, "x = 41")  # kernel state, which must survive the reclaim
 
         # bob waits in the queue; alice's engines go idle and their slots go to him
@@ -61,7 +61,7 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
         assert f"Reclaimed cpu:0,cpu:1 from alice: engines idle for {IDLE_S} s" in hub.log_tail(400)
 
         # alice's next cell says clearly that no workers are free, and runs nothing
-        out = kernel.execute(SUM, timeout=120)  # IPython shows a UsageError as one line on stderr
+        out = kernel.execute(SUM2, timeout=120)  # IPython shows a UsageError as one line on stderr
         assert f"Your engines were stopped (engines idle for {IDLE_S} s)" in out["stderr"], out
         assert (f"UsageError: your engines were stopped (engines idle for {IDLE_S} s) and cannot come back now: "
                 "Not enough free workers: you asked for 2, 0 of 2 are free") in out["stderr"], out
@@ -70,7 +70,7 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
         # bob stops: alice's next cell brings engines back and runs, with her kernel's state
         hub.api("DELETE", "/users/bob/server")
         wait_until(lambda: "bob" not in hub.reservations().values(), 60, what="bob's slots to free")
-        out = ok(kernel, SUM, timeout=180)
+        out = ok(kernel, SUM2, timeout=180)
         assert "sum 2" in out["stdout"] and "asking for 2 again" in out["stderr"]
         assert "Granted cpu:0,cpu:1 to alice again" in hub.log_tail(400)
         assert ok(kernel, "print(x + 1)")["stdout"].strip() == "42"

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.unit
 
 NS = 1_000_000_000
 ALICE = Owner("alice")
+#: Homes on shared storage, a dataset folder on every node.
+SHARED = swarm_specs.Storage(home="path", home_path_template="/srv/pdl/home/{username}",
+                             data={"kind": "path", "source": "/srv/pdl/data"})
 PORTS = [20001 + i for i in range(1 + PORTS_NEEDED)]
 KEYS = ClusterKeys(curve_publickey="P" * 40, curve_secretkey="S" * 40, session_key="k" * 64)
 API_TOKEN = "hub-api-token-of-alice"
@@ -68,6 +71,7 @@ def test_notebook_service_spec():
                     "HOME=/home/pdl",
                     "JUPYTERHUB_SERVICE_URL=http://0.0.0.0:20001/user/alice/",
                     "JUPYTERHUB_USER=alice",
+                    "PDL_CLUSTER_DIR=/tmp/pdl-cluster",
                     "PDL_CONTROLLER_SECRET=/run/secrets/pdl-notebook.json",
                     "PDL_ENGINES=3",
                 ],
@@ -130,9 +134,14 @@ def test_named_servers_get_their_own_owner_label():
 def _containers():
     yield notebook()["task_template"]["ContainerSpec"]
     yield engine()["task_template"]["ContainerSpec"]
+    for storage in (swarm_specs.Storage(), SHARED):
+        mounts = storage.mounts("alice", "/home/pdl")
+        yield notebook(mounts=mounts)["task_template"]["ContainerSpec"]
+        yield engine(mounts=mounts)["task_template"]["ContainerSpec"]
 
 
-@pytest.mark.parametrize("container", list(_containers()), ids=["notebook", "engine"])
+@pytest.mark.parametrize("container", list(_containers()), ids=[
+    "notebook", "engine", "notebook-volumes", "engine-volumes", "notebook-shared", "engine-shared"])
 def test_secure_defaults(container):
     assert container["User"] != "root" and not container["User"].startswith("0")
     assert container["Privileges"]["NoNewPrivileges"] is True
@@ -140,7 +149,8 @@ def test_secure_defaults(container):
     assert container["CapabilityDrop"] == ["ALL"] and not container.get("CapabilityAdd")
     assert container["Init"] is True
     for mount in container.get("Mounts", []):
-        assert "docker.sock" not in mount["Source"]
+        assert "docker.sock" not in mount["Source"] and mount["Source"] not in ("/", "/var/run", "/run")
+        assert mount["ReadOnly"] is True if mount["Target"] == "/data" else "ReadOnly" not in mount
     for ref in container["Secrets"]:
         assert ref["File"]["Mode"] == 0o400 and ref["File"]["UID"] == "1000"
 
@@ -151,10 +161,19 @@ def test_root_is_refused(user):
         notebook(user=user)
 
 
-@pytest.mark.parametrize("source", ["/var/run/docker.sock", "/run/docker.sock", "/var/run", "/", "/srv/x/docker.sock"])
-def test_docker_socket_mounts_are_refused(source):
-    with pytest.raises(ValueError, match="refusing to mount"):
+@pytest.mark.parametrize("source", [
+    "/var/run/docker.sock", "/run/docker.sock", "/var/run", "/", "/srv/x/docker.sock", "//", "//etc/shadow", "/etc",
+    "/etc/shadow", "/var/lib/docker/volumes", "/proc/1/root", "/srv/../var/run", "/run/containerd/containerd.sock",
+    "data",
+])
+def test_docker_socket_and_host_system_mounts_are_refused(source):
+    with pytest.raises(ValueError, match="refusing to mount|must be absolute"):
         engine(mounts=[{"Type": "bind", "Source": source, "Target": "/data"}])
+    # nor through a local volume that binds a host path
+    bind_volume = {"Type": "volume", "Source": "v", "Target": "/data", "VolumeOptions": {
+        "DriverConfig": {"Name": "local", "Options": {"type": "none", "o": "bind", "device": source}}}}
+    with pytest.raises(ValueError, match="refusing to mount|must be absolute"):
+        engine(mounts=[bind_volume])
     ok = engine(mounts=[{"Type": "bind", "Source": "/srv/data", "Target": "/data", "ReadOnly": True}])
     assert ok["task_template"]["ContainerSpec"]["Mounts"] == [
         {"Type": "bind", "Source": "/srv/data", "Target": "/data", "ReadOnly": True}]
@@ -188,3 +207,109 @@ def test_secret_spec():
         "labels": {"pdl.owner": "alice", "pdl.user": "alice", "pdl.server": "", "pdl.role": "secret",
                    "pdl.kind": "engine"},
     }
+
+
+# -- storage ---------------------------------------------------------------------------
+
+HOME_VOLUME = {
+    "Type": "volume", "Source": "pdl-home-alice", "Target": "/home/jovyan",
+    "VolumeOptions": {"Labels": {"pdl.volume": "home", "pdl.user": "alice"}, "DriverConfig": {"Name": "local"}},
+}
+CACHE_VOLUME = {
+    "Type": "volume", "Source": "pdl-cache-alice", "Target": "/var/tmp",
+    "VolumeOptions": {"Labels": {"pdl.volume": "cache", "pdl.user": "alice"}, "DriverConfig": {"Name": "local"}},
+}
+
+
+def test_default_storage_is_a_home_volume_and_a_cache_volume_per_user():
+    storage = swarm_specs.Storage()
+    assert storage.mounts("alice", "/home/jovyan") == [HOME_VOLUME, CACHE_VOLUME]
+    assert storage.env() == {"CINIC10_CACHE": "/var/tmp/cinic10"}
+    assert swarm_specs.Storage(cache_volume="").mounts("alice", "/home/jovyan") == [HOME_VOLUME]
+    assert swarm_specs.Storage(cache_volume="").env() == {}
+
+
+def test_home_volume_on_nfs_fills_in_the_user():
+    storage = swarm_specs.Storage(home_volume_driver_opts={
+        "type": "nfs", "o": "addr=10.0.0.5,rw,nfsvers=4", "device": ":/export/home/{username}"})
+    assert storage.home_mount("alice", "/home/jovyan") == {
+        **HOME_VOLUME,
+        "VolumeOptions": {"Labels": {"pdl.volume": "home", "pdl.user": "alice"}, "DriverConfig": {
+            "Name": "local",
+            "Options": {"type": "nfs", "o": "addr=10.0.0.5,rw,nfsvers=4", "device": ":/export/home/alice"},
+        }},
+    }
+    plugin = swarm_specs.Storage(home_volume_driver="rexray/efs").home_mount("alice", "/home/jovyan")
+    assert plugin["VolumeOptions"]["DriverConfig"] == {"Name": "rexray/efs"}
+
+
+def test_engines_get_the_shared_home_the_read_only_dataset_and_the_node_cache():
+    """home_storage="path" and a dataset folder: the whole engine container, mounts and env."""
+    mounts = SHARED.mounts("alice", "/home/jovyan")
+    spec = engine(mounts=mounts, env=SHARED.env(), home="/home/jovyan")
+    container = spec["task_template"]["ContainerSpec"]
+    assert container == {
+        "Image": "pdl-notebook:test",
+        "Command": ["pdl-engine"],
+        "Env": [
+            "CINIC10_CACHE=/var/tmp/cinic10",
+            "CINIC10_DIR=/data/cinic10",
+            "HOME=/home/jovyan",
+            "PDL_ENGINE_CONNECTION=/run/secrets/pdl-engine.json",
+            "PDL_ENGINE_HOST={{.Node.Hostname}}",
+            "PDL_GPU_RESOURCE=NVIDIA-GPU",
+        ],
+        "Labels": spec["labels"],
+        "Dir": "/home/jovyan",
+        "Secrets": container["Secrets"],
+        "Mounts": [
+            {"Type": "bind", "Source": "/srv/pdl/home/alice", "Target": "/home/jovyan"},
+            {"Type": "bind", "Source": "/srv/pdl/data", "Target": "/data", "ReadOnly": True},
+            CACHE_VOLUME,
+        ],
+        **SECURE,
+    }
+    # the notebook gets the same mounts, so what rank 0 saves is where the notebook looks
+    assert notebook(mounts=mounts)["task_template"]["ContainerSpec"]["Mounts"] == container["Mounts"]
+
+
+def test_dataset_on_nfs_is_a_read_only_volume_named_after_its_options():
+    data = {"kind": "nfs", "addr": "10.0.0.5", "export": "/export/data/"}
+    mount = swarm_specs.Storage(data=data, cache_volume="").data_mount()
+    assert mount == {
+        "Type": "volume", "Source": mount["Source"], "Target": "/data", "ReadOnly": True,
+        "VolumeOptions": {"Labels": {"pdl.volume": "data"}, "DriverConfig": {
+            "Name": "local", "Options": {"type": "nfs", "o": "addr=10.0.0.5,ro", "device": ":/export/data"}}},
+    }
+    assert mount["Source"].startswith("pdl-data-") and len(mount["Source"]) == len("pdl-data-") + 12
+    v4 = swarm_specs.Storage(data={**data, "options": "nfsvers=4"}).data_mount()
+    assert v4["VolumeOptions"]["DriverConfig"]["Options"]["o"] == "addr=10.0.0.5,ro,nfsvers=4"
+    assert v4["Source"] != mount["Source"]  # Docker keeps a volume's first options: new options, new volume
+    assert swarm_specs.Storage(data=data, cache_volume="").env() == {"CINIC10_DIR": "/data/cinic10"}
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"home": "nfs"}, "home_storage must be 'volume' or 'path', got 'nfs'"),
+    ({"home": "path"}, "home_storage is 'path' but home_path_template is empty"),
+    ({"home": "path", "home_path_template": "/srv/pdl/home"}, "must contain {username}"),
+    ({"home": "path", "home_path_template": "srv/{username}"}, "must be absolute"),
+    ({"home": "path", "home_path_template": "/etc/{username}"}, "refusing to mount /etc/user"),
+    ({"data": {"kind": "path", "source": "/var/run"}}, "refusing to mount /var/run"),
+    ({"data": {"kind": "path", "source": "/"}}, "refusing to mount /"),
+    ({"data": {"kind": "path"}}, "data_storage must be None, {'kind': 'path'"),
+    ({"data": {"kind": "s3", "source": "/x"}}, "data_storage must be None"),
+    ({"data": "/srv/pdl/data"}, "data_storage must be None"),
+    ({"data": {"kind": "nfs", "addr": "10.0.0.5", "export": "data"}}, "data_storage must be None"),
+    ({"data": {"kind": "path", "source": "/srv/d", "readonly": False}}, "data_storage must be None"),
+    ({"cache_volume": "pdl cache"}, "cache_volume must be a Docker volume name"),
+])
+def test_storage_settings_that_cannot_work_are_one_line_errors(settings, message):
+    with pytest.raises(ValueError) as e:
+        swarm_specs.Storage(**settings).mounts("alice", "/home/jovyan")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_two_mounts_at_one_target_are_refused():
+    extra = {"Type": "bind", "Source": "/srv/other", "Target": "/home/jovyan/"}
+    with pytest.raises(ValueError, match="two mounts at /home/jovyan"):
+        swarm_specs.check_mounts([HOME_VOLUME, extra])

@@ -188,3 +188,17 @@ def test_swarm_spawner_is_registered_and_documents_its_config():
     traits = PDLSwarmSpawner.class_traits(config=True)
     for name in own:
         assert traits[name].help.strip(), f"{name} has no help text"
+
+
+def test_the_swarm_spawner_says_it_has_no_queue():
+    from types import SimpleNamespace
+
+    from tornado import web
+
+    from pdl_spawner.swarm import PDLSwarmSpawner
+
+    spawner = PDLSwarmSpawner(user=SimpleNamespace(name="alice", admin=False, url="/user/alice/"))
+    spawner.user_options = {"workers": 1, "queue": True}
+    with pytest.raises(web.HTTPError) as e:
+        spawner.requested_gpus()
+    assert e.value.status_code == 400 and "queue is not available on Docker Swarm" in e.value.reason
