@@ -393,7 +393,7 @@ class SwarmSim:
             wait_until(answers, 60, what=f"{self.hostname(i)}'s dockerd")
 
     def _remove_workloads(self, timeout: float = 30) -> None:
-        """Remove every service and container on every node."""
+        """Remove every service and container on every node, and the volumes PDL made."""
         with contextlib.suppress(Exception):
             for svc in self.manager.services.list():
                 with contextlib.suppress(Exception):
@@ -407,6 +407,9 @@ class SwarmSim:
                 for ct in c.containers.list(all=True):
                     with contextlib.suppress(Exception):
                         ct.remove(force=True)
+                for volume in c.volumes.list(filters={"label": "pdl.volume"}):  # users' homes and caches
+                    with contextlib.suppress(Exception):
+                        volume.remove(force=True)
             except Exception:
                 continue
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from hub_harness import Hub
+from hub_harness import Hub, wait_until
 
 IMAGE = "pdl-notebook:test"
 
@@ -70,3 +70,18 @@ def pdl_objects(swarm, user=None):
     m = swarm.manager
     return (sorted(s.name for s in m.services.list(filters={"label": label})),
             sorted(s.name for s in m.secrets.list(filters={"label": label})))
+
+
+def running_hub(root, swarm, users: list[str], extra_config: str = ""):
+    """A started :class:`SwarmHub` for a module fixture (``yield from``): afterwards the hub
+    is closed and every service and secret PDL made is gone."""
+    h = SwarmHub(root, swarm, users, extra_config=extra_config).start()
+    try:
+        yield h
+    finally:
+        h.close()
+        try:
+            wait_until(lambda: pdl_objects(swarm) == ([], []), 60, what="PDL's services and secrets to go")
+        finally:
+            for svc in swarm.manager.services.list(filters={"label": "pdl.owner"}):
+                svc.remove()

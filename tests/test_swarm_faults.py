@@ -22,7 +22,7 @@ import pytest
 
 from fault_cells import ALL_REDUCE_LOOP, SUM, magic
 from hub_harness import Kernel, wait_until
-from swarm_hub_harness import SwarmHub, pdl_objects
+from swarm_hub_harness import pdl_objects, running_hub
 
 pytestmark = pytest.mark.docker
 
@@ -36,16 +36,7 @@ LOOP = magic(ALL_REDUCE_LOOP, 3)
 
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
-    h = SwarmHub(tmp_path_factory.mktemp("swarm-faults"), swarm, USERS).start()
-    try:
-        yield h
-    finally:
-        h.close()
-        try:
-            wait_until(lambda: pdl_objects(swarm) == ([], []), 60, what="PDL's services and secrets to go")
-        finally:
-            for svc in swarm.manager.services.list(filters={"label": "pdl.owner"}):
-                svc.remove()
+    yield from running_hub(tmp_path_factory.mktemp("swarm-faults"), swarm, USERS)
 
 
 @pytest.fixture

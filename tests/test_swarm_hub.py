@@ -17,7 +17,7 @@ import time
 import pytest
 
 from hub_harness import Kernel, wait_until
-from swarm_hub_harness import SwarmHub, inspect_task, pdl_objects
+from swarm_hub_harness import inspect_task, pdl_objects, running_hub
 
 pytestmark = pytest.mark.docker
 
@@ -50,16 +50,7 @@ HVD_RESULT = re.compile(r"hvd (\d)/3 local 0/1 cross (\d)/3 host (\S+) sum 6")
 
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
-    h = SwarmHub(tmp_path_factory.mktemp("swarm-hub"), swarm, ["admin", "alice", "bob"]).start()
-    try:
-        yield h
-    finally:
-        h.close()
-        try:
-            wait_until(lambda: pdl_objects(swarm) == ([], []), 60, what="PDL's services and secrets to go")
-        finally:
-            for svc in swarm.manager.services.list(filters={"label": "pdl.owner"}):
-                svc.remove()
+    yield from running_hub(tmp_path_factory.mktemp("swarm-hub"), swarm, ["admin", "alice", "bob"])
 
 
 def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, swarm):

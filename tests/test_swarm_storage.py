@@ -24,7 +24,7 @@ from tornado import web
 
 from hub_harness import Kernel, wait_until
 from swarm_doubles import FakeSwarm
-from swarm_hub_harness import SwarmHub, pdl_objects
+from swarm_hub_harness import pdl_objects, running_hub
 from test_swarm_spawner import make_spawner, run, services_of
 
 USERS = ["admin", "hana", "ivan", "jude"]  # jude has no home folder
@@ -150,21 +150,14 @@ c.PDLSwarmSpawner.home_storage = "path"
 c.PDLSwarmSpawner.home_path_template = {str(shared / 'home' / '{username}')!r}
 c.PDLSwarmSpawner.data_storage = {{"kind": "path", "source": {str(shared / 'data')!r}}}
 """
-    h = SwarmHub(tmp_path_factory.mktemp("swarm-storage-hub"), swarm, USERS, extra_config=config).start()
     try:
-        yield h
+        yield from running_hub(tmp_path_factory.mktemp("swarm-storage-hub"), swarm, USERS, extra_config=config)
     finally:
-        h.close()
-        try:
-            wait_until(lambda: pdl_objects(swarm) == ([], []), 60, what="PDL's services and secrets to go")
-        finally:
-            for svc in swarm.manager.services.list(filters={"label": "pdl.owner"}):
-                svc.remove()
-            for node in swarm.manager.nodes.list():
-                set_availability(swarm, node.id, "active")
-            for i in swarm.node_ids():  # the cache volumes this module made, once their containers are gone
-                wait_until(lambda i=i: remove_volumes(swarm.client(i), [f"pdl-cache-{u}" for u in USERS]), 60,
-                           what=f"the cache volumes on {swarm.hostname(i)} to be free")
+        for node in swarm.manager.nodes.list():
+            set_availability(swarm, node.id, "active")
+        for i in swarm.node_ids():  # the cache volumes this module made, once their containers are gone
+            wait_until(lambda i=i: remove_volumes(swarm.client(i), [f"pdl-cache-{u}" for u in USERS]), 60,
+                       what=f"the cache volumes on {swarm.hostname(i)} to be free")
 
 
 def remove_volumes(client, names: list[str]) -> bool:
