@@ -264,8 +264,14 @@ class DistributedSession:
         ids = [i for i in self.client.ids if i not in self._replaced]
         new = [i for i in ids if i not in self._engines]
         if new:
-            infos = self.client[new].apply_sync(_remote, "describe")
-            self._engines.update(zip(new, infos))
+            pending = {i: self.client[i].apply_async(_remote, "describe") for i in new}
+            for i, ar in pending.items():
+                try:
+                    self._engines[i] = ar.get(timeout=clusters.ENGINE_TIMEOUT_S)
+                except (ipp.error.EngineError, ipp.error.RemoteError) as e:
+                    if isinstance(e, ipp.error.RemoteError) and e.ename != "EngineError":
+                        raise
+                    self._replaced.add(i)  # died since it registered: its replacement will register
         for gone in set(self._engines) - set(ids):
             del self._engines[gone]
 
