@@ -235,10 +235,11 @@ c.JupyterHub.log_level = "INFO"
         return {h.slot: h.owner for h in SlotLedger(self.state_dir / "reservations.sqlite").holdings()}
 
 
-def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None):
+def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
+                hub_env: dict | None = None):
     """For a module's ``hub`` fixture (``yield from``): a started :class:`Hub`, then
     everything stopped, failing if an engine outlived it."""
-    hub = Hub(root, users, pool, spawner_env=spawner_env).start()
+    hub = Hub(root, users, pool, spawner_env=spawner_env, hub_env=hub_env).start()
     try:
         yield hub
     finally:
@@ -290,6 +291,12 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 out["seconds"] = time.monotonic() - start
                 return out
+
+    def execute_ok(self, code: str, **kwargs) -> dict:
+        """:meth:`execute`, asserting that the cell raised nothing."""
+        out = self.execute(code, **kwargs)
+        assert out["error"] is None, out
+        return out
 
     def interrupt(self) -> None:
         requests.post(f"{self.base}/kernels/{self.id}/interrupt", headers=self.headers, timeout=30).raise_for_status()

@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from fault_cells import ALL_REDUCE_LOOP, SUM, magic
-from hub_harness import Hub, Kernel, engine_processes, wait_until
+from hub_harness import Kernel, engine_processes, hub_fixture, wait_until
 
 pytestmark = pytest.mark.hub
 
@@ -25,16 +25,7 @@ SUM3 = magic(SUM, 3)
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("hub-faults"), USERS, POOL).start()
-    yield h
-    h.close()
-    assert not engine_processes(h.root), "engines left running after the hub was closed"
-
-
-def ok(kernel: Kernel, code: str, **kwargs) -> dict:
-    out = kernel.execute(code, **kwargs)
-    assert out["error"] is None, out
-    return out
+    yield from hub_fixture(tmp_path_factory.mktemp("hub-faults"), USERS, POOL)
 
 
 def test_an_engine_killed_mid_cell_fails_the_cell_and_its_slot_gets_a_new_engine(hub):
@@ -46,7 +37,7 @@ def test_an_engine_killed_mid_cell_fails_the_cell_and_its_slot_gets_a_new_engine
     victim = next(pid for pid, env in engines.items() if env["PDL_SLOT"] == "cpu:1")  # rank 1
     kernel = Kernel(hub, "alice")
     try:
-        ok(kernel, "%load_ext pdl_magics")
+        kernel.execute_ok("%load_ext pdl_magics")
         killed_at = []
 
         def kill_when_running(elapsed, text):
@@ -66,7 +57,7 @@ def test_an_engine_killed_mid_cell_fails_the_cell_and_its_slot_gets_a_new_engine
         fresh = wait_until(lambda: e if len(e := engine_processes(hub.root)) == 3 and victim not in e else None,
                            60, what="a new engine for cpu:1")
         assert sorted(env["PDL_SLOT"] for env in fresh.values()) == POOL
-        assert "sum 3" in ok(kernel, SUM3, timeout=120)["stdout"]
+        assert "sum 3" in kernel.execute_ok(SUM3, timeout=120)["stdout"]
 
         # a hang: the watchdog shows where each rank is; the stop button ends it
         out = kernel.execute(
@@ -77,7 +68,7 @@ def test_an_engine_killed_mid_cell_fails_the_cell_and_its_slot_gets_a_new_engine
         )
         assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt", out
         assert "No rank has made progress" in out["stderr"] and "time.sleep(600)" in out["stderr"], out
-        assert "sum 3" in ok(kernel, SUM3, timeout=120)["stdout"]
+        assert "sum 3" in kernel.execute_ok(SUM3, timeout=120)["stdout"]
         assert engine_processes(hub.root).keys() == fresh.keys(), "an engine was restarted"
     finally:
         kernel.close()

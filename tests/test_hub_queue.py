@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hub_harness import Hub, engine_processes, wait_until
+from hub_harness import hub_fixture, wait_until
 
 pytestmark = pytest.mark.hub
 
@@ -20,10 +20,7 @@ POOL = ["cpu:0", "cpu:1"]
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("hub-queue"), USERS, POOL).start()
-    yield h
-    h.close()
-    assert not engine_processes(h.root)
+    yield from hub_fixture(tmp_path_factory.mktemp("hub-queue"), USERS, POOL)
 
 
 def queue_up(hub, user: str, workers: int = 1):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fault_cells import SUM, magic
-from hub_harness import Hub, Kernel, engine_processes, wait_until
+from hub_harness import Hub, Kernel, engine_processes, hub_fixture, wait_until
 from pdl_spawner.reservations import SlotLedger
 
 pytestmark = pytest.mark.hub
@@ -18,25 +18,10 @@ IDLE_S = 10  # long enough for the test's steps between two idle periods on a bu
 SUM2 = magic(SUM, 2)
 
 
-class IdleHub(Hub):
-    def _write_config(self):
-        config = super()._write_config()
-        config.write_text(config.read_text() + f"c.PDLLocalSpawner.engine_idle_timeout = {IDLE_S}\n")
-        return config
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    h = IdleHub(tmp_path_factory.mktemp("hub-reclaim"), USERS, POOL).start()
-    yield h
-    h.close()
-    assert not engine_processes(h.root)
-
-
-def ok(kernel, code, **kwargs):
-    out = kernel.execute(code, **kwargs)
-    assert out["error"] is None, out
-    return out
+    yield from hub_fixture(tmp_path_factory.mktemp("hub-reclaim"), USERS, POOL,
+                           hub_env={"PDL_ENGINE_IDLE_TIMEOUT": str(IDLE_S)})
 
 
 def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
@@ -44,9 +29,9 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
     hub.wait_ready("alice")
     kernel = Kernel(hub, "alice")
     try:
-        ok(kernel, "%load_ext pdl_magics")
-        assert "sum 2" in ok(kernel, SUM2, timeout=120)["stdout"]
-        ok(kernel, "x = 41")  # kernel state, which must survive the reclaim
+        kernel.execute_ok("%load_ext pdl_magics")
+        assert "sum 2" in kernel.execute_ok(SUM2, timeout=120)["stdout"]
+        kernel.execute_ok("x = 41")  # kernel state, which must survive the reclaim
 
         # bob waits in the queue; alice's engines go idle and their slots go to him
         assert hub.api("POST", "/users/bob/server", json={"workers": 2, "queue": True}).status_code == 202
@@ -70,10 +55,10 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
         # bob stops: alice's next cell brings engines back and runs, with her kernel's state
         hub.api("DELETE", "/users/bob/server")
         wait_until(lambda: "bob" not in hub.reservations().values(), 60, what="bob's slots to free")
-        out = ok(kernel, SUM2, timeout=180)
+        out = kernel.execute_ok(SUM2, timeout=180)
         assert "sum 2" in out["stdout"] and "asking for 2 again" in out["stderr"]
         assert "Granted cpu:0,cpu:1 to alice again" in hub.log_tail(400)
-        assert ok(kernel, "print(x + 1)")["stdout"].strip() == "42"
+        assert kernel.execute_ok("print(x + 1)")["stdout"].strip() == "42"
     finally:
         kernel.close()
         hub.api("DELETE", "/users/alice/server")

@@ -76,19 +76,13 @@ def spawn_ready(hub, user: str, gpus: int) -> None:
     hub.wait_ready(user, timeout=240)
 
 
-def run_cell(kernel: Kernel, code: str, **kwargs) -> dict:
-    out = kernel.execute(code, **kwargs)
-    assert out["error"] is None, out
-    return out
-
-
 def test_an_engine_container_killed_mid_cell_fails_the_cell_and_the_gpu_stays_the_users(users, swarm):
     hub = users
     spawn_ready(hub, "alice", 3)
     kernel = Kernel(hub, "alice")
     try:
-        run_cell(kernel, "%load_ext pdl_magics")
-        where = run_cell(kernel, WHERE, timeout=300)["stdout"]
+        kernel.execute_ok("%load_ext pdl_magics")
+        where = kernel.execute_ok(WHERE, timeout=300)["stdout"]
         rank_of = {host: int(rank) for rank, host in re.findall(r"rank (\d) host (\S+)", where)}
         node, victim = engine_container(swarm, "pdl-alice-engine-1")
         host = swarm.hostname(node)
@@ -112,7 +106,7 @@ def test_an_engine_container_killed_mid_cell_fails_the_cell_and_the_gpu_stays_th
         assert pdl_objects(swarm, "bob") == ([], [])
         wait_until(lambda: engine_container(swarm, "pdl-alice-engine-1")[1].id != victim.id, 60,
                    what="Swarm to restart the engine")
-        out = run_cell(kernel, magic(SUM, 3), timeout=300)
+        out = kernel.execute_ok(magic(SUM, 3), timeout=300)
         assert "sum 3" in out["stdout"], out
     finally:
         kernel.close()
@@ -142,7 +136,7 @@ def test_after_a_hub_crash_servers_stay_no_gpu_is_given_twice_and_stop_leaves_no
     bob_ports = swarm.manager.services.get("pdl-bob").attrs["Spec"]["Labels"]["pdl.ports"]
     kernel = Kernel(hub, "alice")
     try:
-        out = run_cell(kernel, PROBE % {"addr": bob_addr, "ports": bob_ports}, timeout=120)
+        out = kernel.execute_ok(PROBE % {"addr": bob_addr, "ports": bob_ports}, timeout=120)
     finally:
         kernel.close()
     assert "own controller: 2 engines" in out["stdout"], out
