@@ -22,7 +22,7 @@ Environment variables tune it without editing this file:
   ``PDL_DATA_PATH`` (a folder on every node, e.g. ``/srv/pdl/data``) or ``PDL_DATA_NFS``
   (``addr:/export``, e.g. ``10.0.0.5:/export/data``), not both (docs/admin.md, "Storage");
 - ``PDL_ENGINE_IDLE_TIMEOUT``: seconds without a task after which a user's engines
-  are stopped and their slots released (default 0: never); the server and its files stay;
+  are stopped and their slots or GPUs released (default 0: never); the server and its files stay;
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
   stops a whole server (default 86400; 0: never);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
@@ -35,6 +35,7 @@ with random passwords generated on first start and stored with mode 0600 in
 
 import getpass
 import os
+import sys
 from pathlib import Path
 
 from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, USER_PASSWORD_BYTES, secret_file
@@ -98,6 +99,8 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLSwarmSpawner.image = os.environ.get("PDL_NOTEBOOK_IMAGE", "pdl-notebook:latest")
     c.PDLSwarmSpawner.client_kwargs = {"base_url": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")}
     c.PDLSwarmSpawner.default_gpus = int(os.environ.get("PDL_DEFAULT_GPUS", "1"))
+    c.PDLSwarmSpawner.state_db = str(state_dir / "swarm.sqlite")  # the queue and the reclaim log
+    c.PDLSwarmSpawner.engine_idle_timeout = c.PDLLocalSpawner.engine_idle_timeout
     c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]
     c.PDLSwarmSpawner.home_storage = os.environ.get("PDL_HOME_STORAGE", "volume")
     if os.environ.get("PDL_HOME_PATH"):
@@ -118,11 +121,9 @@ elif os.environ.get("PDL_SPAWNER", "local") != "local":
 # users' files stay. Idle engines alone are released sooner: PDL_ENGINE_IDLE_TIMEOUT.
 _cull_idle_s = int(os.environ.get("PDL_CULL_IDLE_S", "86400"))
 if _cull_idle_s:
-    import sys as _sys
-
     c.JupyterHub.services.append({
         "name": "idle-culler",
-        "command": [_sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={_cull_idle_s}",
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={_cull_idle_s}",
                     f"--cull-every={max(5, min(300, _cull_idle_s // 4))}"],
     })
     c.JupyterHub.load_roles.append({
@@ -133,22 +134,27 @@ if _cull_idle_s:
 
 # -- Admin view (pdl_spawner/admin_view.py) ---------------------------------------------
 # A JupyterHub managed service at /services/pdl-admin/ (and .../api/status as JSON): who
-# holds which slot since when, the queue, recent reclaims. Admins only: it needs the scope
-# access:services!service=pdl-admin, which the admin role has. It listens on 127.0.0.1,
-# port PDL_ADMIN_VIEW_PORT (default 8002). The embedded default only: swarm admins see the
-# holders in the spawn form and with `docker service ls` (docs/admin.md, "Admin view").
-if os.environ.get("PDL_SPAWNER", "local") == "local":
-    import sys
-
+# holds which slot or GPU (on which node) since when, the queue, recent reclaims. Admins
+# only: it needs the scope access:services!service=pdl-admin, which the admin role has.
+# It listens on 127.0.0.1, port PDL_ADMIN_VIEW_PORT (default 8002). On a swarm it asks
+# the manager's Docker engine who runs which engine task on which GPU.
+if os.environ.get("PDL_SPAWNER", "local") == "swarm":
+    _admin_view_env = {
+        "PDL_RESERVATIONS_DB": c.PDLSwarmSpawner.state_db,
+        "PDL_DOCKER_HOST": c.PDLSwarmSpawner.client_kwargs["base_url"],
+        "PDL_NODES": ",".join(c.PDLSwarmSpawner.nodes),
+        "PDL_GPU_RESOURCE": c.PDLSwarmSpawner.gpu_resource if "gpu_resource" in c.PDLSwarmSpawner else "NVIDIA-GPU",
+    }
+else:
     _admin_view_env = {"PDL_RESERVATIONS_DB": c.PDLLocalSpawner.reservations_db}
     if "pool" in c.PDLLocalSpawner:
         _admin_view_env["PDL_POOL"] = ",".join(c.PDLLocalSpawner.pool)
     if "cpu_slots" in c.PDLLocalSpawner:
         _admin_view_env["PDL_CPU_SLOTS"] = str(c.PDLLocalSpawner.cpu_slots)
-    c.JupyterHub.services.append({
-        "name": "pdl-admin",
-        "url": f"http://127.0.0.1:{int(os.environ.get('PDL_ADMIN_VIEW_PORT', '8002'))}",
-        "command": [sys.executable, "-m", "pdl_spawner.admin_view"],
-        "environment": _admin_view_env,
-        "oauth_no_confirm": True,
-    })
+c.JupyterHub.services.append({
+    "name": "pdl-admin",
+    "url": f"http://127.0.0.1:{int(os.environ.get('PDL_ADMIN_VIEW_PORT', '8002'))}",
+    "command": [sys.executable, "-m", "pdl_spawner.admin_view"],
+    "environment": _admin_view_env,
+    "oauth_no_confirm": True,
+})

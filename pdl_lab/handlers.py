@@ -2,7 +2,14 @@
 
 - ``GET  /pdl/api/cluster``: the panel's model (:meth:`ClusterMonitor.snapshot_sync`);
 - ``POST /pdl/api/stop``: interrupt the running distributed cell on every rank;
-- ``POST /pdl/api/restart``: kill this cluster's engines so that they are restarted.
+- ``POST /pdl/api/restart``: kill this cluster's engines so that they are restarted;
+- ``GET  /pdl/api/lease``: this server's engine lease (:mod:`pdl.engine_lease`):
+  ``{"released": ..., "want": ..., "grant": ...}``, each the file's content or null;
+- ``POST /pdl/api/lease``: the hub's answer to a request for engines (the body is
+  written as the lease's grant: ``{"engines": n}`` or ``{"refused": one line}``); a
+  grant of engines also ends the release (before the answer, so that the hub's next
+  look never finds the release it just answered); 404 outside a hub server. On Docker Swarm the hub reads and answers the lease
+  this way, with the server's own API token; these calls are not user activity.
 
 Every handler requires an authenticated user (a Jupyter token or the login
 cookie, plus the XSRF token for cookie-authenticated POSTs).
@@ -15,6 +22,8 @@ import json
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
+
+from pdl import engine_lease
 
 from .monitor import ClusterMonitor
 
@@ -51,6 +60,40 @@ class RestartHandler(_MonitorHandler):
         self.reply(await self.monitor.restart_engines())
 
 
+class LeaseHandler(APIHandler):
+    def update_api_activity(self):
+        """The hub's looks at the lease are not the user's activity (idle culling)."""
+
+    def _directory(self):
+        directory = engine_lease.lease_dir()
+        if directory is None:
+            raise tornado.web.HTTPError(404, "no engine lease outside a hub server")
+        return directory
+
+    @tornado.web.authenticated
+    def get(self):
+        directory = self._directory()
+        body = {key: engine_lease.read(directory, name) for key, name in
+                (("released", engine_lease.RELEASED), ("want", engine_lease.WANT), ("grant", engine_lease.GRANT))}
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(body))
+
+    @tornado.web.authenticated
+    def post(self):
+        directory = self._directory()
+        try:
+            grant = json.loads(self.request.body)
+        except ValueError:
+            grant = None
+        if not isinstance(grant, dict) or not ({"engines", "refused"} & set(grant)):
+            raise tornado.web.HTTPError(400, 'the body must be {"engines": n} or {"refused": "why"}')
+        engine_lease.write(directory, engine_lease.GRANT, grant)
+        if grant.get("engines"):
+            engine_lease.remove(directory, engine_lease.RELEASED, engine_lease.WANT)
+        self.finish(json.dumps({"ok": True}))
+
+
 def setup_handlers(web_app, monitor: ClusterMonitor) -> None:
     web_app.settings[SETTINGS_KEY] = monitor
     base = url_path_join(web_app.settings["base_url"], "pdl", "api")
@@ -58,4 +101,5 @@ def setup_handlers(web_app, monitor: ClusterMonitor) -> None:
         (url_path_join(base, "cluster"), ClusterHandler),
         (url_path_join(base, "stop"), StopHandler),
         (url_path_join(base, "restart"), RestartHandler),
+        (url_path_join(base, "lease"), LeaseHandler),
     ])

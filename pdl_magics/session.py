@@ -78,7 +78,7 @@ STACK_WAIT_S = 3.0
 #: Seconds to wait for engines to confirm a signal (interrupt, stack request).
 SIGNAL_REPLY_S = 2.0
 #: Seconds a cell waits for the hub to grant slots again after an idle release.
-LEASE_WAIT_S = 60.0
+LEASE_WAIT_S = 120.0
 
 
 def _remote(fname, *args):
@@ -223,9 +223,10 @@ class DistributedSession:
         released = engine_lease.read(lease, engine_lease.RELEASED) if lease is not None else None
         if released is None:
             return
-        n = len(released.get("slots") or clusters.hub_slots())
+        n = released.get("engines") or len(released.get("slots") or clusters.hub_slots())
         reason = released.get("reason", "idle")
-        print(f"Your engines were stopped ({reason}) and their slots given back; asking for {n} again...",
+        given_back = "GPUs" if "engines" in released else "slots"
+        print(f"Your engines were stopped ({reason}) and their {given_back} given back; asking for {n} again...",
               file=sys.stderr, flush=True)
         engine_lease.write(lease, engine_lease.WANT, {"workers": n})
         deadline = time.monotonic() + LEASE_WAIT_S

@@ -23,6 +23,9 @@ secret written by ``PDLSwarmSpawner`` (a file under /run/secrets, see
 :mod:`pdl.connection`), step 3 is skipped: the spawner runs the engines as services
 on other nodes. The controller binds the ports from the secret with CurveZMQ on, and
 the hub API token for the server is taken from the secret, not from the environment.
+With ``PDL_ENGINE_IDLE_TIMEOUT``, idle engines are released the same way, except that
+the hub stops them (it scales their services to 0, reading the lease through
+``/pdl/api/lease``) and starts them again when it grants ``{"engines": n}``.
 The process and its children can never gain privileges.
 """
 
@@ -73,19 +76,28 @@ class IdleTracker:
 
 
 def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: float = 0.0,
-              lease: Path | None = None) -> None:
+              lease: Path | None = None, remote_engines: int = 0) -> None:
     """Restart the engine of any slot whose process has exited, until ``stop`` is set.
 
     With ``idle_timeout_s`` and a ``lease`` directory: stop every engine once none has
     had a task for that long and record the release, then, once the hub grants slots
-    again, start one engine on each (see :mod:`pdl.engine_lease`).
+    again, start one engine on each (see :mod:`pdl.engine_lease`). With
+    ``remote_engines`` (the hub runs that many engines elsewhere, on Docker Swarm),
+    record the release only, and forget it once the hub grants ``{"engines": n}``: the
+    hub stops and starts those engines.
     """
     tracker = IdleTracker(cluster) if idle_timeout_s and lease is not None else None
     released = tracker is not None and engine_lease.read(lease, engine_lease.RELEASED) is not None
     while not stop.wait(SUPERVISE_PERIOD_S):
         if released:
             grant = engine_lease.read(lease, engine_lease.GRANT)
-            if grant and grant.get("slots"):
+            if grant and grant.get("engines"):
+                engine_lease.remove(lease, engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT)
+                print(f"pdl-singleuser: the hub started {grant['engines']} engine(s) again", file=sys.stderr,
+                      flush=True)
+                tracker.reset()
+                released = False
+            elif grant and grant.get("slots"):
                 slots = list(grant["slots"])
                 for slot in slots:
                     clusters.restart_slot_engine(cluster, slot, len(slots))
@@ -100,6 +112,13 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
                 idle = tracker.idle_s()
             except Exception:  # noqa: BLE001 - the controller is busy or restarting: look again later
                 idle = 0.0
+            if idle >= idle_timeout_s and remote_engines:
+                reason = f"engines idle for {idle_timeout_s:g} s"
+                engine_lease.write(lease, engine_lease.RELEASED, {"reason": reason, "engines": remote_engines})
+                print(f"pdl-singleuser: {reason}; the hub stops them and frees their GPUs", file=sys.stderr,
+                      flush=True)
+                released = True
+                continue
             if idle >= idle_timeout_s:
                 for slot in slots:
                     esid = clusters.slot_engine_set_id(slot)
@@ -168,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         clusters.start_controller(cluster, remote_engines=remote)
         clusters.start_slot_engines(cluster, slots, len(slots))
         idle_timeout_s = float(os.environ.get("PDL_ENGINE_IDLE_TIMEOUT") or 0)
-        watcher = threading.Thread(target=supervise, args=(cluster, slots, stop, idle_timeout_s, cluster_dir()),
-                                   daemon=True)
+        remote_engines = int(os.environ.get("PDL_ENGINES") or 0) if remote else 0
+        watcher = threading.Thread(target=supervise, args=(cluster, slots, stop, idle_timeout_s, cluster_dir(),
+                                                           remote_engines), daemon=True)
         watcher.start()
         if not stop.is_set():
             while server.poll() is None:

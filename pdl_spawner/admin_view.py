@@ -1,13 +1,30 @@
-"""The admin view: who holds which slot, who waits in the queue, what was reclaimed.
+"""The admin view: who holds which slot or GPU, who waits in the queue, what was reclaimed.
 
-A JupyterHub managed service, ``pdl-admin`` (registered in ``jupyterhub_config.py``
-for the embedded default), run by the hub as ``python -m pdl_spawner.admin_view``.
-Under its prefix (``$JUPYTERHUB_SERVICE_PREFIX``, ``/services/pdl-admin/``) it serves
+A JupyterHub managed service, ``pdl-admin`` (registered in ``jupyterhub_config.py``),
+run by the hub as ``python -m pdl_spawner.admin_view``. Under its prefix
+(``$JUPYTERHUB_SERVICE_PREFIX``, ``/services/pdl-admin/``) it serves
 
 - ``GET <prefix>``: an HTML page with three tables (reservations, queue, recent
   reclaims);
 - ``GET <prefix>api/status``: the same as JSON, for scripts (``Authorization: token ...``
-  with a hub API token); see :func:`status_model` for the fields.
+  with a hub API token); see :func:`status_model` (local) and :func:`swarm_status_model`
+  (Swarm) for the fields.
+
+Two sources of holdings, read on every request:
+
+- **local** (the embedded default, ``PDLLocalSpawner``): the slot ledger, a SQLite
+  file (:class:`~pdl_spawner.reservations.SlotLedger`); the node is this machine.
+- **Swarm** (``PDLSwarmSpawner``, when ``PDL_DOCKER_HOST`` is set): the GPUs that
+  PDL's engine tasks hold, read from the swarm's manager through the Docker Engine
+  API (:mod:`pdl_spawner.swarm_holdings`), each on its node, since the time its task
+  reached its state. The pool is the GPUs that PDL's nodes declare, as
+  ``"<hostname>/<GPU id>"``. When Docker cannot be read the page says so and still
+  shows the queue and the reclaims.
+
+Either way the queue (:class:`~pdl_spawner.wait_queue.WaitQueue`) and the recent
+reclaims (:meth:`~pdl_spawner.reservations.SlotLedger.reclaims`) come from the SQLite
+file ``PDL_RESERVATIONS_DB``; on Swarm it holds no slot reservations, and the slots
+of its reclaims are GPU descriptions (e.g. ``"pdl-node1/GPU-fake-1"``), shown as they are.
 
 Access is JupyterHub's: a request needs the scope
 ``access:services!service=pdl-admin``, which the admin role has (through
@@ -17,15 +34,25 @@ refuses the OAuth login, or this service refuses the token.
 Environment (set in the service definition):
 
 - ``PDL_RESERVATIONS_DB``: the ledger file, the same as
-  ``c.PDLLocalSpawner.reservations_db`` (required); the queue lives in it too;
-- ``PDL_POOL``: the spawner's slots, comma-separated, when configured; otherwise
+  ``c.PDLLocalSpawner.reservations_db`` (required, on Swarm too); the queue and the
+  reclaim log live in it too;
+- ``PDL_POOL`` (local): the spawner's slots, comma-separated, when configured; otherwise
   the spawner's default pool (:func:`pdl.slots.default_pool`, with ``PDL_CPU_SLOTS``);
+- ``PDL_DOCKER_HOST`` (Swarm): the Docker base URL of a swarm manager, e.g.
+  ``unix:///var/run/docker.sock`` or ``tcp://10.77.0.2:2375``; set, it selects the
+  Swarm source (docker-py must be installed: the ``swarm`` extra);
+- ``PDL_GPU_RESOURCE`` (Swarm): the generic resource that counts as a GPU, the same
+  as ``c.PDLSwarmSpawner.gpu_resource`` (default ``NVIDIA-GPU``);
+- ``PDL_NODES`` (Swarm): the hostnames of the nodes whose GPUs PDL uses,
+  comma-separated, as ``c.PDLSwarmSpawner.nodes`` (empty: every node); the GPUs of
+  other nodes are not in the pool;
 - ``PDL_ADMIN_VIEW_PORT`` (read by ``jupyterhub_config.py``, not here): the port on
   127.0.0.1 in the service's URL, default 8002. The service listens where
   ``$JUPYTERHUB_SERVICE_URL`` says.
 
-The rows and the page are pure functions (:func:`status_model`, :func:`render_page`);
-the handlers only read the ledger and call them.
+The rows and the page are pure functions (:func:`status_model`,
+:func:`swarm_status_model`, :func:`render_page`); the readers (:func:`read_status`,
+:func:`read_swarm_status`) do the I/O, and the handlers run a reader in a thread.
 """
 
 from __future__ import annotations
@@ -36,7 +63,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from html import escape
 from pathlib import Path
 from urllib.parse import urlparse
@@ -49,10 +78,16 @@ from pdl.engine_boot import die_with_parent
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, slot_index
 
 from .reservations import Holding, Reclaim, SlotLedger
+from .swarm_holdings import GpuHolding, SwarmSnapshot, swarm_snapshot
+from .swarm_specs import LABEL_PREFIX
 from .wait_queue import Waiter, WaitQueue
 
 #: How many reclaims the view lists, newest first.
 RECENT_RECLAIMS = 20
+#: The generic resource that counts as a GPU on Swarm, unless ``PDL_GPU_RESOURCE`` says otherwise.
+DEFAULT_GPU_RESOURCE = "NVIDIA-GPU"
+#: Seconds one Docker API call of the Swarm source may take.
+DOCKER_TIMEOUT_S = 10
 
 # -- pure: rows and page ------------------------------------------------------------
 
@@ -84,16 +119,30 @@ def split_owner(owner: str) -> tuple[str, str]:
     return user, server
 
 
+def _reservation_row(slot: str, node: str, owner: str, user: str, since: float, now: float) -> dict:
+    return {"slot": slot, "node": node, "owner": owner, "user": user, "server": split_owner(owner)[1],
+            "since": iso_utc(since), "held_s": max(0, int(now - since))}
+
+
 def reservation_rows(holdings: list[Holding], node: str, now: float) -> list[dict]:
     """One row per reserved slot, in slot order: ``slot``, ``node`` (the machine the
     slot is on), ``owner``/``user``/``server``, ``since`` (ISO UTC) and ``held_s``
     (whole seconds held at ``now``, epoch seconds)."""
     ordered = sorted(holdings, key=lambda h: (h.slot.partition(":")[0], slot_index(h.slot), h.slot))
-    return [
-        {"slot": h.slot, "node": node, "owner": h.owner, "user": split_owner(h.owner)[0],
-         "server": split_owner(h.owner)[1], "since": iso_utc(h.since), "held_s": max(0, int(now - h.since))}
-        for h in ordered
-    ]
+    return [_reservation_row(h.slot, node, h.owner, split_owner(h.owner)[0], h.since, now) for h in ordered]
+
+
+def gpu_reservation_rows(holdings: list[GpuHolding], now: float) -> list[dict]:
+    """:func:`reservation_rows` for Swarm, in the holdings' order (node, then GPU): the
+    GPU id as ``slot`` (``"(pending)"`` for a task not placed yet), its node's hostname
+    as ``node``."""
+    return [_reservation_row(h.gpu, h.node, h.owner, h.user or split_owner(h.owner)[0], h.since, now)
+            for h in holdings]
+
+
+def gpu_name(node: str, gpu: str) -> str:
+    """A GPU of the swarm as the view names it: ``"<hostname>/<GPU id>"``."""
+    return f"{node}/{gpu}"
 
 
 def queue_rows(waiters: list[Waiter], now: float) -> list[dict]:
@@ -138,6 +187,34 @@ def status_model(
     }
 
 
+def swarm_status_model(
+    snapshot: SwarmSnapshot, waiters: list[Waiter], reclaims: list[Reclaim], *, now: float, error: str | None = None,
+) -> dict:
+    """Everything the view shows on Swarm, JSON-ready: ``nodes`` (hostnames of PDL's
+    nodes) and ``unavailable`` (those of them that offer no GPU now), ``now`` (ISO UTC),
+    ``pool`` and ``free`` (GPUs as ``"<hostname>/<GPU id>"``: PDL's nodes' GPUs, and
+    those no task holds), ``other_services`` (GPUs of the pool held by services that are
+    not PDL engines), ``reservations`` (:func:`gpu_reservation_rows`), ``queue`` and
+    ``reclaims`` as in :func:`status_model`, and ``error``: None, or why Docker could not
+    be read (then ``pool`` and ``free`` are None and there are no reservations).
+    ``now`` is epoch seconds."""
+    held = {(h.node, h.gpu) for h in snapshot.holdings}
+    in_use = set(snapshot.in_use) | held
+    known = error is None
+    return {
+        "nodes": list(snapshot.nodes),
+        "unavailable": list(snapshot.unavailable),
+        "now": iso_utc(now),
+        "pool": [gpu_name(*g) for g in snapshot.pool] if known else None,
+        "free": [gpu_name(*g) for g in snapshot.pool if g not in in_use] if known else None,
+        "other_services": [gpu_name(*g) for g in snapshot.pool if g in in_use and g not in held],
+        "reservations": gpu_reservation_rows(snapshot.holdings, now),
+        "queue": queue_rows(waiters, now),
+        "reclaims": reclaim_rows(reclaims),
+        "error": error,
+    }
+
+
 def _table(caption: str, headers: list[str], rows: list[list[str]], empty: str) -> str:
     """An HTML table; every header and cell is escaped here."""
     if not rows:
@@ -147,18 +224,37 @@ def _table(caption: str, headers: list[str], rows: list[list[str]], empty: str) 
     return f"<h2>{escape(caption)}</h2>\n<table>\n<tr>{head}</tr>\n{body}\n</table>"
 
 
+def _summary(status: dict) -> tuple[str, str]:
+    """The summary line's subject (the node, or on Swarm PDL's nodes) and what it says of the pool."""
+    if "nodes" not in status:
+        if status["pool"] is None:
+            return f"Node {status['node']}", f"{len(status['reservations'])} slot(s) reserved"
+        return f"Node {status['node']}", f"{len(status['free'])} of {len(status['pool'])} slot(s) free"
+    nodes = status["nodes"]
+    subject = f"{'Node' if len(nodes) == 1 else 'Nodes'} {', '.join(nodes) or '(none)'}"
+    if status["pool"] is None:
+        return subject, "GPUs unknown"
+    text = f"{len(status['free'])} of {len(status['pool'])} GPU(s) free"
+    if status["other_services"]:
+        text += f", {len(status['other_services'])} held by other services"
+    if status["unavailable"]:
+        text += f"; not available: {', '.join(status['unavailable'])}"
+    return subject, text
+
+
 def render_page(status: dict) -> str:
-    """The admin page for a :func:`status_model` dict: a summary line and the tables
+    """The admin page for a :func:`status_model` or :func:`swarm_status_model` dict: a
+    summary line (and on Swarm why Docker could not be read, if so) and the tables
     Reservations, Queue and Recent reclaims (each says so when empty). Every value is
     HTML-escaped."""
-    if status["pool"] is None:
-        summary = f"{len(status['reservations'])} slot(s) reserved"
-    else:
-        summary = f"{len(status['free'])} of {len(status['pool'])} slot(s) free"
+    swarm = "nodes" in status
+    header, noun = ("GPU", "GPU") if swarm else ("Slot", "slot")
+    subject, summary = _summary(status)
+    error = f'\n<p class="error">Docker could not be read: {escape(status["error"])}</p>' if status.get("error") else ""
     reservations = _table(
-        "Reservations", ["Slot", "Node", "User/server", "Since (UTC)", "Held for"],
+        "Reservations", [header, "Node", "User/server", "Since (UTC)", "Held for"],
         [[r["slot"], r["node"], r["owner"], r["since"], duration_text(r["held_s"])] for r in status["reservations"]],
-        "No slot is reserved.",
+        "No GPU is held." if swarm else "No slot is reserved.",
     )
     queue = _table(
         "Queue", ["Position", "User/server", "Workers wanted", "Waiting since (UTC)", "Waiting for"],
@@ -167,9 +263,9 @@ def render_page(status: dict) -> str:
         "Nobody is waiting.",
     )
     reclaims = _table(
-        "Recent reclaims", ["When (UTC)", "User/server", "Slots", "Reason"],
+        "Recent reclaims", ["When (UTC)", "User/server", f"{header}s", "Reason"],
         [[r["at"], r["owner"], ", ".join(r["slots"]), r["reason"]] for r in status["reclaims"]],
-        "No slot was reclaimed.",
+        f"No {noun} was reclaimed.",
     )
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -183,12 +279,13 @@ table {{ border-collapse: collapse; margin-bottom: 1em; }}
 th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
 th {{ background: #f3f3f3; }}
 .empty {{ color: #666; }}
+.error {{ color: #a00; }}
 </style>
 </head>
 <body>
 <h1>PDL admin view</h1>
-<p class="summary">Node {escape(status["node"])}: {escape(summary)}. As of {escape(status["now"])}
-(<a href="api/status">JSON</a>).</p>
+<p class="summary">{escape(subject)}: {escape(summary)}. As of {escape(status["now"])}
+(<a href="api/status">JSON</a>).</p>{error}
 {reservations}
 {queue}
 {reclaims}
@@ -197,7 +294,7 @@ th {{ background: #f3f3f3; }}
 """
 
 
-# -- I/O: the ledger and the handlers -------------------------------------------------
+# -- I/O: the readers and the handlers ------------------------------------------------
 
 
 def read_status(db_path: str | Path, *, node: str, pool: list[str] | None) -> dict:
@@ -209,15 +306,57 @@ def read_status(db_path: str | Path, *, node: str, pool: list[str] | None) -> di
     )
 
 
-class _ViewHandler(HubOAuthenticated, web.RequestHandler):
-    """Base of the view's handlers: hub-authenticated, reads the ledger off the event loop."""
+def read_swarm(docker_host: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """The swarm's nodes, PDL's engine services and the tasks meant to run, as the
+    Engine API of the manager at ``docker_host`` (a Docker base URL) returns them.
+    Each call may take up to :data:`DOCKER_TIMEOUT_S` seconds. Raises what docker-py
+    raises (see :func:`read_swarm_status`)."""
+    import docker
 
-    def initialize(self, hub_auth: HubOAuth, db_path: str, node: str, pool: list[str] | None):
+    client = docker.APIClient(base_url=docker_host, version="auto", timeout=DOCKER_TIMEOUT_S)
+    try:
+        return (
+            client.nodes(),
+            client.services(filters={"label": [f"{LABEL_PREFIX}role=engine"]}),
+            client.tasks(filters={"desired-state": ["running"]}),
+        )
+    finally:
+        client.close()
+
+
+def _docker_errors() -> tuple[type[BaseException], ...]:
+    """What reading the swarm raises when Docker is unreachable, refuses, or is no manager."""
+    import docker.errors
+    import requests
+
+    return docker.errors.DockerException, requests.exceptions.RequestException, OSError
+
+
+def read_swarm_status(db_path: str | Path, *, docker_host: str, resource: str, node_names: list[str]) -> dict:
+    """:func:`swarm_status_model` now: the holdings and the pool from the swarm manager
+    at ``docker_host`` (GPUs are units of generic resource ``resource``; PDL's nodes are
+    ``node_names``, all when empty), the queue and the reclaims from ``db_path``. When
+    Docker cannot be read the model carries the error (one line) instead."""
+    waiters, reclaims = WaitQueue(db_path).waiters(), SlotLedger(db_path).reclaims(RECENT_RECLAIMS)
+    try:
+        snapshot, error = swarm_snapshot(*read_swarm(docker_host), resource, node_names), None
+    except _docker_errors() as exc:
+        error = " ".join(f"{docker_host}: {exc}".split())[:500]
+        logging.getLogger("pdl.admin_view").warning("cannot read the swarm: %s", error)
+        snapshot = SwarmSnapshot(nodes=list(node_names))
+    return swarm_status_model(snapshot, waiters, reclaims, now=time.time(), error=error)
+
+
+class _ViewHandler(HubOAuthenticated, web.RequestHandler):
+    """Base of the view's handlers: hub-authenticated, runs the reader (blocking I/O)
+    off the event loop."""
+
+    def initialize(self, hub_auth: HubOAuth, reader: Callable[[], dict]):
         self.hub_auth = hub_auth
-        self.db_path, self.node, self.pool = db_path, node, pool
+        self.reader = reader
 
     async def status(self) -> dict:
-        return await asyncio.to_thread(read_status, self.db_path, node=self.node, pool=self.pool)
+        return await asyncio.to_thread(self.reader)
 
     def set_default_headers(self):
         self.set_header("Cache-Control", "no-store")
@@ -235,7 +374,7 @@ class PageHandler(_ViewHandler):
 
 
 class StatusAPIHandler(_ViewHandler):
-    """``GET <prefix>api/status``: :func:`status_model` as JSON. 403 (never a login
+    """``GET <prefix>api/status``: the status model as JSON. 403 (never a login
     redirect) without a token or cookie that has access."""
 
     def get_login_url(self):
@@ -263,12 +402,13 @@ def access_scope(service_name: str) -> str:
     return f"access:services!service={service_name}"
 
 
-def make_app(prefix: str, db_path: str, *, node: str, pool: list[str] | None, service_name: str) -> web.Application:
-    """The tornado app, its routes under ``prefix`` (ending in ``/``). The hub
+def make_app(prefix: str, reader: Callable[[], dict], *, service_name: str) -> web.Application:
+    """The tornado app, its routes under ``prefix`` (ending in ``/``); ``reader``
+    returns the status model (blocking; see :func:`reader_from_env`). The hub
     connection (API URL, token, OAuth client) comes from the ``JUPYTERHUB_*``
     environment the hub gives its services."""
     hub_auth = HubOAuth(access_scopes={access_scope(service_name)}, cache_max_age=60)
-    args = {"hub_auth": hub_auth, "db_path": db_path, "node": node, "pool": pool}
+    args = {"hub_auth": hub_auth, "reader": reader}
     return web.Application(
         [
             (prefix, PageHandler, args),
@@ -288,11 +428,26 @@ def pool_from_env(env=os.environ) -> list[str]:
     return default_pool(int(env.get("PDL_CPU_SLOTS", DEFAULT_CPU_SLOTS)))
 
 
+def nodes_from_env(env=os.environ) -> list[str]:
+    """PDL's swarm nodes: the hostnames in ``PDL_NODES`` (comma-separated); empty means every node."""
+    return [n.strip() for n in env.get("PDL_NODES", "").split(",") if n.strip()]
+
+
+def reader_from_env(env=os.environ) -> Callable[[], dict]:
+    """The status reader the environment asks for: the Swarm source when
+    ``PDL_DOCKER_HOST`` is set (with ``PDL_GPU_RESOURCE`` and ``PDL_NODES``), else the
+    local slot ledger (with ``PDL_POOL``); both read ``PDL_RESERVATIONS_DB``."""
+    db_path = env["PDL_RESERVATIONS_DB"]
+    if env.get("PDL_DOCKER_HOST"):
+        return partial(read_swarm_status, db_path, docker_host=env["PDL_DOCKER_HOST"],
+                       resource=env.get("PDL_GPU_RESOURCE") or DEFAULT_GPU_RESOURCE, node_names=nodes_from_env(env))
+    return partial(read_status, db_path, node=socket.gethostname(), pool=pool_from_env(env))
+
+
 async def _serve() -> None:
     prefix = os.environ["JUPYTERHUB_SERVICE_PREFIX"]
     url = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
-    app = make_app(prefix, os.environ["PDL_RESERVATIONS_DB"], node=socket.gethostname(),
-                   pool=pool_from_env(), service_name=os.environ["JUPYTERHUB_SERVICE_NAME"])
+    app = make_app(prefix, reader_from_env(), service_name=os.environ["JUPYTERHUB_SERVICE_NAME"])
     app.listen(url.port, url.hostname)
     logging.getLogger("pdl.admin_view").info("PDL admin view at %s%s", url.netloc, prefix)
     await asyncio.Event().wait()

@@ -22,7 +22,6 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pwd
 import random
@@ -32,22 +31,17 @@ from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
-from traitlets import Bool, Integer, List, Tuple, Unicode, default, observe, validate
+from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
 from pdl import engine_lease
 
 from . import form
+from .idle_engines import IdleEngines
+from .queueing import NotFreeYet, QueueingSpawner
 from .reservations import NotEnoughSlots, SlotLedger
-from .wait_queue import WaitQueue
 
-#: Seconds between a waiting spawn's looks at the queue and the free slots.
-QUEUE_POLL_S = 1.0
-#: Seconds between the hub's looks at a server's engine lease (released, wanted).
-LEASE_TICK_S = 1.0
-
-
-class PDLLocalSpawner(LocalProcessSpawner):
+class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
     """Spawn a user's server plus one ipyparallel engine per reserved GPU or CPU slot."""
 
     pool = List(
@@ -122,28 +116,7 @@ class PDLLocalSpawner(LocalProcessSpawner):
             raise ValueError(f"port_range must be (low, high), 1024 <= low <= high <= 65535: {proposal.value}")
         return proposal.value
 
-    queue_timeout = Integer(
-        3600,
-        config=True,
-        help="""Longest a user may wait in the queue for busy workers (seconds), after which
-        the spawn fails. 0 turns the queue off: a busy request is refused at once.""",
-    )
-
-    engine_idle_timeout = Integer(
-        0,
-        config=True,
-        help="""Seconds without a task on a user's engines after which they are stopped and
-        their slots released; the notebook server and its files stay, and the next
-        %%distributed cell asks for slots again (or says that none are free). 0: never.""",
-    )
-
     slots = List(Unicode(), help="The slots reserved for this server (spawner state).")
-    _lease_task: asyncio.Task | None = None
-
-    #: What a spawn waiting in the queue shows on the spawn page (None when not waiting).
-    _queue_status: str | None = None
-    #: ``start_timeout`` as configured, before a queued spawn extends it.
-    _configured_start_timeout: int | None = None
 
     #: Ports given to this hub's servers, which may not listen yet: owner -> port.
     _ports: dict[str, int] = {}
@@ -168,6 +141,22 @@ class PDLLocalSpawner(LocalProcessSpawner):
         return f"{self.user.name}/{self.name}" if self.name else self.user.name
 
     @property
+    def owner_key(self) -> str:
+        return self.owner
+
+    @property
+    def queue_db(self) -> str:
+        """The queue lives next to the ledger."""
+        return self.reservations_db
+
+    def ready_to_start(self) -> bool:
+        return bool(self.slots)
+
+    async def describe_free(self) -> tuple[int, int, dict[str, int]]:
+        free, holders = self._free_and_holders()
+        return free, len(self.pool), holders
+
+    @property
     def workers_limit(self) -> int:
         return min(self.max_workers or len(self.pool), len(self.pool))
 
@@ -179,20 +168,10 @@ class PDLLocalSpawner(LocalProcessSpawner):
                 holders[user] = holders.get(user, 0) + 1
         return len(self.pool) - sum(holders.values()), holders
 
-    @property
-    def wait_queue(self) -> WaitQueue:
-        """The hub's queue of spawns waiting for slots (next to the ledger)."""
-        return WaitQueue(self.reservations_db)
-
-    def _waiting(self) -> list[tuple[str, int]] | None:
-        if not self.queue_timeout:
-            return None
-        return [(w.user, w.wanted) for w in self.wait_queue.waiters()]
-
     def _render_options_form(self, spawner) -> str:
         free, holders = self._free_and_holders()
         return form.render_form(
-            waiting=self._waiting(),
+            waiting=self.waiting(),
             kind=parse_slot(self.pool[0])[0] if self.pool else "cpu",
             pool_size=len(self.pool),
             free=free,
@@ -211,15 +190,6 @@ class PDLLocalSpawner(LocalProcessSpawner):
             options["queue"] = True
         return options
 
-    @observe("user_options")
-    def _extend_start_timeout_to_wait(self, change):
-        """JupyterHub fails a start() that takes longer than ``start_timeout``: a spawn
-        that waits in the queue gets ``queue_timeout`` more."""
-        if self._configured_start_timeout is None:
-            self._configured_start_timeout = self.start_timeout
-        queued = isinstance(change.new, dict) and change.new.get("queue") is True
-        self.start_timeout = self._configured_start_timeout + (self.queue_timeout if queued else 0)
-
     def _requested_workers(self) -> int:
         """``workers`` from the user options, or HTTPError(400) naming the valid option."""
         try:
@@ -235,10 +205,7 @@ class PDLLocalSpawner(LocalProcessSpawner):
         Refused too while others wait in the queue: they come first.
         """
         n = self._requested_workers() if n is None else n
-        waiting = self.wait_queue.ahead_of(self.owner) if self.queue_timeout else []
-        if waiting:
-            message = form.queue_first_message(len(waiting))
-            raise web.HTTPError(409, message, reason=message)
+        self.refuse_while_others_wait()
         try:
             return self.ledger.reserve(self.owner, n, self.pool)
         except NotEnoughSlots as e:
@@ -248,43 +215,16 @@ class PDLLocalSpawner(LocalProcessSpawner):
             raise web.HTTPError(409, message, reason=message) from None
 
     async def wait_and_reserve(self) -> list[str]:
-        """Join the queue and wait, without blocking the hub, until this spawn is first
-        and its slots are free; then reserve them. Cancelling the spawn (stopping the
-        pending server) or ``queue_timeout`` leaves the queue."""
+        """Wait in the queue (:meth:`QueueingSpawner.wait_in_queue`) for the slots, then reserve them."""
         n = self._requested_workers()
-        if not self.queue_timeout:
-            raise web.HTTPError(400, "the queue is off on this hub (queue_timeout = 0)")
-        queue = self.wait_queue
-        queue.join(self.owner, self.user.name, n)
-        self.log.info("%s waits in the queue for %d slot(s)", self.owner, n)
-        try:
-            while True:
-                position = queue.position(self.owner)
-                if position == 1:
-                    try:
-                        return self.ledger.reserve(self.owner, n, self.pool)
-                    except NotEnoughSlots:
-                        pass
-                free, holders = self._free_and_holders()
-                self._queue_status = form.queue_message(
-                    n, position, free, len(self.pool), holders, show_names=bool(self.user.admin))
-                await asyncio.sleep(QUEUE_POLL_S)
-                queue.beat(self.owner)
-        finally:
-            self._queue_status = None
-            if queue.leave(self.owner):
-                self.log.info("%s left the queue", self.owner)
 
-    async def progress(self):
-        """Until the slots are reserved: the queue position and what is free, when the
-        spawn waits in the queue (every :data:`QUEUE_POLL_S`, as it changes)."""
-        shown = None
-        while not self.slots and self.pending == "spawn":
-            if self._queue_status != shown and self._queue_status is not None:
-                shown = self._queue_status
-                yield {"message": shown}
-            await asyncio.sleep(QUEUE_POLL_S / 4)
-        yield {"progress": 50, "message": "Starting your server and its engines..."}
+        async def take() -> list[str]:
+            try:
+                return self.ledger.reserve(self.owner, n, self.pool)
+            except NotEnoughSlots:
+                raise NotFreeYet() from None
+
+        return await self.wait_in_queue(n, take)
 
     def release(self) -> None:
         PDLLocalSpawner._ports.pop(self.owner, None)
@@ -342,21 +282,7 @@ class PDLLocalSpawner(LocalProcessSpawner):
 
     # -- idle engines ----------------------------------------------------------
 
-    def _watch_lease(self) -> None:
-        if self.engine_idle_timeout and (self._lease_task is None or self._lease_task.done()):
-            self._lease_task = asyncio.ensure_future(self._lease_loop())
-
-    async def _lease_loop(self) -> None:
-        """While the server runs: free the slots of engines stopped for idleness (and log
-        it), and answer a cell that wants engines again (:mod:`pdl.engine_lease`)."""
-        while True:
-            await asyncio.sleep(LEASE_TICK_S)
-            try:
-                self.tend_lease()
-            except Exception:  # noqa: BLE001 - a bad file must not end the watch
-                self.log.exception("engine lease of %s", self.owner)
-
-    def tend_lease(self) -> None:
+    async def tend_lease(self) -> None:
         """One look at the lease files: reclaim released slots, grant or refuse a request."""
         directory = self.cluster_dir
         released = engine_lease.read(directory, engine_lease.RELEASED)
@@ -390,13 +316,12 @@ class PDLLocalSpawner(LocalProcessSpawner):
         return paths if not self.system_users else super().move_certs(paths)
 
     async def start(self):
-        queued = self.user_options.get("queue") is True if isinstance(self.user_options, dict) else False
-        self.slots = await self.wait_and_reserve() if queued else self.reserve()
+        self.slots = await self.wait_and_reserve() if self.wants_queue else self.reserve()
         self.log.info("Reserved %s for %s", ",".join(self.slots), self.owner)
         try:
             self.port = self.pick_port()
             url = await super().start()
-            self._watch_lease()
+            self.watch_lease()
             return url
         except BaseException:
             self.release()
@@ -406,13 +331,11 @@ class PDLLocalSpawner(LocalProcessSpawner):
     async def poll(self):
         status = await super().poll()
         if status is None:
-            self._watch_lease()  # also after a hub restart
+            self.watch_lease()  # also after a hub restart
         return status
 
     async def stop(self, now=False):
-        if self._lease_task is not None:
-            self._lease_task.cancel()
-            self._lease_task = None
+        self.unwatch_lease()
         try:
             await super().stop(now=now)
         finally:

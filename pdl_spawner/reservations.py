@@ -120,10 +120,15 @@ class SlotLedger:
             rows = [r[0] for r in db.execute("SELECT slot FROM slots WHERE owner = ? ORDER BY slot", (owner,))]
             db.execute("DELETE FROM slots WHERE owner = ?", (owner,))
             if rows:
-                db.execute("INSERT INTO reclaims (owner, slots, at, reason) VALUES (?, ?, ?, ?)",
-                           (owner, ",".join(rows), time.time(), reason))
+                _insert_reclaim(db, owner, rows, reason)
             db.execute("COMMIT")
         return rows
+
+    def log_reclaim(self, owner: str, what: list[str], reason: str) -> None:
+        """Log a reclaim of workers the ledger does not hold (a swarm's GPUs, e.g.
+        ``"node1/GPU-0"``), for :meth:`reclaims`."""
+        with self._connect() as db:
+            _insert_reclaim(db, owner, what, reason)
 
     def reclaims(self, limit: int = 50) -> list[Reclaim]:
         """The most recent reclaims, newest first."""
@@ -131,3 +136,8 @@ class SlotLedger:
             rows = db.execute("SELECT owner, slots, at, reason FROM reclaims ORDER BY at DESC LIMIT ?",
                               (limit,)).fetchall()
         return [Reclaim(owner, slots.split(","), at, reason) for owner, slots, at, reason in rows]
+
+
+def _insert_reclaim(db: sqlite3.Connection, owner: str, what: list[str], reason: str) -> None:
+    db.execute("INSERT INTO reclaims (owner, slots, at, reason) VALUES (?, ?, ?, ?)",
+               (owner, ",".join(what), time.time(), reason))

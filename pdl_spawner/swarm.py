@@ -37,21 +37,27 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 
 from docker.errors import APIError, NotFound
 from dockerspawner import SwarmSpawner
+from jupyterhub.utils import url_path_join
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient
 from traitlets import Dict, Float, Instance, Integer, List, Tuple, Unicode, Union, default, validate
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 
 from . import form, swarm_specs
+from .idle_engines import IdleEngines
+from .queueing import NotFreeYet, QueueingSpawner
+from .reservations import SlotLedger
+from .swarm_holdings import gpu_holdings
 from .swarm_specs import LABEL_PREFIX, Owner
 from .swarm_state import (
-    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, excluded_hostnames, gpu_usage, node_address, pick_ports, select_nodes,
-    starved_tasks, task_error, used_ports,
+    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, excluded_hostnames, gpu_usage, node_address, pick_ports, select_nodes, service_replicas, starved_tasks, task_error, used_ports,
 )
 
 #: Seconds between checks while waiting for tasks.
@@ -60,6 +66,8 @@ POLL_S = 0.25
 STOP_WAIT_S = 30.0
 #: Upper bound on GPUs per server when ``max_gpus`` is 0 (the real bound is what is free).
 GPU_REQUEST_CAP = 1024
+#: Seconds the hub waits for an answer from a user's server about its engine lease.
+LEASE_HTTP_TIMEOUT_S = 10.0
 
 
 class TaskFailed(web.HTTPError, RuntimeError):
@@ -72,8 +80,10 @@ class TaskFailed(web.HTTPError, RuntimeError):
         self.jupyterhub_message = message
 
 
-class PDLSwarmSpawner(SwarmSpawner):
+class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     """A user's notebook (with its ipyparallel controller) plus one engine service per GPU."""
+
+    worker_unit = "GPUs"
 
     default_gpus = Integer(1, config=True, help="GPUs (engines) pre-filled in the spawn form.")
 
@@ -192,6 +202,12 @@ class PDLSwarmSpawner(SwarmSpawner):
     def _validate_cache_volume(self, proposal):
         return swarm_specs.check_volume_template(proposal.value, "cache_volume")
 
+    state_db = Unicode(
+        "pdl-swarm.sqlite", config=True,
+        help="SQLite file of the hub's queue and its log of reclaimed GPUs (relative to the hub's "
+        "working directory). Every spawner of one hub must use the same file.",
+    )
+
     swarm = Instance(SwarmServer, args=(), help="This server's swarm objects (spawner state).")
 
     @default("prefix")
@@ -212,21 +228,39 @@ class PDLSwarmSpawner(SwarmSpawner):
     def owner(self) -> Owner:
         return Owner(self.user.name, self.name or "")
 
+    @property
+    def owner_key(self) -> str:
+        return self.owner.key
+
+    @property
+    def queue_db(self) -> str:
+        return self.state_db
+
+    def ready_to_start(self) -> bool:
+        return self.owner.key in PDLSwarmSpawner._promised or bool(self.object_id)
+
+    async def describe_free(self) -> tuple[int, int, dict[str, int]]:
+        usage = await self.gpu_usage()
+        return usage.free, usage.total, usage.holders
+
     def _gpu_limit(self, total: int) -> int:
         return max(1, min(self.max_gpus or total, total))
 
     async def _render_options_form(self, spawner) -> str:
         usage = await self.gpu_usage()
         return form.render_form(
-            kind="gpu", pool_size=usage.total, free=usage.free, holders=usage.holders,
+            waiting=self.waiting(), kind="gpu", pool_size=usage.total, free=usage.free, holders=usage.holders,
             default=self.default_gpus, maximum=self._gpu_limit(usage.total), show_names=bool(self.user.admin),
         )
 
     def options_from_form(self, formdata):
         try:
-            return {"workers": form.parse_workers(formdata, maximum=self.max_gpus or GPU_REQUEST_CAP)}
+            options = {"workers": form.parse_workers(formdata, maximum=self.max_gpus or GPU_REQUEST_CAP)}
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
+        if form.wants_queue(formdata):
+            options["queue"] = True
+        return options
 
     def requested_gpus(self) -> int:
         """``workers`` from the user options, or HTTPError(400) naming the valid option."""
@@ -235,9 +269,6 @@ class PDLSwarmSpawner(SwarmSpawner):
                                        maximum=self.max_gpus or GPU_REQUEST_CAP)
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
-        if self.user_options.get("queue"):
-            message = "the queue is not available on Docker Swarm yet: ask again when GPUs are free"
-            raise web.HTTPError(400, message, reason=message)
         return n
 
     # -- GPUs ----------------------------------------------------------------------
@@ -272,11 +303,13 @@ class PDLSwarmSpawner(SwarmSpawner):
         return web.HTTPError(409, message, reason=message)
 
     async def promise_gpus(self, n: int) -> None:
-        """Grant ``n`` GPUs to this spawn, or raise HTTP 409 saying what is free."""
+        """Grant ``n`` GPUs to this spawn, or raise HTTP 409 saying what is free (or that
+        others wait in the queue ahead of it)."""
         loop = asyncio.get_running_loop()
         if PDLSwarmSpawner._promise_lock is None or PDLSwarmSpawner._promise_lock[0] is not loop:
             PDLSwarmSpawner._promise_lock = (loop, asyncio.Lock())
         async with PDLSwarmSpawner._promise_lock[1]:
+            self.refuse_while_others_wait()
             usage = await self.gpu_usage()
             if n > usage.free:
                 raise self.not_enough(n, usage)
@@ -284,6 +317,19 @@ class PDLSwarmSpawner(SwarmSpawner):
 
     def forget_promise(self) -> None:
         PDLSwarmSpawner._promised.pop(self.owner.key, None)
+
+    async def wait_and_promise(self, n: int) -> None:
+        """Wait in the queue (:meth:`QueueingSpawner.wait_in_queue`) until ``n`` GPUs are promised."""
+
+        async def take() -> None:
+            try:
+                await self.promise_gpus(n)
+            except web.HTTPError as e:
+                if e.status_code != 409:
+                    raise
+                raise NotFreeYet() from None
+
+        await self.wait_in_queue(n, take)
 
     # -- storage ---------------------------------------------------------------------
 
@@ -311,6 +357,8 @@ class PDLSwarmSpawner(SwarmSpawner):
         env = super().get_env()
         for name in swarm_specs.SECRET_ENV:
             env.pop(name, None)
+        if self.engine_idle_timeout:
+            env["PDL_ENGINE_IDLE_TIMEOUT"] = str(self.engine_idle_timeout)
         return env
 
     def user_environment(self) -> dict[str, str]:
@@ -331,7 +379,9 @@ class PDLSwarmSpawner(SwarmSpawner):
         self.requested_gpus()  # refuse other options (image, mounts, ...) before any Docker call
         self.storage_mounts()  # and storage settings that cannot work
         try:
-            return await super().start()
+            url = await super().start()
+            self.watch_lease()
+            return url
         except BaseException:
             self.log.warning("Spawn of %s failed; removing its services and secrets", self.owner.key)
             try:
@@ -347,11 +397,15 @@ class PDLSwarmSpawner(SwarmSpawner):
         """Check and promise the GPUs, then create the notebook secret and service."""
         n = self.requested_gpus()
         mounts = self.storage_mounts()
-        await self.promise_gpus(n)
+        if self.wants_queue:
+            await self.wait_and_promise(n)
+        else:
+            await self.promise_gpus(n)
         keys = self.swarm.keys or ClusterKeys.generate()
         notebooks = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=notebook"]})
         ports = pick_ports(1 + PORTS_NEEDED, used_ports(notebooks), *self.port_range)
-        self.swarm = SwarmServer(gpus=n, port=ports[0], controller_ports=ports[1:], keys=keys)
+        self.swarm = SwarmServer(gpus=n, port=ports[0], controller_ports=ports[1:], keys=keys,
+                                 api_token=self.api_token)
         self.port = ports[0]
         secret_id, secret_name = await self.create_secret(
             "notebook", notebook_secret(keys, self.swarm.controller_ports, self.api_token))
@@ -383,16 +437,21 @@ class PDLSwarmSpawner(SwarmSpawner):
             self.swarm.engine_services.append((await self.docker("create_service", **spec))["ID"])
         await self.wait_tasks(self.swarm.engine_services, "engine")
 
-    async def wait_tasks(self, service_ids: list[str], what: str) -> list[dict]:
+    async def wait_tasks(self, service_ids: list[str], what: str, *, current_only: bool = False) -> list[dict]:
         """The running task of each service, once all run.
 
         Raises :class:`TaskFailed` (HTTP 500, a RuntimeError) when a task fails, and
         HTTP 409 when one waits for a GPU longer than ``starved_timeout``. Promised GPUs
         are released once every service has its task (from then on Swarm counts them).
+        ``current_only``: look only at tasks meant to run (services scaled up again,
+        whose earlier tasks were shut down).
         """
         starved_since = None
+        filters = {"service": list(service_ids)}
+        if current_only:
+            filters["desired-state"] = ["running"]
         while True:
-            tasks = await self.docker("tasks", filters={"service": list(service_ids)})
+            tasks = await self.docker("tasks", filters=filters)
             current = {}
             for t in sorted(tasks, key=lambda t: t.get("Version", {}).get("Index", 0)):
                 current[t["ServiceID"]] = t
@@ -415,6 +474,103 @@ class PDLSwarmSpawner(SwarmSpawner):
 
     async def get_ip_and_port(self):
         return self.swarm.node_addr, self.swarm.port
+
+    async def poll(self):
+        status = await super().poll()
+        if status is None and self.swarm.api_token:
+            self.watch_lease()  # also after a hub restart
+        return status
+
+    async def stop(self, now=False):
+        self.unwatch_lease()
+        return await super().stop(now=now)
+
+    # -- idle engines --------------------------------------------------------------
+
+    @property
+    def reclaim_log(self) -> SlotLedger:
+        """Where reclaims are logged (the admin view lists them): :attr:`state_db`."""
+        return SlotLedger(self.state_db)
+
+    async def lease(self, grant: dict | None = None) -> dict | None:
+        """The user's server's engine lease (``GET <server>/pdl/api/lease``: ``released``,
+        ``want``, ``grant``), or, with ``grant``, send it the hub's answer (POST). None
+        when the server does not answer (it is starting or stopping)."""
+        url = (f"http://{self.swarm.node_addr}:{self.swarm.port}"
+               f"{url_path_join(self.server.base_url, 'pdl/api/lease')}")
+        try:
+            response = await AsyncHTTPClient().fetch(
+                url, method="GET" if grant is None else "POST", body=None if grant is None else json.dumps(grant),
+                headers={"Authorization": f"token {self.swarm.api_token}", "Content-Type": "application/json"},
+                request_timeout=LEASE_HTTP_TIMEOUT_S, raise_error=False,
+            )
+        except OSError:  # not listening (yet, or any more)
+            return None
+        if response.code != 200:
+            if response.code != 599:
+                self.log.warning("engine lease of %s: HTTP %s from its server", self.owner.key, response.code)
+            return None
+        return json.loads(response.body)
+
+    async def engine_services_now(self) -> list[dict]:
+        return await self.docker("services", filters={"label": [f"{LABEL_PREFIX}owner={self.owner.key}",
+                                                                  f"{LABEL_PREFIX}role=engine"]})
+
+    async def scale_engines(self, services: list[dict], replicas: int) -> None:
+        """Set every engine service of ``services`` to ``replicas`` tasks (0: its GPU is released)."""
+        for svc in services:
+            await self.docker("update_service", svc["ID"], svc["Version"]["Index"],
+                              mode={"Replicated": {"Replicas": replicas}}, fetch_current_spec=True)
+
+    async def tend_lease(self) -> None:
+        """One look at the server's lease: scale engines released for idleness to 0 (their
+        GPUs go back to the swarm; logged), then answer a request to have them again."""
+        if self.server is None or not self.swarm.api_token:
+            return
+        lease = await self.lease()
+        if not lease or not lease.get("released"):
+            return
+        services = await self.engine_services_now()
+        running = [s for s in services if service_replicas(s)]
+        if running:
+            reason = lease["released"].get("reason") or "engines idle"
+            tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
+                                                         "desired-state": ["running"]})
+            gpus = [f"{h.node}/{h.gpu}" for h in gpu_holdings(await self.docker("nodes"), running, tasks,
+                                                               self.gpu_resource)] or [f"{len(running)} GPU(s)"]
+            await self.scale_engines(running, 0)
+            self.reclaim_log.log_reclaim(self.owner.key, gpus, reason)
+            self.log.info("Reclaimed %s from %s: %s", ",".join(gpus), self.owner.key, reason)
+        if not lease.get("want") or lease.get("grant"):
+            return
+        try:
+            await self.bring_back_engines(services)
+            answer = {"engines": len(services)}
+            self.log.info("Granted %d GPU(s) to %s again", len(services), self.owner.key)
+        except web.HTTPError as e:
+            answer = {"refused": e.reason or e.log_message or str(e)}
+        await self.lease(grant=answer)
+
+    async def bring_back_engines(self, services: list[dict]) -> None:
+        """Scale the engine services back to one task each once their GPUs are free, and
+        wait until they run; HTTP 409 (one line, nothing left running) when they are not."""
+        await self.promise_gpus(len(services))
+        try:
+            await self.scale_engines(await self.engine_services_now(), 1)
+            wait = self.wait_tasks([s["ID"] for s in services], "engine", current_only=True)
+            try:
+                await asyncio.wait_for(wait, timeout=self.start_timeout)
+            except asyncio.TimeoutError:
+                message = f"the engines did not start within {self.start_timeout} s"
+                raise web.HTTPError(504, message, reason=message) from None
+        except BaseException:
+            try:
+                await self.scale_engines(await self.engine_services_now(), 0)
+            except (APIError, NotFound):
+                self.log.warning("Could not scale the engines of %s back to 0", self.owner.key)
+            raise
+        finally:
+            self.forget_promise()
 
     async def remove_object(self):
         """Remove every service and secret of this server; wait until its tasks stopped."""

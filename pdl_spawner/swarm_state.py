@@ -99,7 +99,8 @@ def gpu_usage(
     :data:`OTHER_SERVICES`. A PDL engine service holds the GPUs its spec reserves for
     as long as it exists, also between a task that died and its replacement, so a
     restarting engine keeps its user's GPU. ``promised`` (owner -> (user, GPUs)) adds
-    GPUs granted to spawns whose engine tasks do not exist yet. ``exclude_owner``'s
+    GPUs granted to spawns whose engine tasks do not exist yet. A service scaled to 0
+    (engines released for idleness) holds nothing. ``exclude_owner``'s
     own services are not counted (a server replacing itself).
     """
     labels = {s["ID"]: s.get("Spec", {}).get("Labels") or {} for s in services}
@@ -108,9 +109,10 @@ def gpu_usage(
         key = task.get("ServiceID") or f"task-{i}"
         held[key] = held.get(key, 0) + task_gpus(task, resource)
     promised = promised or {}
-    for svc in services:  # PDL's engine services: at least what the spec reserves
+    for svc in services:  # PDL's engine services: at least what the spec reserves, unless scaled to 0
         svc_labels = svc.get("Spec", {}).get("Labels") or {}
-        if svc_labels.get(LABEL_PREFIX + "user") and svc_labels.get(LABEL_PREFIX + "owner") not in promised:
+        if (svc_labels.get(LABEL_PREFIX + "user") and svc_labels.get(LABEL_PREFIX + "owner") not in promised
+                and service_replicas(svc)):
             reservations = svc["Spec"].get("TaskTemplate", {}).get("Resources", {}).get("Reservations", {})
             held[svc["ID"]] = max(held.get(svc["ID"], 0), _count(reservations.get("GenericResources") or [], resource))
     holders: dict[str, int] = {}
@@ -126,6 +128,11 @@ def gpu_usage(
         if owner != exclude_owner:
             holders[user] = holders.get(user, 0) + n
     return GpuUsage(total=sum(node_gpus(n, resource) for n in nodes), holders=holders)
+
+
+def service_replicas(service: dict) -> int:
+    """Tasks a replicated service is meant to run (1 when the spec says nothing)."""
+    return int(service.get("Spec", {}).get("Mode", {}).get("Replicated", {}).get("Replicas", 1))
 
 
 def starved_tasks(tasks: list[dict]) -> list[dict]:
@@ -173,7 +180,9 @@ class SwarmServer:
     """What the spawner keeps about a running server (its JupyterHub state).
 
     ``keys``: the cluster's credentials; ``port``: the Jupyter server's;
-    ``controller_ports``: the controller's; ``node_addr``: the notebook's node.
+    ``controller_ports``: the controller's; ``node_addr``: the notebook's node;
+    ``api_token``: the server's hub API token, with which the hub asks the server
+    about its engine lease (it accepts its own token).
     """
 
     gpus: int = 0
@@ -183,12 +192,13 @@ class SwarmServer:
     keys: ClusterKeys | None = None
     engine_services: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
+    api_token: str = ""
 
     def to_state(self) -> dict:
         state = {
             "gpus": self.gpus, "port": self.port, "controller_ports": list(self.controller_ports),
             "node_addr": self.node_addr, "engine_services": list(self.engine_services),
-            "secrets": list(self.secrets),
+            "secrets": list(self.secrets), "api_token": self.api_token,
         }
         if self.keys is not None:
             state["keys"] = self.keys.to_dict()
@@ -203,6 +213,7 @@ class SwarmServer:
             controller_ports=[int(p) for p in state.get("controller_ports", [])],
             node_addr=state.get("node_addr", ""), keys=ClusterKeys(**keys) if keys else None,
             engine_services=list(state.get("engine_services", [])), secrets=list(state.get("secrets", [])),
+            api_token=state.get("api_token", ""),
         )
 
 

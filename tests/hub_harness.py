@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -245,6 +246,37 @@ def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict
     finally:
         hub.close()
     assert not engine_processes(root), "engines left running after the hub was closed"
+
+
+def queue_up(hub, user: str, workers: int = 1):
+    """Ask for ``workers`` with ``queue: true``: the spawn waits (202) instead of failing."""
+    r = hub.api("POST", f"/users/{user}/server", json={"workers": workers, "queue": True})
+    assert r.status_code == 202, r.text  # pending: waiting in the queue, the request returns
+    return r
+
+
+class Progress(threading.Thread):
+    """Follows a user's spawn progress stream: the messages, and how it ended."""
+
+    def __init__(self, hub, user):
+        super().__init__(daemon=True)
+        self.hub, self.user = hub, user
+        self.messages: list[str] = []
+        self.ended: dict | None = None
+        self.start()
+
+    def run(self):
+        with self.hub.api("GET", f"/users/{self.user}/server/progress", stream=True, timeout=300) as r:
+            for line in r.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    event = json.loads(line[len("data:"):])
+                    self.messages.append(event.get("message", ""))
+                    if event.get("ready") or event.get("failed"):
+                        self.ended = event
+                        return
+
+    def saw(self, text: str) -> bool:
+        return any(text in m for m in self.messages)
 
 
 class Kernel:

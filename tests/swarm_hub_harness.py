@@ -5,28 +5,35 @@ from __future__ import annotations
 
 import json
 
+import requests
+
 from hub_harness import Hub, wait_until
 
 IMAGE = "pdl-notebook:test"
 
 
 class SwarmHub(Hub):
-    """The project's hub config, switched to PDLSwarmSpawner on the simulated swarm."""
+    """The project's hub config in its swarm mode (``PDL_SPAWNER=swarm``), on the simulated swarm."""
 
-    def __init__(self, root, swarm, users: list[str], extra_config: str = ""):
-        """``extra_config``: lines appended to the hub's config, e.g. PDLSwarmSpawner settings."""
-        super().__init__(root, users, pool=["cpu:0"])
+    def __init__(self, root, swarm, users: list[str], extra_config: str = "", hub_env: dict | None = None):
+        """``extra_config``: lines appended to the hub's config, e.g. PDLSwarmSpawner settings;
+        ``hub_env``: more of the hub's environment (e.g. ``PDL_ENGINE_IDLE_TIMEOUT``)."""
+        super().__init__(root, users, pool=["cpu:0"], hub_env={
+            "PDL_SPAWNER": "swarm",
+            "PDL_HUB_IP": "127.0.0.1",                # the proxy, for the tests' browser and API calls
+            "PDL_HUB_CONNECT_IP": swarm.host_addr,    # containers on the nodes reach the hub API here
+            "DOCKER_HOST": swarm.docker_host(1),      # the manager's engine
+            "PDL_NOTEBOOK_IMAGE": IMAGE,
+            "PDL_DEFAULT_GPUS": "1",
+            **(hub_env or {}),
+        })
         self.swarm = swarm
         self.extra_config = extra_config
 
     def _write_config(self):
         config = super()._write_config()
         config.write_text(config.read_text() + f"""
-c.JupyterHub.spawner_class = "pdl-swarm"
-c.JupyterHub.hub_ip = {self.swarm.host_addr!r}   # containers on the nodes reach the hub API here
-c.PDLSwarmSpawner.client_kwargs = {{"base_url": {self.swarm.docker_host(1)!r}}}
-c.PDLSwarmSpawner.image = {IMAGE!r}
-c.PDLSwarmSpawner.default_gpus = 1
+c.JupyterHub.hub_ip = {self.swarm.host_addr!r}   # the hub API listens on the sim's bridge only
 # the simulated nodes declare fake GPUs that torch cannot see: the preflight's GPU check is off
 c.Spawner.environment = {{"PDL_PREFLIGHT_SKIP": "gpu"}}
 c.Spawner.start_timeout = 180
@@ -72,10 +79,10 @@ def pdl_objects(swarm, user=None):
             sorted(s.name for s in m.secrets.list(filters={"label": label})))
 
 
-def running_hub(root, swarm, users: list[str], extra_config: str = ""):
+def running_hub(root, swarm, users: list[str], extra_config: str = "", hub_env: dict | None = None):
     """A started :class:`SwarmHub` for a module fixture (``yield from``): afterwards the hub
     is closed and every service and secret PDL made is gone."""
-    h = SwarmHub(root, swarm, users, extra_config=extra_config).start()
+    h = SwarmHub(root, swarm, users, extra_config=extra_config, hub_env=hub_env).start()
     try:
         yield h
     finally:
@@ -85,3 +92,11 @@ def running_hub(root, swarm, users: list[str], extra_config: str = ""):
         finally:
             for svc in swarm.manager.services.list(filters={"label": "pdl.owner"}):
                 svc.remove()
+
+
+def admin_status(hub) -> dict:
+    """The admin view's JSON (``/services/pdl-admin/api/status``), as the admin sees it."""
+    r = requests.get(f"{hub.url}/services/pdl-admin/api/status",
+                     headers={"Authorization": f"token {hub.user_token('admin')}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -4,13 +4,11 @@ come first served when workers free up; admins see who waits."""
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 
 import pytest
 
-from hub_harness import hub_fixture, wait_until
+from hub_harness import Progress, hub_fixture, queue_up, wait_until
 
 pytestmark = pytest.mark.hub
 
@@ -21,36 +19,6 @@ POOL = ["cpu:0", "cpu:1"]
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     yield from hub_fixture(tmp_path_factory.mktemp("hub-queue"), USERS, POOL)
-
-
-def queue_up(hub, user: str, workers: int = 1):
-    r = hub.api("POST", f"/users/{user}/server", json={"workers": workers, "queue": True})
-    assert r.status_code == 202, r.text  # pending: waiting in the queue, the request returns
-    return r
-
-
-class Progress(threading.Thread):
-    """Follows a user's spawn progress stream: the messages, and how it ended."""
-
-    def __init__(self, hub, user):
-        super().__init__(daemon=True)
-        self.hub, self.user = hub, user
-        self.messages: list[str] = []
-        self.ended: dict | None = None
-        self.start()
-
-    def run(self):
-        with self.hub.api("GET", f"/users/{self.user}/server/progress", stream=True, timeout=300) as r:
-            for line in r.iter_lines(decode_unicode=True):
-                if line and line.startswith("data:"):
-                    event = json.loads(line[len("data:"):])
-                    self.messages.append(event.get("message", ""))
-                    if event.get("ready") or event.get("failed"):
-                        self.ended = event
-                        return
-
-    def saw(self, text: str) -> bool:
-        return any(text in m for m in self.messages)
 
 
 def test_the_queue_serves_in_order_skips_who_left_and_never_blocks_the_hub(hub):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import time
 from types import SimpleNamespace
 
@@ -22,6 +23,9 @@ from swarm_doubles import FakeSwarm
 
 pytestmark = pytest.mark.unit
 
+#: The hub's queue and reclaim log of these spawners.
+STATE_DB = f"{tempfile.mkdtemp(prefix='pdl-swarm-units-')}/swarm.sqlite"
+
 
 def make_spawner(swarm: FakeSwarm, name: str, gpus: int | None, admin=False, **config) -> PDLSwarmSpawner:
     cls = type("FakeSwarmSpawner", (PDLSwarmSpawner,), {"_client": swarm})
@@ -29,7 +33,7 @@ def make_spawner(swarm: FakeSwarm, name: str, gpus: int | None, admin=False, **c
                            server=None, spawners={}, settings={}, orm_user=None)
     spawner = cls(user=user, hub=Hub(ip="10.77.0.1", port=8081, base_url="/hub/"), api_token=f"token-of-{name}",
                   oauth_client_id=f"jupyterhub-user-{name}", image="pdl-notebook:test", starved_timeout=0.5,
-                  environment={"CINIC10_DIR": "/data/cinic10"}, **config)
+                  environment={"CINIC10_DIR": "/data/cinic10"}, state_db=STATE_DB, **config)
     spawner.server = Server(base_url=f"/user/{name}/")
     spawner.user_options = {} if gpus is None else {"workers": gpus}
     return spawner

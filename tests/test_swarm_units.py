@@ -190,15 +190,14 @@ def test_swarm_spawner_is_registered_and_documents_its_config():
         assert traits[name].help.strip(), f"{name} has no help text"
 
 
-def test_the_swarm_spawner_says_it_has_no_queue():
+def test_the_swarm_spawner_takes_the_queue_option_from_the_api_and_the_form(tmp_path):
     from types import SimpleNamespace
-
-    from tornado import web
 
     from pdl_spawner.swarm import PDLSwarmSpawner
 
-    spawner = PDLSwarmSpawner(user=SimpleNamespace(name="alice", admin=False, url="/user/alice/"))
-    spawner.user_options = {"workers": 1, "queue": True}
-    with pytest.raises(web.HTTPError) as e:
-        spawner.requested_gpus()
-    assert e.value.status_code == 400 and "queue is not available on Docker Swarm" in e.value.reason
+    spawner = PDLSwarmSpawner(user=SimpleNamespace(name="alice", admin=False, url="/user/alice/"),
+                              state_db=str(tmp_path / "swarm.sqlite"))
+    spawner.user_options = {"workers": 2, "queue": True}
+    assert spawner.requested_gpus() == 2 and spawner.wants_queue
+    assert spawner.options_from_form({"workers": ["1"], "queue": ["on"]}) == {"workers": 1, "queue": True}
+    assert spawner.options_from_form({"workers": ["1"]}) == {"workers": 1}
