@@ -8,8 +8,9 @@
 - ``POST /pdl/api/lease``: the hub's answer to a request for engines (the body is
   written as the lease's grant: ``{"engines": n}`` or ``{"refused": one line}``); a
   grant of engines also ends the release (before the answer, so that the hub's next
-  look never finds the release it just answered); 404 outside a hub server. On Docker Swarm the hub reads and answers the lease
-  this way, with the server's own API token; these calls are not user activity.
+  look never finds the release it just answered); 404 outside a hub server. On Docker
+  Swarm the hub reads and answers the lease this way, with the server's own API token;
+  these calls are not user activity.
 
 Every handler requires an authenticated user (a Jupyter token or the login
 cookie, plus the XSRF token for cookie-authenticated POSTs).

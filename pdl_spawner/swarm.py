@@ -57,7 +57,8 @@ from .reservations import SlotLedger
 from .swarm_holdings import gpu_holdings
 from .swarm_specs import LABEL_PREFIX, Owner
 from .swarm_state import (
-    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, excluded_hostnames, gpu_usage, node_address, pick_ports, select_nodes, service_replicas, starved_tasks, task_error, used_ports,
+    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, excluded_hostnames, gpu_usage, node_address,
+    pick_ports, select_nodes, service_replicas, starved_tasks, task_error, used_ports,
 )
 
 #: Seconds between checks while waiting for tasks.
