@@ -29,7 +29,6 @@ import os
 import re
 import socket
 import sys
-import tempfile
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pdl.atomic_file import write_atomic
 from pdl.process import pid_alive
 
 __all__ = ["CheckpointError", "save", "load", "read", "restore"]
@@ -202,20 +202,7 @@ def _check_loadable(value: Any, where: str) -> None:
 def _write_atomic(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(  # mode 0600
-        prefix=f".{path.name}.{_host()}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent
-    )
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    write_atomic(path, lambda f: torch.save(payload, f), prefix=f"{_host()}.{os.getpid()}.", suffix=TEMP_SUFFIX)
 
 
 def _remove_stale_temps(path: Path) -> None:
@@ -226,20 +213,6 @@ def _remove_stale_temps(path: Path) -> None:
         if pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename durable (a no-op where folders cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _host() -> str:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
+
+from pdl.atomic_file import write_atomic
 
 RELEASED = "engines-released.json"
 WANT = "engines-wanted.json"
@@ -39,16 +40,8 @@ def lease_dir() -> Path | None:
 
 def write(directory: Path, name: str, data: dict, owner: tuple[int, int] | None = None) -> None:
     """Write ``data`` as ``directory/name`` atomically (mode 0600; ``owner``: (uid, gid) to chown to)."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({**data, "written": time.time()}, f)
-        if owner is not None:
-            os.chown(tmp, *owner)
-        os.replace(tmp, directory / name)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    body = json.dumps({**data, "written": time.time()}).encode()
+    write_atomic(directory / name, lambda f: f.write(body), owner=owner)
 
 
 def read(directory: Path, name: str) -> dict | None:

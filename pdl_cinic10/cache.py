@@ -23,13 +23,14 @@ import hashlib
 import json
 import multiprocessing
 import os
-import tempfile
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from pdl.atomic_file import write_atomic
 
 from . import IMAGE_SIZE, SPLITS
 from .data import decode_files, split_files
@@ -117,9 +118,9 @@ def _build(files: list[tuple[int, Path]], fingerprint: str, split: str, folder: 
             "labels_sha256": _sha256(labels),
         }
         _manifest_path(folder, split).unlink(missing_ok=True)  # no manifest: no cache, until complete
-        _write_atomic(folder / f"{split}.images.npy", lambda f: np.save(f, images))
-        _write_atomic(folder / f"{split}.labels.npy", lambda f: np.save(f, labels))
-        _write_atomic(_manifest_path(folder, split), lambda f: f.write(json.dumps(manifest).encode()))
+        write_atomic(folder / f"{split}.images.npy", lambda f: np.save(f, images))
+        write_atomic(folder / f"{split}.labels.npy", lambda f: np.save(f, labels))
+        write_atomic(_manifest_path(folder, split), lambda f: f.write(json.dumps(manifest).encode()))
         return images, labels
 
 
@@ -210,15 +211,3 @@ def _manifest_path(folder: Path, split: str) -> Path:
     return folder / f"{split}.json"
 
 
-def _write_atomic(path: Path, write) -> None:
-    """Write ``path`` via a temp file in the same folder: fsync, then rename over it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
