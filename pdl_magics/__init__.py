@@ -6,7 +6,8 @@ Without IPython, use :func:`run` and :func:`check` (or :class:`DistributedSessio
 from . import preflight
 from .errors import DistributedUsageError, RankFailed, RanksStuck
 from .preflight import PreflightFailed, PreflightReport
-from .session import BACKENDS, CellResult, DistributedSession
+from .session import BACKENDS, DistributedSession
+from .world import CellResult
 
 __all__ = [
     "BACKENDS",

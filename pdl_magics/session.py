@@ -39,71 +39,32 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from typing import TextIO
 
 import ipyparallel as ipp
 
-from pdl import engine_lease, stacks
-from pdl.metrics import DATA_KEY
+from pdl import engine_lease
 from pdl.netaddr import route_addr
 from pdl.slots import default_pool, slot_index
 
 from . import clusters, horovod_driver, status_file
-from .errors import ENGINE_DIED, DistributedUsageError, RankFailed, RanksStuck
-from .progress import LiveProgress
+from .cell_watch import STOP_TIMEOUT_S, CellWatch
+from .errors import DistributedUsageError, RanksStuck
+from .world import CellResult, Rank, _remote
 
 #: Backends ``--backend`` accepts.
 BACKENDS = ("torch", "horovod")
 
-#: Seconds a peer may keep running after another rank failed before PDL
-#: releases it (tears down the group it waits in, then interrupts it).
-PEER_GRACE_S = 1.0
-#: Seconds after which a rank that ignores interrupts is reported as stuck.
-STOP_TIMEOUT_S = 5.0
-#: Seconds between polls for output and results while a cell runs; the last
-#: rank's result ends the wait at once.
-POLL_S = 0.05
-#: Seconds to wait, after the last result, for ranks' output still in flight.
-OUTPUT_WAIT_S = 1.0
 #: Default of the hang watchdog: seconds without progress on any rank before the
 #: cell shows every rank's stack (0 turns it off).
 HANG_TIMEOUT_S = 300.0
-#: Seconds to wait for the ranks' stacks once the watchdog asked for them.
-STACK_WAIT_S = 3.0
 #: Seconds to wait for engines to confirm a signal (interrupt, stack request).
 SIGNAL_REPLY_S = 2.0
 #: Seconds a cell waits for the hub to grant slots again after an idle release.
 LEASE_WAIT_S = 120.0
-
-
-def _remote(fname, *args):
-    """Call ``pdl.engine.<fname>`` on an engine (imported there, not pickled)."""
-    import pdl.engine
-
-    return getattr(pdl.engine, fname)(*args)
-
-
-@dataclass
-class Rank:
-    """One member of the world: which engine it is and where it runs."""
-
-    rank: int
-    engine_id: int
-    host: str
-    addr: str
-    slot: str
-
-
-@dataclass
-class CellResult:
-    """What a successful run returns: each rank's value (repr of the last expression)."""
-
-    values: list = field(default_factory=list)
 
 
 class DistributedSession:
@@ -399,7 +360,7 @@ class DistributedSession:
         ]
         self.last_world = world
         self._publish_status(running=True, force=True)
-        outcome = _Watch(self, world, ars, out, err, hang_timeout_s).wait()
+        outcome = CellWatch(self, world, ars, out, err, hang_timeout_s).wait()
         self.last_outputs = {
             r.rank: (md["stdout"] or "", md["stderr"] or "") for r, md in zip(world, outcome.meta)
         }
@@ -519,225 +480,6 @@ class DistributedSession:
             self._status_writer.submit(status_file.remove_status).result(timeout=10)
         except (RuntimeError, FutureTimeout):
             status_file.remove_status()
-
-
-class _Watch:
-    """Waits for one cell on every rank, streaming rank 0 and stopping the rest on failure."""
-
-    def __init__(self, session: DistributedSession, world, ars, out, err, hang_timeout_s: float = 0.0):
-        self.session, self.world, self.ars = session, world, ars
-        # each rank's metadata dict, which ipyparallel updates in place as output and data
-        # arrive (read directly: the AsyncResult attributes re-check and re-parse on every access)
-        self.meta = [ar.metadata for ar in ars]
-        self.out, self.err = out, err
-        self.streamed = [0, 0]
-        self.results: dict[int, dict] = {}
-        self.trigger_at: float | None = None
-        self.user_interrupt = False
-        self.aborted = False
-        self._aborted_ranks: set[int] = set()
-        self.stuck: list[Rank] = []
-        self._signalled_at: float | None = None
-        self.progress = LiveProgress(err)
-        #: rank -> latest ``pdl.log`` snapshot of this cell
-        self.metrics: dict[int, dict] = {}
-        self._dead: set[int] = set()  # ranks whose engine died: no more output will come
-        # the hang watchdog: when anything last changed, and whether that silence was reported
-        self.hang_timeout_s = hang_timeout_s
-        self._mark: tuple = ()
-        self._progress_at = time.monotonic()
-        self._hang_reported = False
-        self._wake = threading.Event()  # set (from ipyparallel's IO thread) once every result is in
-        for ar in ars:
-            ar.add_done_callback(self._on_result)
-
-    def _on_result(self, _) -> None:
-        if all(ar.done() for ar in self.ars):
-            self._wake.set()
-
-    def pending(self) -> list[Rank]:
-        return [r for r in self.world if r.rank not in self.results]
-
-    @property
-    def interrupted(self) -> bool:
-        """True if any rank was interrupted (by the user, the Cluster panel or PDL)."""
-        return any(res["status"] == "interrupted" for res in self.results.values())
-
-    @property
-    def dead(self) -> bool:
-        """True if the engine of any rank died during the cell."""
-        return bool(self._dead)
-
-    @property
-    def failed(self) -> bool:
-        """True if any rank did not finish the cell normally."""
-        return any(res["status"] != "ok" for res in self.results.values())
-
-    def wait(self) -> _Watch:
-        while self.pending():
-            try:
-                self._wake.wait(POLL_S)
-                self._pump()
-                self._collect()
-                self._escalate()
-                self._watchdog()
-            except KeyboardInterrupt:
-                if self.trigger_at is None or not self.user_interrupt:
-                    self.user_interrupt = True
-                    self.trigger_at = time.monotonic()
-                    print(f"Interrupting {len(self.pending())} rank(s)...", file=self.err, flush=True)
-                    self._signal_pending()
-            if self.trigger_at is not None and time.monotonic() - self.trigger_at > STOP_TIMEOUT_S:
-                self.stuck = self.pending()
-                for r in self.stuck:
-                    self.results[r.rank] = {
-                        "status": "interrupted", "ename": "Stuck", "comm_error": True,
-                        "evalue": "did not respond to interrupts", "traceback": [], "time": time.time(),
-                    }
-        self._await_output()
-        self._pump()
-        self.progress.close("ok" if not self.failed else "interrupted" if self.user_interrupt else "failed")
-        return self
-
-    def _pump(self) -> None:
-        """Write rank 0's new output and progress since the last poll."""
-        for r, md in zip(self.world, self.meta):
-            snap = md["data"].get(DATA_KEY)
-            if snap is not None:
-                self.metrics[r.rank] = snap
-        self.progress.feed(self.metrics.get(0))
-        self.session._publish_status(running=True, metrics=self.metrics)
-        md = self.meta[0]
-        for i, (text, stream) in enumerate(((md["stdout"], self.out), (md["stderr"], self.err))):
-            text = text or ""
-            if len(text) > self.streamed[i]:
-                stream.write(text[self.streamed[i]:])
-                stream.flush()
-                self.streamed[i] = len(text)
-
-    def _await_output(self) -> None:
-        """Wait (at most :data:`OUTPUT_WAIT_S`) until the output of every rank that
-        replied is complete: a result can arrive before its last output and metrics."""
-        deadline = time.monotonic() + OUTPUT_WAIT_S
-        try:
-            for r, ar in zip(self.world, self.ars):
-                if ar.ready() and r.rank not in self._dead:
-                    ar.wait_for_output(max(0.0, deadline - time.monotonic()))
-        except KeyboardInterrupt:
-            pass  # every rank has stopped already; keep what came
-
-    def _collect(self) -> None:
-        for r, ar in zip(self.world, self.ars):
-            if r.rank in self.results or not ar.ready():
-                continue
-            try:
-                res = ar.get()
-            except (ipp.error.EngineError, ipp.error.RemoteError) as e:
-                if isinstance(e, ipp.error.EngineError) or e.ename == "EngineError":
-                    self._dead.add(r.rank)
-                    res = {"status": "error", "ename": ENGINE_DIED, "comm_error": False, "time": time.time(),
-                           "evalue": "its engine process exited during the cell (killed, out of memory, "
-                                     "or its node went down)", "traceback": []}
-                else:
-                    res = {"status": "error", "ename": e.ename, "evalue": e.evalue,
-                           "traceback": e.render_traceback(), "comm_error": False, "time": time.time()}
-            self.results[r.rank] = res
-            if res["status"] != "ok" and self.trigger_at is None:
-                self.trigger_at = time.monotonic()
-
-    def _escalate(self) -> None:
-        """After a failure: release peers stuck in a collective, then interrupt them."""
-        if self.trigger_at is None or not self.pending():
-            return
-        waited = time.monotonic() - self.trigger_at
-        if waited < PEER_GRACE_S:
-            return
-        # Finished ranks are idle: cutting their group's connections makes peers
-        # blocked on them fail at once with a connection error, state intact.
-        finished = [r for r in self.world
-                    if r.rank in self.results and r.rank not in self._aborted_ranks | self._dead]
-        for r in finished:
-            self.session.client[r.engine_id].apply_async(_remote, "abort_group")
-            self._aborted_ranks.add(r.rank)
-            self.aborted = True
-        if waited < 2 * PEER_GRACE_S:
-            return  # give the released peers time to return before interrupting them
-        if self._signalled_at is None or time.monotonic() - self._signalled_at > STOP_TIMEOUT_S:
-            self._signal_pending()
-
-    def _progress_mark(self) -> tuple:
-        """A value that changes whenever any rank makes progress: new output, a
-        ``pdl.log`` call, or a finished rank."""
-        return (len(self.results), *(
-            (len(md["stdout"] or ""), len(md["stderr"] or ""), (md["data"].get(DATA_KEY) or {}).get("count"))
-            for md in self.meta
-        ))
-
-    def _watchdog(self) -> None:
-        """Report, once per silence, a cell in which no rank made progress for ``hang_timeout_s``."""
-        if not self.hang_timeout_s or self.trigger_at is not None:
-            return  # off, or the cell is already being stopped
-        now = time.monotonic()
-        mark = self._progress_mark()
-        if mark != self._mark:
-            self._mark, self._progress_at, self._hang_reported = mark, now, False
-        elif not self._hang_reported and now - self._progress_at >= self.hang_timeout_s:
-            self._hang_reported = True
-            self._report_hang(now - self._progress_at)
-
-    def _report_hang(self, silent_s: float) -> None:
-        """Ask the running ranks for their stacks (:mod:`pdl.stacks`) and print them."""
-        running = self.pending()
-
-        def count(r: Rank):
-            return (self.meta[r.rank]["data"].get(stacks.DATA_KEY) or {}).get("count")
-
-        before = {r.rank: count(r) for r in running}
-        self.session.send_signal(running, stacks.SIGNAL)
-        deadline = time.monotonic() + STACK_WAIT_S
-        while time.monotonic() < deadline and any(count(r) == before[r.rank] for r in running):
-            time.sleep(POLL_S)
-        lines = [
-            f"No rank has made progress for {silent_s:.0f} s (no output, no pdl.log call, no rank "
-            f"finished; --hang-timeout {self.hang_timeout_s:g}). Where each rank is now:"
-        ]
-        for r in self.world:
-            if r.rank in self.results:
-                lines.append(f"--- rank {r.rank} ({r.host}): finished the cell ---")
-                continue
-            lines.append(f"--- rank {r.rank} ({r.host}), most recent call last ---")
-            if count(r) == before[r.rank]:
-                lines.append("  (no stack: the engine did not answer)")
-            else:
-                lines += ["  " + line for line in self.meta[r.rank]["data"][stacks.DATA_KEY]["stack"]]
-        lines.append("Still waiting. To stop every rank, press the stop button (Ctrl-C): "
-                     "the engines and their variables stay.")
-        print("\n".join(lines), file=self.err, flush=True)
-
-    def _signal_pending(self) -> None:
-        self._signalled_at = time.monotonic()
-        self.session.interrupt(self.pending())
-
-    def finish(self) -> CellResult:
-        failures = {k: v for k, v in self.results.items() if v["status"] != "ok"}
-        if not failures:
-            value = self.results[0].get("value")
-            if value is not None:
-                print(value, file=self.out)
-            return CellResult(values=[self.results[r.rank].get("value") for r in self.world])
-        own = {k: v for k, v in failures.items() if v["status"] == "error" and not v["comm_error"]}
-        if not own and (self.user_interrupt or all(v["status"] == "interrupted" for v in failures.values())):
-            print(f"Interrupted: all {len(self.world)} ranks stopped.", file=self.err, flush=True)
-            raise KeyboardInterrupt
-        pick_from = own or failures
-        rank = min(pick_from, key=lambda k: (pick_from[k]["time"], k))
-        others = sorted(set(failures) - {rank})
-        note = ""
-        if others:
-            note = f"(ranks {', '.join(map(str, others))} were stopped as a result"
-            note += "; the process group is rebuilt at the next cell)" if self.aborted else ")"
-        host = self.world[rank].host
-        raise RankFailed(rank, host, failures[rank], note=note)
 
 
 def _local_ranks(world: list[Rank]) -> dict[int, int]:

@@ -8,13 +8,15 @@ connection info and keys from :mod:`pdl.connection`.
 
 Contract:
 
-- ``start()`` first checks ``user_options``: ``workers`` is the only key a user may
-  set; any other (``image``, ``mounts``, ``env``, ...) fails with HTTP 400 naming the
-  valid option, before any Docker call. It then counts free GPUs (what the nodes offer
-  minus what running or pending tasks reserve, and GPUs promised to spawns in progress
-  in this hub). If the request can't be met it raises HTTP 409 at once, with one line
-  saying how many are free of how many and who holds the rest (names only to admins),
-  and creates nothing. Otherwise it generates the cluster keys, picks the ports, and
+- ``start()`` first checks ``user_options``: ``workers`` and ``queue`` are the only
+  keys a user may set; any other (``image``, ``mounts``, ``env``, ...) fails with HTTP
+  400 naming the valid options, before any Docker call. It then counts free GPUs (what
+  the nodes offer minus what running or pending tasks of services scaled above 0
+  reserve, and GPUs promised to spawns in progress in this hub). If the request can't
+  be met, or others wait in the queue, it raises HTTP 409 at once, with one line saying
+  how many are free of how many and who holds the rest (names only to admins), and
+  creates nothing; with ``queue: true`` it waits in the hub's fair queue instead
+  (:mod:`pdl_spawner.queueing`, in :attr:`PDLSwarmSpawner.state_db`). Otherwise it generates the cluster keys, picks the ports, and
   creates the notebook secret and service; once the notebook task runs, it creates the
   engine secret (the controller's node address, ports and keys) and one engine service
   per GPU, and returns when every engine task runs. An engine task left pending for
@@ -29,6 +31,10 @@ Contract:
   (``home_storage = "path"`` without a template, a refused host path) fails the spawn
   with HTTP 500 naming it, before any Docker call; a mount Docker cannot make (a
   missing host folder) fails it once the task is rejected.
+- With ``engine_idle_timeout``, engines idle that long are scaled to 0 (their GPUs go
+  back to the swarm, the reclaim is logged in ``state_db``) and back to 1 when a cell
+  asks, if the GPUs are free and nobody waits in the queue
+  (:meth:`PDLSwarmSpawner.tend_lease`; :mod:`pdl.engine_lease`).
 - ``poll()`` watches the notebook task (SwarmSpawner's); the state
   (:class:`~pdl_spawner.swarm_state.SwarmServer`: ports, node, keys, service and
   secret ids) survives hub restarts, and ``poll()`` works after ``load_state``.
