@@ -78,8 +78,9 @@ def cpus_for_slot(slot: str, pool_size: int, n_cpus: int) -> list[int]:
 def engine_env(slot: str, pool_size: int, n_cpus: int | None = None) -> dict[str, str]:
     """Environment that pins one engine process to ``slot``.
 
-    A GPU slot sees only its GPU (``CUDA_VISIBLE_DEVICES``); a CPU slot sees no GPU.
-    Both get their share of CPU cores (``PDL_CPUS``, applied as CPU affinity by
+    A GPU slot sees only its GPU (``CUDA_VISIBLE_DEVICES``, counted in nvidia-smi's
+    order, the PCI bus order, as slots are: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, where
+    CUDA would otherwise put the fastest GPU first); a CPU slot sees no GPU. Both get their share of CPU cores (``PDL_CPUS``, applied as CPU affinity by
     :mod:`pdl.engine_boot`) and a matching thread count for OpenMP/MKL/torch.
     """
     kind, index = parse_slot(slot)
@@ -90,6 +91,7 @@ def engine_env(slot: str, pool_size: int, n_cpus: int | None = None) -> dict[str
         "PDL_SLOT": slot,
         "PDL_CPUS": ",".join(map(str, cpus)),
         "CUDA_VISIBLE_DEVICES": str(index) if kind == "gpu" else "",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
     }

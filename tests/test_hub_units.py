@@ -162,6 +162,7 @@ def test_local_spawner_gives_each_server_a_port_nothing_else_holds(tmp_path):
 def test_gpu_slot_sees_only_its_gpu_and_cpu_slots_share_the_cores():
     env = engine_env("gpu:2", pool_size=4, n_cpus=16)
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["PDL_CPUS"] == "8,9,10,11"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # slot numbers are nvidia-smi's
     assert env["OMP_NUM_THREADS"] == "4"
     assert engine_env("cpu:1", pool_size=4, n_cpus=16)["CUDA_VISIBLE_DEVICES"] == ""
     assert cpus_for_slot("cpu:3", pool_size=4, n_cpus=2) == [1]
