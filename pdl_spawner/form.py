@@ -67,10 +67,12 @@ def queue_message(wanted: int, position: int, free: int, pool_size: int, holders
             f"({describe_holders(holders, show_names=show_names)}). Cancel to leave the queue.")
 
 
-def queue_first_message(waiting: int, unit: str = "workers") -> str:
-    """One line for a direct spawn refused because others wait for the same workers."""
+def queue_first_message(waiting: int, unit: str = "workers", *, spawning: bool = True) -> str:
+    """One line for a request refused because others wait for the same workers: a
+    direct spawn (``spawning``: it may join the queue) or engines asked back by a cell."""
+    advice = "Tick 'wait in the queue' to join it." if spawning else "Run the cell again once they have been served."
     return (f"Not enough free {unit} for you now: {waiting} user{'s are' if waiting > 1 else ' is'} waiting "
-            f"in the queue, first come, first served. Tick 'wait in the queue' to join it.")
+            f"in the queue, first come, first served. {advice}")
 
 
 def parse_workers(formdata: dict, *, maximum: int) -> int:

@@ -198,14 +198,15 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 
-    def reserve(self, n: int | None = None) -> list[str]:
+    def reserve(self, n: int | None = None, *, spawning: bool = True) -> list[str]:
         """Reserve ``n`` slots (default: what the spawn asked for), or raise HTTPError(409)
         saying what is free.
 
-        Refused too while others wait in the queue: they come first.
+        Refused too while others wait in the queue: they come first. ``spawning``: for
+        a spawn (else for engines a cell asks back), which the refusal's advice fits.
         """
         n = self._requested_workers() if n is None else n
-        self.refuse_while_others_wait()
+        self.refuse_while_others_wait(spawning=spawning)
         try:
             return self.ledger.reserve(self.owner, n, self.pool)
         except NotEnoughSlots as e:
@@ -295,7 +296,7 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         if want is None or engine_lease.read(directory, engine_lease.GRANT) is not None:
             return
         try:
-            self.slots = self.reserve(int(want["workers"]))
+            self.slots = self.reserve(int(want["workers"]), spawning=False)
             answer = {"slots": self.slots}
             self.log.info("Granted %s to %s again", ",".join(self.slots), self.owner)
         except web.HTTPError as e:

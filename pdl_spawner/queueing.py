@@ -91,11 +91,12 @@ class QueueingSpawner(HasTraits):
             return None
         return [(w.user, w.wanted) for w in self.wait_queue.waiters()]
 
-    def refuse_while_others_wait(self) -> None:
-        """HTTP 409 (one line) when others wait in the queue ahead of this server."""
+    def refuse_while_others_wait(self, *, spawning: bool = True) -> None:
+        """HTTP 409 (one line) when others wait in the queue ahead of this server;
+        ``spawning``: for a spawn (else for engines a cell asks back)."""
         waiting = self.wait_queue.ahead_of(self.owner_key) if self.queue_timeout else []
         if waiting:
-            message = form.queue_first_message(len(waiting), unit=self.worker_unit)
+            message = form.queue_first_message(len(waiting), unit=self.worker_unit, spawning=spawning)
             raise web.HTTPError(409, message, reason=message)
 
     @observe("user_options")

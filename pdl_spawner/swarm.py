@@ -309,14 +309,14 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
                                           show_names=bool(self.user.admin), unit="GPUs")
         return web.HTTPError(409, message, reason=message)
 
-    async def promise_gpus(self, n: int) -> None:
-        """Grant ``n`` GPUs to this spawn, or raise HTTP 409 saying what is free (or that
-        others wait in the queue ahead of it)."""
+    async def promise_gpus(self, n: int, *, spawning: bool = True) -> None:
+        """Grant ``n`` GPUs to this spawn (``spawning``) or to engines a cell asks back,
+        or raise HTTP 409 saying what is free (or that others wait in the queue ahead of it)."""
         loop = asyncio.get_running_loop()
         if PDLSwarmSpawner._promise_lock is None or PDLSwarmSpawner._promise_lock[0] is not loop:
             PDLSwarmSpawner._promise_lock = (loop, asyncio.Lock())
         async with PDLSwarmSpawner._promise_lock[1]:
-            self.refuse_while_others_wait()
+            self.refuse_while_others_wait(spawning=spawning)
             usage = await self.gpu_usage()
             if n > usage.free:
                 raise self.not_enough(n, usage)
@@ -561,7 +561,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     async def bring_back_engines(self, services: list[dict]) -> None:
         """Scale the engine services back to one task each once their GPUs are free, and
         wait until they run; HTTP 409 (one line, nothing left running) when they are not."""
-        await self.promise_gpus(len(services))
+        await self.promise_gpus(len(services), spawning=False)
         try:
             await self.scale_engines(await self.engine_services_now(), 1)
             wait = self.wait_tasks([s["ID"] for s in services], "engine", current_only=True)

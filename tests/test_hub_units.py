@@ -195,3 +195,29 @@ def test_the_queue_on_the_spawn_form_names_waiters_only_to_admins():
     message = form.queue_message(2, 3, 0, 4, {"alice": 4}, show_names=False)
     assert message == ("Waiting for 2 workers: number 3 in the queue; 0 of 4 are free (4 held by other users). "
                        "Cancel to leave the queue.")
+    # a spawn may join the queue; a cell asking its engines back may not, and is told what to do
+    assert form.queue_first_message(2).endswith("Tick 'wait in the queue' to join it.")
+    assert form.queue_first_message(1, "GPUs", spawning=False) == (
+        "Not enough free GPUs for you now: 1 user is waiting in the queue, first come, first served. "
+        "Run the cell again once they have been served.")
+
+
+def test_engines_asked_back_while_others_wait_are_refused_with_advice_for_a_cell(tmp_path):
+    from pdl import engine_lease
+    from pdl_spawner.local import PDLLocalSpawner
+    from pdl_spawner.wait_queue import WaitQueue
+
+    db = str(tmp_path / "r.sqlite")
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1"], reservations_db=db,
+                              home_dir_template=str(tmp_path / "home" / "{username}"))
+    lease = spawner.cluster_dir
+    lease.mkdir(parents=True)
+    engine_lease.write(lease, engine_lease.RELEASED, {"reason": "engines idle for 9 s", "slots": ["cpu:0"]})
+    engine_lease.write(lease, engine_lease.WANT, {"workers": 1})
+    WaitQueue(db).join("bob", "bob", 2)  # bob waits for both slots, which are free
+
+    asyncio.run(spawner.tend_lease())
+    assert engine_lease.read(lease, engine_lease.GRANT)["refused"] == (
+        "Not enough free workers for you now: 1 user is waiting in the queue, first come, first served. "
+        "Run the cell again once they have been served.")
+    assert SlotLedger(db).holdings() == []  # nothing was taken ahead of bob
