@@ -72,7 +72,18 @@ def wait_for(page, predicate, timeout_s: float, what: str):
             return value
         page.wait_for_timeout(250)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; panel: "
-                         f"{page.inner_text(PANEL)[:2000]}")
+                         f"{page.inner_text(PANEL)[:2000]}\nnotebook (end): "
+                         f"{page.inner_text('.jp-Notebook')[-2000:]}")
+
+
+def wait_cell_done(page, index: int) -> None:
+    """Wait until code cell ``index`` has its execution count: the kernel answered it.
+
+    Jupyter aborts a cell sent while the one before is still ending in an error
+    (``stop_on_error``), so a cell stopped by an interrupt must finish before the next runs.
+    """
+    prompt = f".jp-Notebook .jp-CodeCell >> nth={index} >> .jp-InputPrompt"
+    wait_for(page, lambda: page.inner_text(prompt).strip()[1:-2].isdigit(), 30, f"cell {index} to finish")
 
 
 def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, page):
@@ -120,6 +131,7 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
              "the panel to show the cell stopped")
     stopped = rank_steps(page)
     assert len(stopped) == 3 and all(0 < s < TOTAL for s in stopped), stopped
+    wait_cell_done(page, 1)
 
     # Again, stopped this time from the notebook's toolbar (the kernel's interrupt button),
     # while the in-cell progress widget advances.
@@ -144,3 +156,4 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
     wait_for(page, lambda: engine_states(page) == ["idle"] * 3, 30, "the engines idle after the interrupt")
     wait_for(page, lambda: page.get_attribute(f"{PANEL} .pdl-cell", "data-running") == "false", 30,
              "the panel to show the cell stopped")
+    wait_cell_done(page, 1)
