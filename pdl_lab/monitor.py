@@ -3,7 +3,8 @@
 :class:`ClusterMonitor` holds one ipyparallel client on the user's cluster:
 
 - **hub**: the cluster ``pdl-singleuser`` runs (``$PDL_CLUSTER_FILE``), whose slots
-  are ``$PDL_SLOTS``;
+  are ``$PDL_SLOTS`` (or those its engines came back on after an idle release; none
+  while they are released: :mod:`pdl.engine_lease`);
 - **local**: the cluster of the newest live kernel that wrote a status file
   (:mod:`pdl_magics.status_file`); none before its first ``%%distributed`` cell.
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import ipyparallel as ipp
 
+from pdl import engine_lease
 from pdl.slots import slot_index
 from pdl_magics import clusters
 from pdl_magics.status_file import pid_alive, read_status
@@ -71,7 +73,8 @@ class ClusterMonitor:
     def __init__(self, hub_cluster_file: str | None = None, hub_slots: list[str] | None = None,
                  nvidia_smi: str | None = None):
         self.hub_cluster_file = hub_cluster_file if hub_cluster_file is not None else clusters.hub_cluster_file()
-        self.hub_slots = hub_slots if hub_slots is not None else (clusters.hub_slots() if self.hub_cluster_file else [])
+        self._fixed_slots = hub_slots
+        self.lease = engine_lease.lease_dir() if self.hub_cluster_file else None
         self.nvidia_smi = nvidia_smi
         self.hostname = socket.gethostname()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdl-monitor")
@@ -84,6 +87,17 @@ class ClusterMonitor:
         self._gone: dict[str, dict] = {}       # slot -> describe() of its engine that died
         self._sampler = ProcessSampler()
         self._gpus: tuple[float, list] = (0.0, [])
+
+    @property
+    def hub_slots(self) -> list[str]:
+        """The slots reserved for this server now: none while its engines are released."""
+        if not self.hub_cluster_file or self.released() is not None:
+            return []
+        return list(self._fixed_slots) if self._fixed_slots is not None else clusters.hub_slots()
+
+    def released(self) -> dict | None:
+        """The hub server's idle release (``{"reason", ...}``), or None while it holds its engines."""
+        return engine_lease.read(self.lease, engine_lease.RELEASED) if self.lease is not None else None
 
     # -- the async API the handlers use ---------------------------------------
 
@@ -276,9 +290,18 @@ class ClusterMonitor:
         mode, cluster_file, status = self._target()
         client = self._connect(cluster_file)
         rows = self._engine_rows(client, status) if client is not None else []
-        slots = list(self.hub_slots) if mode == "hub" and self.hub_slots else list((status or {}).get("slots", []))
+        released = self.released() if mode == "hub" else None
+        if released is not None:  # stopped on purpose, not dead
+            self._gone.clear()
+            rows = [r for r in rows if r["state"] != "dead"]
+        slots = self.hub_slots if mode == "hub" else []
+        if not slots and released is None:
+            slots = list((status or {}).get("slots", []))
         message = None
-        if mode == "none":
+        if released is not None:
+            message = (f"Engines released ({released.get('reason') or 'idle'}): "
+                       "the next %%distributed cell asks for them again.")
+        elif mode == "none":
             message = "no cluster yet: the first %%distributed cell starts one"
         elif client is None or self._client is None:
             message = self._error or "not connected to the cluster"

@@ -159,6 +159,13 @@ c.JupyterHub.log_level = "INFO"
         kwargs.setdefault("timeout", 60)
         return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, **kwargs)
 
+    def server_api(self, user: str, path: str, token: str | None = None) -> dict:
+        """GET ``/user/<user><path>`` from the user's own server (with a token of theirs)."""
+        r = requests.get(f"{self.url}/user/{user}{path}", timeout=30,
+                         headers={"Authorization": f"token {token or self.user_token(user)}"})
+        r.raise_for_status()
+        return r.json()
+
     def spawn(self, user: str, workers: int | None) -> requests.Response:
         body = {} if workers is None else {"workers": workers}
         return self.api("POST", f"/users/{user}/server", json=body)

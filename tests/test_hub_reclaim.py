@@ -44,6 +44,11 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
         newest = SlotLedger(hub.state_dir / "reservations.sqlite").reclaims()[0]  # newest first
         assert (newest.owner, newest.slots, newest.reason) == ("alice", POOL, f"engines idle for {IDLE_S} s")
         assert f"Reclaimed cpu:0,cpu:1 from alice: engines idle for {IDLE_S} s" in hub.log_tail(400)
+        token = hub.user_token("alice")
+        panel = hub.server_api("alice", "/pdl/api/cluster", token)  # what her Cluster panel shows
+        assert panel["message"] == (f"Engines released (engines idle for {IDLE_S} s): "
+                                    "the next %%distributed cell asks for them again."), panel
+        assert panel["slots"] == [] and panel["engines"] == [], panel
 
         # alice's next cell says clearly that no workers are free, and runs nothing
         out = kernel.execute(SUM2, timeout=120)  # IPython shows a UsageError as one line on stderr
@@ -59,6 +64,8 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
         assert "sum 2" in out["stdout"] and "asking for 2 again" in out["stderr"]
         assert "Granted cpu:0,cpu:1 to alice again" in hub.log_tail(400)
         assert kernel.execute_ok("print(x + 1)")["stdout"].strip() == "42"
+        panel = hub.server_api("alice", "/pdl/api/cluster", token)
+        assert panel["message"] is None and panel["slots"] == POOL, panel
     finally:
         kernel.close()
         hub.api("DELETE", "/users/alice/server")

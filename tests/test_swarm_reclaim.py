@@ -53,6 +53,10 @@ def test_idle_engines_release_their_gpus_to_a_waiting_user_and_come_back(hub, sw
         assert replicas(swarm, "alice") == [0, 0, 0] and replicas(swarm, "bob") == [1, 1]
         assert hub.server_ready("alice"), "alice's notebook server must stay"
         assert f"from alice: engines idle for {IDLE_S} s" in hub.log_tail(2000)
+        panel = hub.server_api("alice", "/pdl/api/cluster")  # what her Cluster panel shows
+        assert panel["message"] == (f"Engines released (engines idle for {IDLE_S} s): "
+                                    "the next %%distributed cell asks for them again."), panel
+        assert panel["slots"] == [] and panel["engines"] == [], panel
         reclaim = admin_status(hub)["reclaims"][0]  # newest first
         assert (reclaim["user"], reclaim["reason"]) == ("alice", f"engines idle for {IDLE_S} s"), reclaim
         assert sorted(reclaim["slots"]) == [f"{swarm.hostname(i)}/{swarm.gpu(i)}" for i in swarm.node_ids()]
