@@ -19,7 +19,7 @@ import ipyparallel as ipp
 from pdl import stacks
 from pdl.metrics import DATA_KEY
 
-from .errors import ENGINE_DIED, RankFailed
+from .errors import ENGINE_DIED, RankFailed, RanksInterrupted
 from .progress import LiveProgress
 from .world import CellResult, Rank, _remote
 
@@ -247,7 +247,7 @@ class CellWatch:
         own = {k: v for k, v in failures.items() if v["status"] == "error" and not v["comm_error"]}
         if not own and (self.user_interrupt or all(v["status"] == "interrupted" for v in failures.values())):
             print(f"Interrupted: all {len(self.world)} ranks stopped.", file=self.err, flush=True)
-            raise KeyboardInterrupt
+            raise RanksInterrupted
         pick_from = own or failures
         rank = min(pick_from, key=lambda k: (pick_from[k]["time"], k))
         others = sorted(set(failures) - {rank})

@@ -50,5 +50,19 @@ class RankFailed(Exception):
         return text + (f"\n{self.note}" if self.note else "")
 
 
+class RanksInterrupted(KeyboardInterrupt):
+    """Every rank of the cell stopped on the user's interrupt (already said on stderr).
+
+    It is a KeyboardInterrupt, and the kernel's reply names it so; IPython shows that
+    one word instead of a traceback through PDL's own frames.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return ["KeyboardInterrupt"]
+
+
+RanksInterrupted.__name__ = RanksInterrupted.__qualname__ = "KeyboardInterrupt"
+
+
 class RanksStuck(RuntimeError):
     """Some ranks did not stop after an interrupt or a peer's failure."""

@@ -128,6 +128,7 @@ def test_notebook_trains_on_three_engines_and_recovers_from_failures(clean):
         out = kernel.execute(loop, timeout=120, on_output=lambda at, text: seen.append(text))
         t.join()
         assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt"
+        assert out["error"]["traceback"] == ["KeyboardInterrupt"], out  # not PDL's own frames
         assert "all 3 ranks stopped" in out["stderr"]
         assert time.monotonic() - started < 90
 
