@@ -291,9 +291,9 @@ class ClusterMonitor:
         client = self._connect(cluster_file)
         rows = self._engine_rows(client, status) if client is not None else []
         released = self.released() if mode == "hub" else None
-        if released is not None:  # stopped on purpose, not dead
+        if released is not None:  # stopped, or being stopped, on purpose: not dead, none to show
             self._gone.clear()
-            rows = [r for r in rows if r["state"] != "dead"]
+            rows = []
         slots = self.hub_slots if mode == "hub" else []
         if not slots and released is None:
             slots = list((status or {}).get("slots", []))
