@@ -4,9 +4,12 @@ Start with ``jupyterhub -f jupyterhub_config.py`` (``scripts/serve`` does it all
 Environment variables tune it without editing this file:
 
 - ``PDL_STATE_DIR``: where the hub keeps its database, cookie secret,
-  reservations and generated password (default ``./.pdl/hub``);
+  reservations and generated password (default ``./.pdl/hub``; mode 0700, the hub's alone);
 - ``PDL_USERS``: comma-separated user names allowed to log in (default: the
-  Unix user running the hub); the first one is the admin;
+  Unix user running the hub); the first one is the admin. More than one needs a hub
+  running as root: each hub user's server and engines then run as their own Unix
+  account, ``pdl-<name>``, made on the first spawn, with a home of mode 0700 in
+  ``PDL_HOMES_ROOT`` (default ``/home``);
 - ``PDL_HUB_PORT``: port on 127.0.0.1 (default 8000); ``PDL_HUB_INTERNAL_PORT``
   and ``PDL_PROXY_API_PORT`` move the hub's own API (8081) and the proxy's (8001);
 - ``PDL_KEEP_SERVERS``: ``1`` (default) keeps users' servers running across a hub
@@ -28,9 +31,17 @@ Environment variables tune it without editing this file:
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
   (default: every GPU, else 4 CPU slots).
 
-Login is JupyterHub's SharedPasswordAuthenticator, restricted to ``PDL_USERS``,
-with random passwords generated on first start and stored with mode 0600 in
-``$PDL_STATE_DIR/password`` (the admin's) and ``user-password`` (everyone else's). For a lab, switch to PAM or OAuth (see docs/admin.md).
+Login is jupyterhub-nativeauthenticator (``pdl_spawner.accounts.PDLAuthenticator``):
+every user has their own password, kept as a bcrypt hash in the hub's database. The
+admin's account is made at first start with a random password, stored with mode 0600
+in ``$PDL_STATE_DIR/password`` (``scripts/serve`` prints it). As root, everyone else
+signs up at ``/hub/signup`` with a password of their own (at least 8 characters, not a
+common one): names in ``PDL_USERS`` are approved at once, others wait for the admin at
+``/hub/authorize``; without root, signup is off and only the admin logs in. Names are a
+lowercase letter then at most 19 of ``a-z0-9_-``. Wrong passwords lock a name:
+
+- ``PDL_LOGIN_ATTEMPTS``: wrong passwords in a row that lock a name (default 5; 0: never);
+- ``PDL_LOGIN_LOCKOUT_S``: seconds a locked name waits after its last failure (default 60).
 """
 
 import getpass
@@ -38,7 +49,7 @@ import os
 import sys
 from pathlib import Path
 
-from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, USER_PASSWORD_BYTES, secret_file
+from pdl_spawner.accounts import TEMPLATE_DIR, name_problem
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
 
@@ -48,9 +59,18 @@ os.umask(0o077)
 
 state_dir = Path(os.environ.get("PDL_STATE_DIR", ".pdl/hub")).resolve()
 state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+state_dir.chmod(0o700)  # also when it was made before, by hand: the hub's secrets live here
 
 
 users = [u.strip() for u in os.environ.get("PDL_USERS", getpass.getuser()).split(",") if u.strip()]
+_embedded = os.environ.get("PDL_SPAWNER", "local") == "local"
+
+# Users are separated by Unix accounts, which only a hub running as root can make: without
+# root every server would run as the hub's own user, able to read and signal the others'.
+if _embedded and os.geteuid() != 0 and len(users) > 1:
+    raise SystemExit(f"PDL_USERS lists {len(users)} users, but the hub is not root, so their servers could not "
+                     "be kept apart: start it as root (each user then gets their own Unix account), "
+                     "or list one user")
 
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = int(os.environ.get("PDL_HUB_PORT", "8000"))
@@ -70,15 +90,34 @@ c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
 c.JupyterHub.cleanup_servers = os.environ.get("PDL_KEEP_SERVERS", "1") == "0"
 c.ConfigurableHTTPProxy.pid_file = str(state_dir / "proxy.pid")
 
-c.JupyterHub.authenticator_class = "shared-password"
-c.SharedPasswordAuthenticator.admin_password = secret_file(state_dir, "password", ADMIN_PASSWORD_BYTES)
-if len(users) > 1:  # the other listed users share their own random password
-    c.SharedPasswordAuthenticator.user_password = secret_file(state_dir, "user-password", USER_PASSWORD_BYTES)
+# Each user's own password (pdl_spawner/accounts.py): the admin's account is made from
+# $PDL_STATE_DIR/password; listed users sign up and are approved at once, others wait.
+for _name in users:
+    if name_problem(_name):
+        raise SystemExit(f"PDL_USERS: {name_problem(_name)}")
+c.JupyterHub.authenticator_class = "pdl_spawner.accounts.PDLAuthenticator"
+c.PDLAuthenticator.first_admin = users[0]
+c.PDLAuthenticator.first_admin_password_file = str(state_dir / "password")
+c.PDLAuthenticator.allowed_failed_logins = int(os.environ.get("PDL_LOGIN_ATTEMPTS", "5"))
+c.PDLAuthenticator.seconds_before_next_try = int(os.environ.get("PDL_LOGIN_LOCKOUT_S", "60"))
+if os.environ.get("PDL_SPAWNER", "local") == "swarm":
+    c.PDLAuthenticator.enable_signup = True  # servers are containers: kept apart without root too
 c.Authenticator.admin_users = set(users[:1])
-c.Authenticator.allowed_users = set(users)
+c.Authenticator.allowed_users = set(users)  # approved at once when they sign up
+# NativeAuthenticator's page.html: "Change Password" for all, "Authorize Users" for admins
+c.JupyterHub.template_paths = [TEMPLATE_DIR]
 
 c.JupyterHub.spawner_class = "pdl-local"
 c.PDLLocalSpawner.reservations_db = str(state_dir / "reservations.sqlite")
+# As root, every hub user runs as their own account (pdl-<name>, home /home/pdl-<name>,
+# mode 0700), made on the first spawn; a new home starts with PDL's notebooks.
+_skeleton = state_dir / "skel"
+(_skeleton / "notebooks").mkdir(parents=True, exist_ok=True)
+for _notebook in (Path(__file__).resolve().parent / "notebooks").glob("*.ipynb"):
+    (_skeleton / "notebooks" / _notebook.name).write_bytes(_notebook.read_bytes())
+c.PDLLocalSpawner.skeleton_dir = str(_skeleton)
+if os.environ.get("PDL_HOMES_ROOT"):
+    c.PDLLocalSpawner.homes_root = os.environ["PDL_HOMES_ROOT"]
 c.PDLLocalSpawner.default_workers = 3
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 120

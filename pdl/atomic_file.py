@@ -17,13 +17,12 @@ from typing import BinaryIO
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *, prefix: str = "",
-                 suffix: str = "", owner: tuple[int, int] | None = None) -> Path:
+                 suffix: str = "") -> Path:
     """Replace ``path`` with what ``write(f)`` writes to a binary file; returns ``path``.
 
     ``prefix`` is put after ``.<name>.`` in the temp file's name (e.g. host and pid,
-    for finding a dead writer's temp files), ``suffix`` at its end. ``owner``: (uid,
-    gid) the file is given before it appears. Raises what writing raises; the temp
-    file is then removed.
+    for finding a dead writer's temp files), ``suffix`` at its end. Raises what writing
+    raises; the temp file is then removed.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{prefix}", suffix=suffix, dir=path.parent)
@@ -32,8 +31,6 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        if owner is not None:
-            os.chown(tmp, *owner)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -9,10 +9,14 @@ decide whether the process group has to be torn down.
 from __future__ import annotations
 
 import ast
+import atexit
 import datetime
+import fcntl
 import gc
 import os
+import shutil
 import socket
+import tempfile
 import time
 import traceback
 
@@ -70,10 +74,112 @@ def _routable_addr() -> str:
 
 
 def free_port(addr: str = "") -> int:
-    """A TCP port that is free on this host now (for the rendezvous store)."""
+    """A TCP port that is free on this host now (for the TCPStore of a group across hosts)."""
     with socket.socket() as s:
         s.bind((addr, 0))
         return s.getsockname()[1]
+
+
+#: Prefix of the folders that hold one-host groups' rendezvous files.
+STORE_FOLDER_PREFIX = "pdl-torch-store-"
+#: Seconds a new store folder is spared by the sweep (see :func:`new_store_file`)
+#: before its group's members hold it.
+STORE_GRACE_S = 60.0
+
+#: The FileStore file of this engine's torch group (one host), or None.
+_store_file: str | None = None
+#: Store folders this engine holds: folder -> an open descriptor with a shared flock
+#: on it, which the OS drops when this process dies, however it dies.
+_held_folders: dict[str, int] = {}
+
+
+def new_store_file() -> str:
+    """The path of a rendezvous file for a new one-host torch group (not created yet).
+
+    It is ``store`` in a new folder of mode 0700 owned by this user, under
+    ``$PDL_CLUSTER_DIR`` when that folder exists here, else the system's temporary
+    folder. The folder is removed when a member of the group leaves it
+    (:func:`abort_group`) or exits; folders of groups whose members were all killed
+    are removed by the next call here (no live process holds them, see
+    :data:`STORE_GRACE_S`).
+    """
+    base = os.environ.get("PDL_CLUSTER_DIR")
+    base = base if base and os.path.isdir(base) else tempfile.gettempdir()
+    _sweep_store_folders(base)
+    folder = tempfile.mkdtemp(prefix=STORE_FOLDER_PREFIX, dir=base)
+    _hold_folder(folder)
+    return os.path.join(folder, "store")
+
+
+def sees_file_folder(path: str) -> bool:
+    """Whether the folder of ``path`` exists for this engine (it shares the file system)."""
+    return os.path.isdir(os.path.dirname(path))
+
+
+def remove_store_file(path: str) -> None:
+    """Remove a rendezvous file from :func:`new_store_file` with its folder (no error if gone)."""
+    folder = os.path.dirname(path)
+    fd = _held_folders.pop(folder, None)
+    if fd is not None:
+        os.close(fd)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def group_store_file() -> str | None:
+    """The FileStore file of this engine's torch group, or None (no group, or a
+    TCPStore: a group across hosts)."""
+    return _store_file
+
+
+def _hold_folder(folder: str) -> None:
+    if folder not in _held_folders:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _held_folders[folder] = fd
+
+
+def _sweep_store_folders(base: str) -> None:
+    """Remove this user's store folders in ``base`` that no live process holds and
+    that are older than :data:`STORE_GRACE_S`, and the ones this engine made for a
+    group it never joined."""
+    current = os.path.dirname(_store_file) if _store_file else None
+    for folder in [f for f in _held_folders if f != current and os.path.dirname(f) == base]:
+        remove_store_file(os.path.join(folder, "store"))
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(STORE_FOLDER_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        folder = os.path.join(base, name)
+        if folder in _held_folders:
+            continue
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # gone, or not ours to enter
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or time.time() - st.st_mtime < STORE_GRACE_S:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            continue  # a live member holds it
+        finally:
+            os.close(fd)
+
+
+def _forget_store_file() -> None:
+    global _store_file
+    if _store_file is not None:
+        remove_store_file(_store_file)
+        _store_file = None
+
+
+@atexit.register
+def _remove_held_store_folders() -> None:
+    for folder in list(_held_folders):
+        remove_store_file(os.path.join(folder, "store"))
 
 
 def init_torch(
@@ -81,12 +187,15 @@ def init_torch(
     rank: int,
     world_size: int,
     local_rank: int,
-    master_addr: str,
-    master_port: int,
+    rendezvous: str,
     timeout_s: float,
 ) -> dict:
     """Join the torch.distributed group named by ``key`` (no-op if already in it).
 
+    ``rendezvous`` is where the ranks meet: ``file://<path>``, a FileStore on a
+    file from :func:`new_store_file` (every rank on one host: no port to connect
+    to, the file in a 0700 folder, removed when the group is left), or
+    ``tcp://<addr>:<port>``, a TCPStore that rank 0 serves (ranks across hosts).
     Uses NCCL when this engine sees a GPU, else gloo. Defines ``rank``,
     ``world_size``, ``local_rank`` and ``device`` in the engine's namespace.
     All ranks of the group must call this concurrently.
@@ -95,13 +204,21 @@ def init_torch(
 
     device = _device(local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    _join(key, dist.is_initialized(), lambda: dist.init_process_group(
-        backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    ))
+    timeout = datetime.timedelta(seconds=timeout_s)
+
+    def form():
+        global _store_file
+        if rendezvous.startswith("file://"):
+            _store_file = rendezvous[len("file://"):]  # removed by abort_group, even if forming fails
+            _hold_folder(os.path.dirname(_store_file))
+            store = dist.FileStore(_store_file, world_size)
+            store.set_timeout(timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=world_size,
+                                    timeout=timeout)
+
+    _join(key, dist.is_initialized(), form)
     _shell().user_ns.update(
         rank=rank, world_size=world_size, local_rank=local_rank, device=device
     )
@@ -180,6 +297,7 @@ def abort_group() -> bool:
     import torch.distributed as dist
 
     _group_key = None
+    _forget_store_file()  # its peers have left or are leaving too; a late store call gets ENOENT
     if horovod_engine.is_running():
         # the ranks agree on the shutdown; connections are cut only if a peer is frozen
         horovod_engine.stop(on_stall=_group_sockets.cut)

@@ -6,10 +6,13 @@ its own file atomically, so nobody overwrites another's:
 - ``pdl-singleuser`` (the user's server) stops the engines after
   ``$PDL_ENGINE_IDLE_TIMEOUT`` seconds without a running task and writes
   :data:`RELEASED` (``{"at": epoch s, "reason": one line}``);
-- the hub's spawner sees it, frees the slots in its ledger and logs the reclaim;
+- the hub's spawner reads it through the server's lease API (``/pdl/api/lease``,
+  :mod:`pdl_lab.handlers`; the hub never touches these files), frees the slots in
+  its ledger and logs the reclaim;
 - a kernel that needs engines again writes :data:`WANT` (``{"workers": n, "at"}``);
-  the spawner reserves slots (or refuses, when none are free) and answers in
-  :data:`GRANT` (``{"slots": [...]}`` or ``{"refused": one line}``);
+  the spawner checks the count, reserves slots (or refuses, when none are free) and
+  answers through the same API, which writes :data:`GRANT` (``{"slots": [...]}`` or
+  ``{"refused": one line}``);
 - ``pdl-singleuser`` starts engines on granted slots, records them in :data:`SLOTS`
   and removes the other three files.
 
@@ -38,10 +41,10 @@ def lease_dir() -> Path | None:
     return Path(path) if path else None
 
 
-def write(directory: Path, name: str, data: dict, owner: tuple[int, int] | None = None) -> None:
-    """Write ``data`` as ``directory/name`` atomically (mode 0600; ``owner``: (uid, gid) to chown to)."""
+def write(directory: Path, name: str, data: dict) -> None:
+    """Write ``data`` as ``directory/name`` atomically (mode 0600)."""
     body = json.dumps({**data, "written": time.time()}).encode()
-    write_atomic(directory / name, lambda f: f.write(body), owner=owner)
+    write_atomic(directory / name, lambda f: f.write(body))
 
 
 def read(directory: Path, name: str) -> dict | None:

@@ -6,11 +6,14 @@
 - ``GET  /pdl/api/lease``: this server's engine lease (:mod:`pdl.engine_lease`):
   ``{"released": ..., "want": ..., "grant": ...}``, each the file's content or null;
 - ``POST /pdl/api/lease``: the hub's answer to a request for engines (the body is
-  written as the lease's grant: ``{"engines": n}`` or ``{"refused": one line}``); a
-  grant of engines also ends the release (before the answer, so that the hub's next
-  look never finds the release it just answered); 404 outside a hub server. On Docker
-  Swarm the hub reads and answers the lease this way, with the server's own API token;
-  these calls are not user activity.
+  written as the lease's grant: ``{"slots": [...]}`` on one machine, ``{"engines": n}``
+  on Docker Swarm, or ``{"refused": one line}``); a grant of engines also ends the
+  release (before the answer, so that the hub's next look never finds the release it
+  just answered); 404 outside a hub server. The hub reads and answers the lease this
+  way, with the server's own API token, and never touches the files; these calls are
+  not user activity. The user may write here too: nothing here is trusted by the hub
+  (a grant of slots the ledger did not give opens no GPU: the device cgroup follows
+  the ledger).
 
 Every handler requires an authenticated user (a Jupyter token or the login
 cookie, plus the XSRF token for cookie-authenticated POSTs).
@@ -87,8 +90,9 @@ class LeaseHandler(APIHandler):
             grant = json.loads(self.request.body)
         except ValueError:
             grant = None
-        if not isinstance(grant, dict) or not ({"engines", "refused"} & set(grant)):
-            raise tornado.web.HTTPError(400, 'the body must be {"engines": n} or {"refused": "why"}')
+        if not isinstance(grant, dict) or len({"slots", "engines", "refused"} & set(grant)) != 1:
+            raise tornado.web.HTTPError(
+                400, 'the body must be one of {"slots": [...]}, {"engines": n} or {"refused": "why"}')
         engine_lease.write(directory, engine_lease.GRANT, grant)
         if grant.get("engines"):
             engine_lease.remove(directory, engine_lease.RELEASED, engine_lease.WANT)

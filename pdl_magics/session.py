@@ -279,15 +279,32 @@ class DistributedSession:
         self._group_key = key
 
     def _torch_calls(self, world: list[Rank], key: tuple, timeout_s: float) -> list[tuple]:
-        hosts = {r.host for r in world}
+        """Each rank's ``init_torch`` arguments: a FileStore in a private folder when the
+        ranks share one host and its file system, else a TCPStore on rank 0."""
         master = world[0]
-        addr = "127.0.0.1" if len(hosts) == 1 else master.addr
-        port = self.client[master.engine_id].apply_sync(_remote, "free_port", "")
+        one_host = len({r.host for r in world}) == 1
+        rendezvous = self._private_rendezvous(world) if one_host else None
+        if rendezvous is None:
+            addr = "127.0.0.1" if one_host else master.addr
+            port = self.client[master.engine_id].apply_sync(_remote, "free_port", "")
+            rendezvous = f"tcp://{addr}:{port}"
         local = _local_ranks(world)
         return [
-            ("init_torch", key, r.rank, len(world), local[r.rank], addr, port, timeout_s)
+            ("init_torch", key, r.rank, len(world), local[r.rank], rendezvous, timeout_s)
             for r in world
         ]
+
+    def _private_rendezvous(self, world: list[Rank]) -> str | None:
+        """``file://`` + a new store file in a 0700 folder made by rank 0's engine, or
+        None when another rank cannot see that folder (e.g. engines in separate
+        containers on one node), which then meet on a TCPStore as across hosts."""
+        master = self.client[world[0].engine_id]
+        path = master.apply_sync(_remote, "new_store_file")
+        others = [r.engine_id for r in world[1:]]
+        if others and not all(self.client[others].apply_sync(_remote, "sees_file_folder", path)):
+            master.apply_sync(_remote, "remove_store_file", path)
+            return None
+        return f"file://{path}"
 
     def _horovod_calls(self, world: list[Rank], key: tuple, timeout_s: float) -> list[tuple]:
         """Start this group's rendezvous here; each rank's ``init_horovod`` arguments."""

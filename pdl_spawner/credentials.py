@@ -1,4 +1,4 @@
-"""Generated login secrets for the embedded default."""
+"""The admin's generated first password (pdl_spawner/accounts.py makes their account with it)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,5 @@ def secret_file(state_dir: str | os.PathLike, name: str, nbytes: int) -> str:
     return path.read_text().strip()
 
 
-#: Bytes of randomness in the admin's password (JupyterHub wants >= 32 characters).
+#: Bytes of randomness in the admin's first password (43 characters; bcrypt takes at most 72 bytes).
 ADMIN_PASSWORD_BYTES = 32
-#: Bytes of randomness in the other users' password.
-USER_PASSWORD_BYTES = 16

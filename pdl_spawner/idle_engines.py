@@ -4,20 +4,34 @@ The user's server stops counting on its engines after ``engine_idle_timeout``
 seconds without a task and says so in its engine lease (:mod:`pdl.engine_lease`);
 a kernel that needs engines again asks in the same lease. While a server runs, the
 hub looks at its lease every :data:`LEASE_TICK_S` seconds (:meth:`IdleEngines.tend_lease`,
-the spawner's own: the local spawner reads the files in the user's cluster directory
-and frees ledger slots; the Swarm spawner asks the user's server over HTTP and scales
-the engine services to 0 and back). The watch starts with the server and again after
-a hub restart (the first ``poll()`` that finds the server running), and ends in ``stop()``.
+the spawner's own: the local spawner frees ledger slots, the Swarm spawner scales the
+engine services to 0 and back). Both read and answer the lease the same way, over
+the user's server's authenticated HTTP API (:meth:`IdleEngines.lease`, with the
+server's own API token): the hub never reads or writes a file in a folder the user
+controls. What the lease says is the user's to write, so the hub trusts none of it:
+a request's worker count is checked against the same limits as a spawn's, and the
+reason it logs for a reclaim is its own (:func:`idle_reason`). The watch starts with
+the server and again after a hub restart (the first ``poll()`` that finds the server
+running), and ends in ``stop()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
+from tornado.httpclient import AsyncHTTPClient
 from traitlets import HasTraits, Integer
 
 #: Seconds between the hub's looks at a server's engine lease (released, wanted).
 LEASE_TICK_S = 1.0
+#: Seconds the hub waits for an answer from a user's server about its engine lease.
+LEASE_HTTP_TIMEOUT_S = 10.0
+
+
+def idle_reason(idle_timeout_s: int) -> str:
+    """The hub's own words for a reclaim of idle engines (never the user's text)."""
+    return f"engines idle for {idle_timeout_s} s"
 
 
 class IdleEngines(HasTraits):
@@ -36,6 +50,42 @@ class IdleEngines(HasTraits):
     async def tend_lease(self) -> None:
         """One look at the lease: reclaim released workers, grant or refuse a request."""
         raise NotImplementedError
+
+    def lease_url(self) -> str | None:
+        """``http://host:port/<server base_url>/pdl/api/lease`` of this server; None when unknown."""
+        raise NotImplementedError
+
+    def lease_token(self) -> str | None:
+        """The server's own API token, which its lease API accepts."""
+        raise NotImplementedError
+
+    async def lease(self, grant: dict | None = None) -> dict | None:
+        """The user's server's engine lease (``GET .../pdl/api/lease``: ``released``,
+        ``want``, ``grant``), or, with ``grant``, send it the hub's answer (POST). None
+        when the server does not answer (it is starting or stopping) or says no."""
+        url, token = self.lease_url(), self.lease_token()
+        if not url or not token:
+            return None
+        try:
+            response = await AsyncHTTPClient().fetch(
+                url, method="GET" if grant is None else "POST", body=None if grant is None else json.dumps(grant),
+                headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+                request_timeout=LEASE_HTTP_TIMEOUT_S, raise_error=False,
+            )
+        except OSError:  # not listening (yet, or any more)
+            return None
+        if response.code != 200:
+            if response.code != 599:
+                self.log.warning("engine lease of %s: HTTP %s from its server", self.owner_key, response.code)
+            return None
+        try:
+            body = json.loads(response.body)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self.log.warning("engine lease of %s: not a JSON object", self.owner_key)
+            return None
+        return body
 
     def watch_lease(self) -> None:
         """Start the watch (once) when idle reclaim is on."""

@@ -15,13 +15,28 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
   showing its position on the spawn page; cancelling the spawn leaves the queue. A
   direct spawn is refused while anyone waits.
 - ``stop()`` stops that process tree and releases the slots; so does a ``poll()``
-  that finds the server gone (``clear_state``).
+  that finds the server gone (``clear_state``, which frees whatever the ledger holds
+  for the server, so a reservation made just before a hub crash, before JupyterHub
+  saved the spawner's state, is freed when the restarted hub finds no server).
 - The reservation is in the spawner state and in the ledger file, so it survives
   hub restarts (with ``JupyterHub.cleanup_servers = False`` the servers do too).
+- **Accounts.** When the hub runs as root (:attr:`PDLLocalSpawner.system_users`), each
+  hub user's server, kernels, terminal, controller and engines run under that user's
+  own Unix account (:mod:`~pdl_spawner.unix_accounts`, made on the first spawn), in a
+  home of mode 0700, inside a device cgroup of their own
+  (:mod:`~pdl_spawner.device_cgroup`) that lets them open only the GPU device nodes
+  of their reservation; nothing of a user runs as root. Without root, every server
+  runs as the hub's own user: one person's machine.
+- The ledger and the queue are SQLite files: every call is made off the event loop
+  (:mod:`~pdl_spawner.db_thread`), so a lock held elsewhere never freezes the hub.
+- Idle engines give their slots back through the server's HTTP lease API
+  (:mod:`~pdl_spawner.idle_engines`); nothing the user can write decides which slots
+  are theirs or how many they get.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import random
@@ -29,17 +44,21 @@ import socket
 import sys
 from pathlib import Path
 
-from jupyterhub.spawner import LocalProcessSpawner
+from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
+from jupyterhub.utils import url_path_join
 from tornado import web
 from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
-from pdl import engine_lease
 
-from . import form
-from .idle_engines import IdleEngines
+from . import device_cgroup, form, unix_accounts
+from .db_thread import off_loop, submit
+from .idle_engines import IdleEngines, idle_reason
 from .queueing import NotFreeYet, QueueingSpawner
 from .reservations import NotEnoughSlots, SlotLedger
+
+#: Seconds stop() waits for the processes left in a server's cgroup to die.
+KILL_WAIT_S = 10.0
 
 class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
     """Spawn a user's server plus one ipyparallel engine per reserved GPU or CPU slot."""
@@ -86,12 +105,45 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
     )
 
     system_users = Bool(
-        False,
         config=True,
-        help="""Run each server as the Unix user named like the hub user (needs root and
-        existing users). False runs every server as the hub's own Unix user, each
-        with its own home from `home_dir_template`: right for one person's
-        machine, no isolation between users.""",
+        help="""Run each hub user's server and engines as their own Unix account
+        (`account_prefix` + name, created on the first spawn). Default: True when the
+        hub runs as root, and then it cannot be turned off (no user's code runs as
+        root). False (the default without root) runs every server as the hub's own
+        Unix user, each with its own home from `home_dir_template`: right for one
+        person's machine, no isolation between users.""",
+    )
+
+    @default("system_users")
+    def _default_system_users(self):
+        return os.geteuid() == 0
+
+    account_prefix = Unicode(
+        "pdl-", config=True,
+        help="Prefix of the users' Unix accounts: hub user ann runs as pdl-ann.",
+    )
+
+    homes_root = Unicode(
+        "/home", config=True,
+        help="Folder the users' accounts get their homes in (mode 0700 each), e.g. /home/pdl-ann.",
+    )
+
+    runtime_dir_root = Unicode(
+        "/run/user", config=True,
+        help="""Folder of the accounts' private runtime folders, <root>/<uid> (mode 0700,
+        $XDG_RUNTIME_DIR): the kernels' IPC sockets live there.""",
+    )
+
+    skeleton_dir = Unicode(
+        "", config=True,
+        help="""Folder whose files every new account's home starts with (useradd --skel);
+        empty: the system's /etc/skel.""",
+    )
+
+    gpu_device_template = Unicode(
+        "/dev/nvidia{index}", config=True,
+        help="""Device node of GPU slot gpu:{index}. A user's processes may open only the
+        nodes of their own reservation (device cgroup), when the hub runs as root.""",
     )
 
     home_dir_template = Unicode(
@@ -120,6 +172,8 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
     #: Ports given to this hub's servers, which may not listen yet: owner -> port.
     _ports: dict[str, int] = {}
+    #: Whether the hub has logged that this machine has no device cgroup.
+    _said_no_isolation = False
 
     @default("cmd")
     def _default_cmd(self):
@@ -133,6 +187,7 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
     @property
     def ledger(self) -> SlotLedger:
+        """The slot ledger; its calls block: make them with :func:`off_loop`."""
         return SlotLedger(self.reservations_db)
 
     @property
@@ -153,7 +208,7 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         return bool(self.slots)
 
     async def describe_free(self) -> tuple[int, int, dict[str, int]]:
-        free, holders = self._free_and_holders()
+        free, holders = await off_loop(self._free_and_holders)
         return free, len(self.pool), holders
 
     @property
@@ -161,6 +216,7 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         return min(self.max_workers or len(self.pool), len(self.pool))
 
     def _free_and_holders(self) -> tuple[int, dict[str, int]]:
+        """(free slots, user -> slots held by others); blocks on the ledger."""
         holders: dict[str, int] = {}
         for h in self.ledger.holdings():
             if h.slot in self.pool and h.owner != self.owner:
@@ -168,10 +224,10 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
                 holders[user] = holders.get(user, 0) + 1
         return len(self.pool) - sum(holders.values()), holders
 
-    def _render_options_form(self, spawner) -> str:
-        free, holders = self._free_and_holders()
+    async def _render_options_form(self, spawner) -> str:
+        free, holders = await off_loop(self._free_and_holders)
         return form.render_form(
-            waiting=self.waiting(),
+            waiting=await self.waiting(),
             kind=parse_slot(self.pool[0])[0] if self.pool else "cpu",
             pool_size=len(self.pool),
             free=free,
@@ -198,17 +254,27 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 
-    def reserve(self, n: int | None = None, *, spawning: bool = True) -> list[str]:
+    def checked_workers(self, n) -> int:
+        """``n`` if it is a whole number within :attr:`workers_limit`, else HTTPError(400)
+        naming the valid range: the one check for every source of a count (the form,
+        the REST body, a lease request)."""
+        try:
+            form.check_workers(n, maximum=self.workers_limit)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
+        return n
+
+    async def reserve(self, n: int | None = None, *, spawning: bool = True) -> list[str]:
         """Reserve ``n`` slots (default: what the spawn asked for), or raise HTTPError(409)
-        saying what is free.
+        saying what is free (400 for a count outside :attr:`workers_limit`).
 
         Refused too while others wait in the queue: they come first. ``spawning``: for
         a spawn (else for engines a cell asks back), which the refusal's advice fits.
         """
-        n = self._requested_workers() if n is None else n
-        self.refuse_while_others_wait(spawning=spawning)
+        n = self._requested_workers() if n is None else self.checked_workers(n)
+        await self.refuse_while_others_wait(spawning=spawning)
         try:
-            return self.ledger.reserve(self.owner, n, self.pool)
+            return await off_loop(self.ledger.reserve, self.owner, n, self.pool)
         except NotEnoughSlots as e:
             message = form.not_enough_message(
                 e.wanted, e.free, len(self.pool), e.holders, show_names=bool(self.user.admin)
@@ -221,23 +287,114 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
         async def take() -> list[str]:
             try:
-                return self.ledger.reserve(self.owner, n, self.pool)
+                return await off_loop(self.ledger.reserve, self.owner, n, self.pool)
             except NotEnoughSlots:
                 raise NotFreeYet() from None
 
         return await self.wait_in_queue(n, take)
 
-    def release(self) -> None:
-        PDLLocalSpawner._ports.pop(self.owner, None)
+    def _release_now(self) -> list[str]:
+        """Free every slot the ledger holds for this server (blocks on the ledger)."""
         released = self.ledger.release(self.owner)
         if released:
             self.log.info("Released %s for %s", ",".join(released), self.owner)
+        return released
+
+    async def release(self) -> None:
+        PDLLocalSpawner._ports.pop(self.owner, None)
+        await off_loop(self._release_now)
 
     # -- process -------------------------------------------------------------
 
+    @property
+    def account(self) -> str:
+        """The Unix account this server runs as (with :attr:`system_users`)."""
+        try:
+            return unix_accounts.account_name(self.account_prefix, self.user.name)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
+
+    @property
+    def cgroup(self) -> device_cgroup.DeviceCgroup | None:
+        """This server's device cgroup, named by its account (unique to the machine);
+        None without :attr:`system_users`, or where the machine has no device cgroup
+        (the hub logs why once)."""
+        if not self.system_users:
+            return None
+        if not device_cgroup.support():
+            if not PDLLocalSpawner._said_no_isolation:
+                PDLLocalSpawner._said_no_isolation = True
+                self.log.warning("GPU isolation between users is off: %s", device_cgroup.support().reason)
+            return None
+        return device_cgroup.DeviceCgroup(f"{self.account}/{self.name}" if self.name else self.account)
+
+    def gpu_nodes(self, slots: list[str]) -> list[Path]:
+        """Device nodes of the GPU slots among ``slots``."""
+        nodes = []
+        for slot in slots:
+            kind, index = parse_slot(slot)
+            if kind == "gpu":
+                nodes.append(Path(self.gpu_device_template.format(index=index)))
+        return nodes
+
+    def restrict_devices(self, slots: list[str]) -> None:
+        """Let this server's processes open the GPU nodes of ``slots`` and no other of the pool."""
+        cgroup = self.cgroup
+        if cgroup is not None:
+            all_nodes = [n for n in self.gpu_nodes(self.pool) if n.exists()]
+            cgroup.restrict([n for n in self.gpu_nodes(slots) if n.exists()], all_nodes)
+
+    def _check_runnable(self) -> None:
+        """HTTP 500, one line, when the users' accounts cannot run PDL's Python."""
+        blocked = unix_accounts.unreachable_by_others(self.cmd[0])
+        if blocked is not None:
+            message = (f"the users' accounts cannot run {self.cmd[0]}: {blocked} is closed to other users; "
+                       f"install PDL where every user can read it (e.g. chmod o+rx {blocked})")
+            raise web.HTTPError(500, message, reason=message)
+
+    def prepare_account(self) -> None:
+        """Make this user's account (once) and their device cgroup, with no process left
+        in it from a server the hub lost track of (a crash mid-spawn). Blocks: the
+        spawner runs it in a worker thread, between the reservation and the launch."""
+        self._check_runnable()
+        entry = unix_accounts.ensure_account(self.account, self.homes_root, self._skeleton(),
+                                             comment=f"PDL hub user {self.user.name}")
+        unix_accounts.ensure_runtime_dir(entry, self.runtime_dir_root)
+        cgroup = self.cgroup
+        if cgroup is not None:
+            cgroup.create()
+            leftover = cgroup.kill_all(KILL_WAIT_S)
+            if leftover:
+                raise RuntimeError(f"processes {leftover} of {self.owner} do not die")
+            self.restrict_devices(self.slots)
+
+    def end_processes(self) -> None:
+        """Kill whatever is left of this server (a process that left its tree) and
+        remove its cgroup. Blocks up to :data:`KILL_WAIT_S`."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return
+        left = cgroup.kill_all(KILL_WAIT_S)
+        if left:
+            self.log.error("processes %s of %s survived SIGKILL", left, self.owner)
+        else:
+            cgroup.remove()
+
+    def _skeleton(self) -> str | None:
+        return self.skeleton_dir or None
+
     def make_preexec_fn(self, name):
         if self.system_users:
-            return super().make_preexec_fn(name)
+            cgroup = self.cgroup
+            procs = cgroup.procs_file if cgroup is not None else None
+            become_user = set_user_setuid(self.account)
+
+            def preexec():
+                if procs is not None:
+                    device_cgroup.join(procs)  # as root, before giving root up
+                become_user()
+
+            return preexec
         home = self.home_dir
 
         def preexec():
@@ -248,11 +405,17 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
     @property
     def home_dir(self) -> str:
+        if self.system_users:
+            return pwd.getpwnam(self.account).pw_dir
         return os.path.expanduser(self.home_dir_template.format(username=self.user.name))
 
     def user_env(self, env):
         if self.system_users:
-            return super().user_env(env)
+            entry = pwd.getpwnam(self.account)
+            runtime = Path(self.runtime_dir_root) / str(entry.pw_uid)
+            env.update(USER=entry.pw_name, LOGNAME=entry.pw_name, HOME=entry.pw_dir, SHELL=entry.pw_shell,
+                       XDG_RUNTIME_DIR=str(runtime), JUPYTER_RUNTIME_DIR=str(runtime / "jupyter"))
+            return env
         env.update(USER=self.user.name, HOME=self.home_dir, SHELL="/bin/bash")
         return env
 
@@ -269,9 +432,9 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
     @property
     def cluster_dir(self) -> Path:
-        """Where the user's server keeps its cluster (and the engine lease files)."""
-        home = pwd.getpwnam(self.user.name).pw_dir if self.system_users else self.home_dir
-        return Path(home) / ".pdl" / "cluster"
+        """Where the user's server keeps its cluster (and the engine lease files); the
+        hub never reads or writes there."""
+        return Path(self.home_dir) / ".pdl" / "cluster"
 
     def get_env(self):
         env = super().get_env()
@@ -283,49 +446,58 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
     # -- idle engines ----------------------------------------------------------
 
+    def lease_url(self) -> str | None:
+        if self.server is None or not self.port:
+            return None
+        return f"http://{self.ip or '127.0.0.1'}:{self.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
+
+    def lease_token(self) -> str | None:
+        return self.api_token
+
     async def tend_lease(self) -> None:
-        """One look at the lease files: reclaim released slots, grant or refuse a request."""
-        directory = self.cluster_dir
-        released = engine_lease.read(directory, engine_lease.RELEASED)
-        if released is None:
+        """One look at the server's lease: reclaim released slots, grant or refuse a request.
+
+        The request's count is checked like a spawn's; the slots come from the ledger
+        and the device cgroup follows them (none while released).
+        """
+        lease = await self.lease()
+        if not lease or not lease.get("released"):
             return
-        if self.ledger.held_by(self.owner):
-            slots = self.ledger.reclaim(self.owner, released.get("reason", "engines idle"))
-            self.log.info("Reclaimed %s from %s: %s", ",".join(slots), self.owner, released.get("reason"))
-        want = engine_lease.read(directory, engine_lease.WANT)
-        if want is None or engine_lease.read(directory, engine_lease.GRANT) is not None:
+        if await off_loop(self.ledger.held_by, self.owner):
+            reason = idle_reason(self.engine_idle_timeout)
+            slots = await off_loop(self.ledger.reclaim, self.owner, reason)
+            self.restrict_devices([])
+            self.log.info("Reclaimed %s from %s: %s", ",".join(slots), self.owner, reason)
+        want = lease.get("want")
+        if not isinstance(want, dict) or lease.get("grant"):
             return
         try:
-            self.slots = self.reserve(int(want["workers"]), spawning=False)
+            self.slots = await self.reserve(self.checked_workers(want.get("workers")), spawning=False)
+            self.restrict_devices(self.slots)
             answer = {"slots": self.slots}
             self.log.info("Granted %s to %s again", ",".join(self.slots), self.owner)
         except web.HTTPError as e:
-            answer = {"refused": e.reason or str(e)}
-        owner = None
-        if self.system_users:
-            entry = pwd.getpwnam(self.user.name)
-            owner = (entry.pw_uid, entry.pw_gid)
-        engine_lease.write(directory, engine_lease.GRANT, answer, owner=owner)
-
-    def get_args(self):
-        args = super().get_args()
-        if not self.system_users and os.geteuid() == 0:
-            args.append("--allow-root")  # servers run as the hub's user, here root
-        return args
+            answer = {"refused": e.reason or e.log_message or str(e)}
+        await self.lease(grant=answer)
 
     def move_certs(self, paths):
         return paths if not self.system_users else super().move_certs(paths)
 
     async def start(self):
-        self.slots = await self.wait_and_reserve() if self.wants_queue else self.reserve()
+        if os.geteuid() == 0 and not self.system_users:
+            message = "PDLLocalSpawner.system_users is off while the hub runs as root: no user's server runs as root"
+            raise web.HTTPError(500, message, reason=message)
+        self.slots = await self.wait_and_reserve() if self.wants_queue else await self.reserve()
         self.log.info("Reserved %s for %s", ",".join(self.slots), self.owner)
         try:
+            if self.system_users:
+                await asyncio.to_thread(self.prepare_account)
             self.port = self.pick_port()
             url = await super().start()
             self.watch_lease()
             return url
         except BaseException:
-            self.release()
+            await asyncio.shield(self.release())
             self.slots = []
             raise
 
@@ -339,8 +511,9 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         self.unwatch_lease()
         try:
             await super().stop(now=now)
+            await asyncio.to_thread(self.end_processes)
         finally:
-            self.release()
+            await self.release()
 
     # -- state ---------------------------------------------------------------
 
@@ -355,9 +528,12 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         self.slots = list(state.get("slots", []))
 
     def clear_state(self):
+        """Forget the server, and free whatever the ledger holds for it (the slots of
+        the state, or of a reservation made just before a hub crash that the state
+        never recorded). Queued on the database thread: done before any later call."""
         super().clear_state()
-        if self.slots:
-            self.release()
+        PDLLocalSpawner._ports.pop(self.owner, None)
+        submit(self._release_now)
         self.slots = []
 
 

@@ -26,6 +26,7 @@ from tornado import web
 from traitlets import HasTraits, Integer, observe
 
 from . import form
+from .db_thread import off_loop
 from .wait_queue import WaitQueue
 
 #: Seconds between a waiting spawn's looks at the queue and the free workers.
@@ -85,16 +86,16 @@ class QueueingSpawner(HasTraits):
         options = self.user_options
         return isinstance(options, dict) and options.get("queue") is True
 
-    def waiting(self) -> list[tuple[str, int]] | None:
+    async def waiting(self) -> list[tuple[str, int]] | None:
         """(user, workers) in queue order for the spawn form; None when the queue is off."""
         if not self.queue_timeout:
             return None
-        return [(w.user, w.wanted) for w in self.wait_queue.waiters()]
+        return [(w.user, w.wanted) for w in await off_loop(self.wait_queue.waiters)]
 
-    def refuse_while_others_wait(self, *, spawning: bool = True) -> None:
+    async def refuse_while_others_wait(self, *, spawning: bool = True) -> None:
         """HTTP 409 (one line) when others wait in the queue ahead of this server;
         ``spawning``: for a spawn (else for engines a cell asks back)."""
-        waiting = self.wait_queue.ahead_of(self.owner_key) if self.queue_timeout else []
+        waiting = await off_loop(self.wait_queue.ahead_of, self.owner_key) if self.queue_timeout else []
         if waiting:
             message = form.queue_first_message(len(waiting), unit=self.worker_unit, spawning=spawning)
             raise web.HTTPError(409, message, reason=message)
@@ -116,11 +117,11 @@ class QueueingSpawner(HasTraits):
         if not self.queue_timeout:
             raise web.HTTPError(400, "the queue is off on this hub (queue_timeout = 0)")
         queue = self.wait_queue
-        queue.join(self.owner_key, self.user.name, n)
+        await off_loop(queue.join, self.owner_key, self.user.name, n)
         self.log.info("%s waits in the queue for %d %s", self.owner_key, n, self.worker_unit)
         try:
             while True:
-                position = queue.position(self.owner_key)
+                position = await off_loop(queue.position, self.owner_key)
                 if position == 1:
                     try:
                         return await take()
@@ -130,10 +131,10 @@ class QueueingSpawner(HasTraits):
                 self._queue_status = form.queue_message(
                     n, position, free, total, holders, show_names=bool(self.user.admin), unit=self.worker_unit)
                 await asyncio.sleep(QUEUE_POLL_S)
-                queue.beat(self.owner_key)
+                await off_loop(queue.beat, self.owner_key)
         finally:
             self._queue_status = None
-            if queue.leave(self.owner_key):
+            if await asyncio.shield(off_loop(queue.leave, self.owner_key)):
                 self.log.info("%s left the queue", self.owner_key)
 
     async def progress(self):

@@ -3,7 +3,9 @@
 The ledger is the single source of truth for "no slot is ever given to two
 users": ``slot`` is the table's primary key, and a reservation takes all of its
 slots in one ``BEGIN IMMEDIATE`` transaction. It lives in a file, so it survives
-hub restarts; every call opens its own short connection.
+hub restarts; every call opens its own short connection. Every call blocks (SQLite
+waits up to 30 s for another connection's write lock): the hub makes them off its
+event loop, through :func:`pdl_spawner.db_thread.off_loop`.
 """
 
 from __future__ import annotations
@@ -58,23 +60,31 @@ class SlotLedger:
     """Reservations of named slots by owners (``"user"`` or ``"user/server"``)."""
 
     def __init__(self, path: str | Path):
+        """Touches nothing on disk: the file and its tables are made by the first call."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.execute(_SCHEMA)
-            db.execute(_RECLAIMS)
+        self._ready = False
 
     def _connect(self) -> sqlite3.Connection:
+        if not self._ready:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
+        if not self._ready:
+            db.execute(_SCHEMA)
+            db.execute(_RECLAIMS)
+            self._ready = True
         return db
 
     def reserve(self, owner: str, n: int, pool: list[str]) -> list[str]:
         """Give ``owner`` ``n`` free slots of ``pool`` (first free first); all or nothing.
 
         Slots ``owner`` already holds are released first. Raises NotEnoughSlots
-        (with who holds the rest) when fewer than ``n`` are free.
+        (with who holds the rest) when fewer than ``n`` are free, and ValueError when
+        ``n`` is not a whole number of at least 1 (whoever asked: a form, a REST body,
+        a lease request): the ledger never takes a count it was not checked for.
         """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"a reservation is for a whole number of slots, at least 1; got {n!r}")
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")

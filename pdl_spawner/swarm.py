@@ -43,7 +43,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 
@@ -51,13 +50,13 @@ from docker.errors import APIError, NotFound
 from dockerspawner import SwarmSpawner
 from jupyterhub.utils import url_path_join
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient
 from traitlets import Dict, Float, Instance, Integer, List, Tuple, Unicode, Union, default, validate
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 
 from . import form, swarm_specs
-from .idle_engines import IdleEngines
+from .db_thread import off_loop
+from .idle_engines import IdleEngines, idle_reason
 from .queueing import NotFreeYet, QueueingSpawner
 from .reservations import SlotLedger
 from .swarm_holdings import gpu_holdings
@@ -73,8 +72,6 @@ POLL_S = 0.25
 STOP_WAIT_S = 30.0
 #: Upper bound on GPUs per server when ``max_gpus`` is 0 (the real bound is what is free).
 GPU_REQUEST_CAP = 1024
-#: Seconds the hub waits for an answer from a user's server about its engine lease.
-LEASE_HTTP_TIMEOUT_S = 10.0
 
 
 class TaskFailed(web.HTTPError, RuntimeError):
@@ -256,7 +253,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     async def _render_options_form(self, spawner) -> str:
         usage = await self.gpu_usage()
         return form.render_form(
-            waiting=self.waiting(), kind="gpu", pool_size=usage.total, free=usage.free, holders=usage.holders,
+            waiting=await self.waiting(), kind="gpu", pool_size=usage.total, free=usage.free, holders=usage.holders,
             default=self.default_gpus, maximum=self._gpu_limit(usage.total), show_names=bool(self.user.admin),
         )
 
@@ -316,7 +313,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         if PDLSwarmSpawner._promise_lock is None or PDLSwarmSpawner._promise_lock[0] is not loop:
             PDLSwarmSpawner._promise_lock = (loop, asyncio.Lock())
         async with PDLSwarmSpawner._promise_lock[1]:
-            self.refuse_while_others_wait(spawning=spawning)
+            await self.refuse_while_others_wait(spawning=spawning)
             usage = await self.gpu_usage()
             if n > usage.free:
                 raise self.not_enough(n, usage)
@@ -499,25 +496,13 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         """Where reclaims are logged (the admin view lists them): :attr:`state_db`."""
         return SlotLedger(self.state_db)
 
-    async def lease(self, grant: dict | None = None) -> dict | None:
-        """The user's server's engine lease (``GET <server>/pdl/api/lease``: ``released``,
-        ``want``, ``grant``), or, with ``grant``, send it the hub's answer (POST). None
-        when the server does not answer (it is starting or stopping)."""
-        url = (f"http://{self.swarm.node_addr}:{self.swarm.port}"
-               f"{url_path_join(self.server.base_url, 'pdl/api/lease')}")
-        try:
-            response = await AsyncHTTPClient().fetch(
-                url, method="GET" if grant is None else "POST", body=None if grant is None else json.dumps(grant),
-                headers={"Authorization": f"token {self.swarm.api_token}", "Content-Type": "application/json"},
-                request_timeout=LEASE_HTTP_TIMEOUT_S, raise_error=False,
-            )
-        except OSError:  # not listening (yet, or any more)
+    def lease_url(self) -> str | None:
+        if self.server is None or not self.swarm.node_addr:
             return None
-        if response.code != 200:
-            if response.code != 599:
-                self.log.warning("engine lease of %s: HTTP %s from its server", self.owner.key, response.code)
-            return None
-        return json.loads(response.body)
+        return f"http://{self.swarm.node_addr}:{self.swarm.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
+
+    def lease_token(self) -> str | None:
+        return self.swarm.api_token
 
     async def engine_services_now(self) -> list[dict]:
         return await self.docker("services", filters={"label": [f"{LABEL_PREFIX}owner={self.owner.key}",
@@ -540,13 +525,13 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         services = await self.engine_services_now()
         running = [s for s in services if service_replicas(s)]
         if running:
-            reason = lease["released"].get("reason") or "engines idle"
+            reason = idle_reason(self.engine_idle_timeout)
             tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
                                                          "desired-state": ["running"]})
             gpus = [f"{h.node}/{h.gpu}" for h in gpu_holdings(await self.docker("nodes"), running, tasks,
                                                                self.gpu_resource)] or [f"{len(running)} GPU(s)"]
             await self.scale_engines(running, 0)
-            self.reclaim_log.log_reclaim(self.owner.key, gpus, reason)
+            await off_loop(self.reclaim_log.log_reclaim, self.owner.key, gpus, reason)
             self.log.info("Reclaimed %s from %s: %s", ",".join(gpus), self.owner.key, reason)
         if not lease.get("want") or lease.get("grant"):
             return

@@ -8,7 +8,10 @@ spawn was cancelled) is dropped after :data:`STALE_AFTER_S`, so a dead entry nev
 blocks the queue. Leaving is :meth:`WaitQueue.leave` (a cancelled spawn does it).
 
 The queue lives in SQLite next to the slot ledger; every call opens its own short
-connection, so admin views and several spawners read one truth.
+connection, so admin views and several spawners read one truth. Reads never write
+(stale entries are filtered out, and purged by the next write), so a reader is not
+held up by another connection's write lock; the hub makes every call off its event
+loop all the same (:func:`pdl_spawner.db_thread.off_loop`).
 """
 
 from __future__ import annotations
@@ -44,21 +47,29 @@ class WaitQueue:
     """First-come-first-served waiters for workers, persisted in SQLite at ``path``."""
 
     def __init__(self, path: str | Path, stale_after_s: float = STALE_AFTER_S):
+        """Touches nothing on disk: the file and its table are made by the first call."""
         self.path = Path(path)
         self.stale_after_s = stale_after_s
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.execute(_SCHEMA)
+        self._ready = False
 
     def _connect(self) -> sqlite3.Connection:
+        if not self._ready:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
+        if not self._ready:
+            db.execute(_SCHEMA)
+            self._ready = True
         return db
+
+    def _purge_stale(self, db: sqlite3.Connection) -> None:
+        db.execute("DELETE FROM queue WHERE beat < ?", (time.time() - self.stale_after_s,))
 
     def join(self, owner: str, user: str, wanted: int) -> int:
         """Add ``owner`` at the end (kept in place if already waiting); returns its position (1-based)."""
         now = time.time()
         with self._connect() as db:
+            self._purge_stale(db)
             db.execute(
                 "INSERT INTO queue (owner, user, wanted, since, beat) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT(owner) DO UPDATE SET wanted = excluded.wanted, beat = excluded.beat",
@@ -77,10 +88,10 @@ class WaitQueue:
             return db.execute("DELETE FROM queue WHERE owner = ?", (owner,)).rowcount > 0
 
     def waiters(self) -> list[Waiter]:
-        """Everyone waiting, first come first; stale entries are dropped."""
+        """Everyone waiting, first come first; stale entries are left out."""
         with self._connect() as db:
-            db.execute("DELETE FROM queue WHERE beat < ?", (time.time() - self.stale_after_s,))
-            rows = db.execute("SELECT owner, user, wanted, since FROM queue ORDER BY since, rowid").fetchall()
+            rows = db.execute("SELECT owner, user, wanted, since FROM queue WHERE beat >= ? ORDER BY since, rowid",
+                              (time.time() - self.stale_after_s,)).fetchall()
         return [Waiter(*row) for row in rows]
 
     def position(self, owner: str) -> int:

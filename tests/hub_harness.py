@@ -9,9 +9,13 @@ processes under the temporary directory are killed at the end.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import pwd
+import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,8 +52,26 @@ def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "co
         time.sleep(interval)
 
 
+def runs_as_root() -> bool:
+    """Whether the hub (started by these tests) runs as root: each user then has their own account."""
+    return os.geteuid() == 0
+
+
+def open_path_to(path: Path) -> None:
+    """Let other accounts pass through every folder down to ``path`` (search, not list:
+    mode o+x), so that users' homes under a test's temporary folder can be entered by
+    their owners; files the harness writes stay private (it writes them 0600)."""
+    for part in [*reversed(Path(path).parents), Path(path)]:
+        if part.stat().st_mode & 0o001 == 0:
+            part.chmod(part.stat().st_mode | 0o011)
+
+
 class Hub:
-    """A JupyterHub process for one test module."""
+    """A JupyterHub process for one test module.
+
+    As root (CI), users' servers run as their own Unix accounts, ``<prefix><name>`` with
+    a prefix unique to this hub, and homes in ``root/homes``; :meth:`close` deletes them.
+    """
 
     def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
                  hub_env: dict | None = None):
@@ -67,11 +89,16 @@ class Hub:
         self.spawner_env = spawner_env or {}
         self.hub_env = hub_env or {}  # extra environment of the hub process (PDL_* settings)
         self.proc: subprocess.Popen | None = None
+        self.account_prefix = f"t{secrets.token_hex(2)}-"  # this hub's users' Unix accounts
+        self.homes_root = self.root / "homes"
+        self.extra_config = ""  # lines appended to the config (a fault injected at its seam)
+        self.passwords: dict[str, str] = {}  # each listed user's own, as they signed up (not the admin's)
 
     # -- lifecycle -----------------------------------------------------------
 
     def _write_config(self) -> Path:
         config = self.root / "test_config.py"
+        config.touch(mode=0o600)  # holds an admin token: the users' accounts must not read it
         config.write_text(
             f"""
 load_subconfig({str(REPO / 'jupyterhub_config.py')!r})
@@ -82,14 +109,20 @@ c.JupyterHub.load_roles.append({{
     "services": ["pdl-tests"],
 }})
 c.PDLLocalSpawner.home_dir_template = {str(self.root / 'home' / '{username}')!r}
+c.PDLLocalSpawner.account_prefix = {self.account_prefix!r}
+c.PDLLocalSpawner.homes_root = {str(self.homes_root)!r}
 c.PDLLocalSpawner.default_workers = 1
 c.Spawner.environment = {json.dumps(self.spawner_env)}
 c.JupyterHub.log_level = "INFO"
+{self.extra_config}
 """
         )
         return config
 
     def start(self) -> Hub:
+        if runs_as_root():
+            self.homes_root.mkdir(parents=True, exist_ok=True)
+            open_path_to(self.homes_root)
         config = self._write_config()
         env = dict(
             os.environ,
@@ -103,12 +136,13 @@ c.JupyterHub.log_level = "INFO"
             PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             **self.hub_env,
         )
-        log = open(self.log_path, "a")
+        log = open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(config)],
             cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_until(self._up, 60, what="the hub to answer")
+        self.sign_up_listed_users()
         return self
 
     def _up(self) -> bool:
@@ -144,6 +178,25 @@ c.JupyterHub.log_level = "INFO"
         self.stop_hub()
         for pid in pids_matching(lambda cmd, cwd: str(self.root) in cmd or cwd.startswith(str(self.root))):
             _kill(pid)
+        for user in self.users:
+            self.delete_account(user)
+
+    def account(self, user: str) -> str:
+        """The Unix account ``user``'s server runs as (the hub's own user without root)."""
+        return f"{self.account_prefix}{user}" if runs_as_root() else pwd.getpwuid(os.geteuid()).pw_name
+
+    def delete_account(self, user: str) -> None:
+        """Delete ``user``'s Unix account and home, once no process of theirs is left."""
+        if not runs_as_root():
+            return
+        name = self.account(user)
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            return
+        wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
+        subprocess.run(["userdel", "--remove", name], capture_output=True)
+        shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)  # its runtime folder (the spawner's)
 
     def log_tail(self, n: int = 80) -> str:
         try:
@@ -200,8 +253,8 @@ c.JupyterHub.log_level = "INFO"
         return self.server_ready(user), "the progress stream ended"
 
     def home(self, user: str) -> Path:
-        """The user's home (``PDLLocalSpawner.home_dir_template`` as configured here)."""
-        return self.root / "home" / user
+        """The user's home: their account's (as root), else ``PDLLocalSpawner.home_dir_template``'s."""
+        return self.homes_root / self.account(user) if runs_as_root() else self.root / "home" / user
 
     def processes_of(self, user: str) -> dict[int, str]:
         """``user``'s processes (server, controller, engines, kernels) -> their role."""
@@ -221,11 +274,43 @@ c.JupyterHub.log_level = "INFO"
         return r.json()["token"]
 
     def password(self, user: str) -> str:
-        name = "password" if user == self.users[0] else "user-password"
-        return (self.state_dir / name).read_text().strip()
+        """``user``'s own password: the admin's as ``scripts/serve`` prints it (the state
+        folder's ``password``), anyone else's as :meth:`sign_up_listed_users` chose it."""
+        if user == self.users[0]:
+            return (self.state_dir / "password").read_text().strip()
+        return self.passwords[user]
+
+    def sign_up_listed_users(self) -> None:
+        """Every listed user but the admin signs up through the form, with a random
+        password of their own, and is approved at once; once (a restarted hub keeps them)."""
+        for user in self.users[1:]:
+            if user not in self.passwords:
+                password = secrets.token_urlsafe(12)
+                answer = self.signup(user, password)
+                if "approved" not in answer:
+                    raise RuntimeError(f"{user} could not sign up: {answer}\n{self.log_tail()}")
+                self.passwords[user] = password
+
+    def signup(self, user: str, password: str, confirmation: str | None = None) -> str:
+        """Sign up through ``/hub/signup``, as a browser does; the page's one-line answer."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/signup", timeout=10).raise_for_status()
+        form = {
+            "_xsrf": s.cookies.get("_xsrf", ""),
+            "username": user,
+            "signup_password": password,
+            "signup_password_confirmation": password if confirmation is None else confirmation,
+        }
+        r = s.post(f"{self.url}/hub/signup", data=form, timeout=30)
+        r.raise_for_status()
+        return page_alert(r.text)
 
     def login(self, user: str, password: str | None = None) -> requests.Session:
         """Log in through the login form, as a browser does; returns the cookie session."""
+        return self.try_login(user, password)[0]
+
+    def try_login(self, user: str, password: str | None = None) -> tuple[requests.Session, str]:
+        """:meth:`login`, and the login page's message when it refused ("" when it let in)."""
         s = requests.Session()
         s.get(f"{self.url}/hub/login", timeout=10).raise_for_status()
         form = {
@@ -233,8 +318,8 @@ c.JupyterHub.log_level = "INFO"
             "username": user,
             "password": self.password(user) if password is None else password,
         }
-        s.post(f"{self.url}/hub/login", data=form, timeout=30, allow_redirects=False)
-        return s
+        r = s.post(f"{self.url}/hub/login", data=form, timeout=30, allow_redirects=False)
+        return s, "" if r.status_code == 302 else page_alert(r.text)
 
     def reservations(self) -> dict[str, str]:
         """slot -> owner, read from the ledger file."""
@@ -253,6 +338,12 @@ def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict
     finally:
         hub.close()
     assert not engine_processes(root), "engines left running after the hub was closed"
+
+
+def page_alert(page: str) -> str:
+    """The text of a hub page's alert (the sign-up form's answer) or login error, on one line."""
+    found = re.search(r'class="(?:alert [^"]*|login_error)"[^>]*>(.*?)</(?:div|p)>', page, re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", found.group(1))).split()) if found else ""
 
 
 def queue_up(hub, user: str, workers: int = 1):
@@ -360,6 +451,21 @@ def pids_matching(predicate) -> list[int]:
         except OSError:
             continue
         if predicate(cmd, cwd):
+            found.append(int(entry.name))
+    return found
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Processes (zombies aside) whose real user id is ``uid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            real_uid = int(proc_status(int(entry.name), "Uid").split()[0])
+        except (OSError, KeyError, ValueError):
+            continue
+        if real_uid == uid and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 

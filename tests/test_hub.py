@@ -210,7 +210,7 @@ def test_many_users_at_once_never_share_a_slot(clean):
     slots = [e["PDL_SLOT"] for e in engines.values()]
     assert sorted(slots) == sorted(POOL), "a slot is used by two engines"
     for e in engines.values():  # each engine runs in the home of the user holding its slot
-        assert e["HOME"].endswith("/" + owners[e["PDL_SLOT"]])
+        assert e["HOME"] == str(hub.home(owners[e["PDL_SLOT"]]))
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["restart", "crash"])

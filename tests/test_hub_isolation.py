@@ -203,7 +203,7 @@ def _loose(path) -> str | None:
 
 def test_hub_secrets_are_private(hub):
     state = hub.state_dir
-    secrets = [state / name for name in ("password", "user-password", "jupyterhub_cookie_secret")]
+    secrets = [state / name for name in ("password", "jupyterhub_cookie_secret", "jupyterhub.sqlite")]
     assert all(p.is_file() for p in secrets)
     assert [problem for p in [state, *secrets] if (problem := _loose(p))] == []
 

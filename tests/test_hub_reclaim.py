@@ -39,7 +39,7 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
         assert sorted(hub.reservations().values()) == ["bob", "bob"]
         engines = wait_until(lambda: e if len(e := engine_processes(hub.root)) == 2 else None, 30,
                              what="bob's two engines")
-        assert all(env["HOME"].endswith("/bob") for env in engines.values()), engines
+        assert all(env["HOME"] == str(hub.home("bob")) for env in engines.values()), engines
         assert hub.server_ready("alice"), "alice's notebook server must stay"
         newest = SlotLedger(hub.state_dir / "reservations.sqlite").reclaims()[0]  # newest first
         assert (newest.owner, newest.slots, newest.reason) == ("alice", POOL, f"engines idle for {IDLE_S} s")
@@ -83,7 +83,7 @@ def test_a_whole_idle_server_is_culled_and_its_slots_freed(tmp_path):
         wait_until(lambda: not hub.running_servers(), 90, what="the idle culler to stop alice's server")
         wait_until(lambda: not hub.reservations() and not engine_processes(hub.root), 30,
                    what="alice's slots and engines to go")
-        assert (tmp_path / "home" / "alice").is_dir(), "the user's files stay"
+        assert hub.home("alice").is_dir(), "the user's files stay"
         assert "Culling server alice (inactive for" in hub.log_tail(2000)
     finally:
         hub.close()

@@ -12,7 +12,7 @@ import secrets
 
 import pytest
 
-from hub_harness import Kernel, hub_fixture, wait_until
+from hub_harness import Kernel, hub_fixture, open_path_to, wait_until
 
 pytestmark = pytest.mark.hub
 
@@ -44,6 +44,7 @@ def dataset(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hub-storage-data") / "cinic10"
     make_sample(root, train_per_class=1, test_per_class=2, valid_per_class=1)
+    open_path_to(root)  # every user's account reads it
     return root
 
 

@@ -151,7 +151,7 @@ def test_local_spawner_gives_each_server_a_port_nothing_else_holds(tmp_path):
         with socket.socket() as busy:
             busy.bind(("127.0.0.1", low))  # something else listens here
             assert spawner.pick_port() == low + 2
-        spawner.release()
+        asyncio.run(spawner.release())
         assert PDLLocalSpawner._ports == {"bob": low + 1}
     finally:
         PDLLocalSpawner._ports.clear()
@@ -175,7 +175,8 @@ def test_spawner_is_registered_and_documents_its_config():
 
     assert entry_points(group="jupyterhub.spawners")["pdl-local"].load() is PDLLocalSpawner
     own = ["pool", "cpu_slots", "default_workers", "max_workers", "reservations_db",
-           "system_users", "home_dir_template", "port_range"]
+           "system_users", "account_prefix", "homes_root", "skeleton_dir", "gpu_device_template",
+           "home_dir_template", "port_range"]
     traits = PDLLocalSpawner.class_traits(config=True)
     for name in own:
         assert traits[name].help.strip(), f"{name} has no help text"
@@ -202,22 +203,93 @@ def test_the_queue_on_the_spawn_form_names_waiters_only_to_admins():
         "Run the cell again once they have been served.")
 
 
-def test_engines_asked_back_while_others_wait_are_refused_with_advice_for_a_cell(tmp_path):
-    from pdl import engine_lease
+class _LeaseDouble:
+    """The server's lease API (``/pdl/api/lease``) as a spawner sees it: what the user's
+    server says, and the hub's answers. The one seam a lease test replaces."""
+
+    def __init__(self, lease: dict):
+        self.lease, self.answers = lease, []
+
+    async def __call__(self, grant=None):
+        if grant is None:
+            return self.lease
+        self.answers.append(grant)
+        return {"ok": True}
+
+
+def _lease_spawner(tmp_path, lease: dict, **traits):
     from pdl_spawner.local import PDLLocalSpawner
+
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1", "cpu:2"], system_users=False,
+                              reservations_db=str(tmp_path / "r.sqlite"), engine_idle_timeout=9,
+                              home_dir_template=str(tmp_path / "home" / "{username}"), **traits)
+    spawner.lease = _LeaseDouble(lease)
+    return spawner
+
+
+RELEASED = {"released": {"reason": "engines idle for 9 s"}, "want": None, "grant": None}
+
+
+def test_engines_asked_back_while_others_wait_are_refused_with_advice_for_a_cell(tmp_path):
     from pdl_spawner.wait_queue import WaitQueue
 
-    db = str(tmp_path / "r.sqlite")
-    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1"], reservations_db=db,
-                              home_dir_template=str(tmp_path / "home" / "{username}"))
-    lease = spawner.cluster_dir
-    lease.mkdir(parents=True)
-    engine_lease.write(lease, engine_lease.RELEASED, {"reason": "engines idle for 9 s", "slots": ["cpu:0"]})
-    engine_lease.write(lease, engine_lease.WANT, {"workers": 1})
-    WaitQueue(db).join("bob", "bob", 2)  # bob waits for both slots, which are free
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 1}})
+    WaitQueue(spawner.reservations_db).join("bob", "bob", 2)  # bob waits for two slots, which are free
 
     asyncio.run(spawner.tend_lease())
-    assert engine_lease.read(lease, engine_lease.GRANT)["refused"] == (
+    assert spawner.lease.answers == [{"refused": (
         "Not enough free workers for you now: 1 user is waiting in the queue, first come, first served. "
-        "Run the cell again once they have been served.")
-    assert SlotLedger(db).holdings() == []  # nothing was taken ahead of bob
+        "Run the cell again once they have been served.")}]
+    assert SlotLedger(spawner.reservations_db).holdings() == []  # nothing was taken ahead of bob
+
+
+@pytest.mark.parametrize("wanted", [3, -1, 0, "2", 1.5, None, True])
+def test_a_lease_request_gets_no_more_workers_than_a_spawn_could(tmp_path, wanted):
+    """Guards ``PDLLocalSpawner.tend_lease`` passing the request through ``checked_workers``
+    (the same limit as the spawn form): a user's server asking back 3 workers past
+    max_workers=2, or -1, gets a one-line refusal and no slot."""
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": wanted}}, max_workers=2)
+    asyncio.run(spawner.tend_lease())
+    assert spawner.lease.answers == [{"refused": f"workers must be a whole number from 1 to 2, got {wanted!r}"}]
+    assert SlotLedger(spawner.reservations_db).holdings() == []
+
+
+def test_a_reclaim_is_logged_in_the_hubs_words_not_the_users(tmp_path):
+    """Guards ``tend_lease`` logging ``idle_reason(...)`` instead of the lease's reason: a
+    reason with a newline would forge a line of the hub's log and of the admin view."""
+    spawner = _lease_spawner(tmp_path, {"released": {"reason": "idle\n[I 2026 JupyterHub] admin logged in"},
+                                        "want": None, "grant": None})
+    SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
+    asyncio.run(spawner.tend_lease())
+    [reclaim] = SlotLedger(spawner.reservations_db).reclaims()
+    assert reclaim.reason == "engines idle for 9 s" and reclaim.slots == ["cpu:0", "cpu:1"]
+
+
+def test_a_granted_request_gets_slots_from_the_ledger(tmp_path):
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 2}})
+    SlotLedger(spawner.reservations_db).reserve("bob", 1, spawner.pool)
+    asyncio.run(spawner.tend_lease())
+    assert spawner.lease.answers == [{"slots": ["cpu:1", "cpu:2"]}] == [{"slots": spawner.slots}]
+
+
+@pytest.mark.parametrize("n", [0, -1, True, 1.0, "1"])
+def test_the_ledger_itself_refuses_counts_below_one(tmp_path, n):
+    """Guards the check at the top of ``SlotLedger.reserve``: whoever calls it."""
+    ledger = SlotLedger(tmp_path / "r.sqlite")
+    with pytest.raises(ValueError, match="at least 1"):
+        ledger.reserve("alice", n, POOL)
+    assert ledger.holdings() == []
+
+
+def test_clear_state_frees_a_reservation_the_state_never_recorded(tmp_path):
+    """Guards ``PDLLocalSpawner.clear_state`` releasing by owner: after a hub crash between
+    the reservation and JupyterHub saving the state, the restarted hub's spawner has no
+    slots in its state, and clearing it must still free what the ledger holds."""
+    from pdl_spawner.db_thread import submit
+
+    spawner = _lease_spawner(tmp_path, {})
+    SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
+    spawner.load_state({})
+    spawner.clear_state()
+    submit(lambda: None).result(timeout=30)  # the release was queued before this
+    assert SlotLedger(spawner.reservations_db).holdings() == []

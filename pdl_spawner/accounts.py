@@ -1,0 +1,283 @@
+"""Each hub user's own login: jupyterhub-nativeauthenticator, fitted to PDL and JupyterHub 6.
+
+:class:`PDLAuthenticator` (``c.JupyterHub.authenticator_class``) keeps NativeAuthenticator's
+accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its pages
+(``/hub/signup``, ``/hub/authorize``, ``/hub/change-password``). Its contract:
+
+- **The first admin.** At hub start, ``first_admin`` gets an account, authorized, whose
+  password is the one in ``first_admin_password_file`` (made by
+  :func:`~pdl_spawner.credentials.secret_file`, random and mode 0600, when missing: the
+  password ``scripts/serve`` prints). An existing account is never touched: once the
+  admin changes their password at ``/hub/change-password``, the file keeps the first one.
+- **Everyone else signs up** at ``/hub/signup`` with a password of their own: at least
+  ``minimum_password_length`` (8) characters, not a common one, at most 72 bytes
+  (bcrypt's limit). Admins and names in ``allowed_users`` (``PDL_USERS``, or added at
+  ``/hub/admin``) are approved at once; any other name waits until an admin authorizes
+  it at ``/hub/authorize``. ``enable_signup`` (default: the hub runs as root) turns the
+  page off (404): without root every server would run as the hub's own Unix user.
+- **Logging in** takes an authorized account and its password, nothing else:
+  :meth:`~PDLAuthenticator.check_allowed` asks the account, not only ``allowed_users``
+  (JupyterHub 5+ would refuse every approved name that is not listed).
+- **Lockout.** After ``allowed_failed_logins`` (5) wrong passwords for a name in a row,
+  every password, the right one too, is refused until ``seconds_before_next_try`` (60)
+  seconds after the last failure, and the login page says for how long. Then one more
+  wrong password locks it again; a right one clears the count. Counts live in the hub's
+  memory: a restart clears them.
+- **Names** are :data:`~pdl_spawner.unix_accounts.NAME_PATTERN` after JupyterHub's
+  lowercasing, as each becomes a Unix account (``pdl-<name>``); signing up with another
+  name answers with one line that says what a valid name is.
+- ``/hub/authorize/<name>`` and ``/hub/discard/<name>`` (links that change state on a
+  GET) refuse requests that another site started (cross-site request forgery).
+
+Fixes for JupyterHub 6 (NativeAuthenticator 1.3.0): the login page's ``_render`` takes
+the error page's namespace (JupyterHub renders login errors through it), a password of
+over 72 bytes is an ordinary refusal instead of bcrypt 5's ValueError (an HTTP 500), and
+bcrypt runs off the hub's event loop at login.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import bcrypt
+from jupyterhub.handlers.login import LoginHandler as HubLoginHandler
+from jupyterhub.scopes import needs_scope
+from nativeauthenticator import NativeAuthenticator
+from nativeauthenticator import handlers as native
+from nativeauthenticator.orm import UserInfo
+from tornado import web
+from tornado.escape import url_escape
+from tornado.httputil import url_concat
+from traitlets import Bool, Integer, Unicode, default
+
+from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, secret_file
+from pdl_spawner.unix_accounts import NAME_PATTERN
+
+#: The most bytes of a password that bcrypt takes (bcrypt 5 raises ValueError beyond).
+BCRYPT_MAX_BYTES = 72
+#: NativeAuthenticator's templates; its page.html adds "Change Password" and, for admins,
+#: "Authorize Users" to every page's bar when it comes first in ``JupyterHub.template_paths``.
+TEMPLATE_DIR = native.TEMPLATE_DIR
+
+
+def name_problem(name: str) -> str | None:
+    """One line saying why ``name``, as it is (JupyterHub lowercases names first), cannot be a
+    hub user's name; None if it can."""
+    if re.fullmatch(NAME_PATTERN, name):
+        return None
+    return (f"{name!r} is not a valid name: use a lowercase letter followed by at most 19 lowercase letters, "
+            "digits, '_' or '-'.")
+
+
+def password_matches(hashed: bytes, password: str) -> bool:
+    """Whether ``password`` is the one the bcrypt hash ``hashed`` was made from (False for
+    one that bcrypt cannot take)."""
+    encoded = password.encode()
+    return len(encoded) <= BCRYPT_MAX_BYTES and bcrypt.checkpw(encoded, hashed)
+
+
+def refuse_cross_site(handler: web.RequestHandler) -> None:
+    """HTTP 403 unless the request comes from the hub's own pages, is typed in, or is
+    scripted: JupyterHub skips its XSRF check on GET navigations, and a link on another
+    site would otherwise authorize or discard a name in the admin's session."""
+    site = handler.request.headers.get("Sec-Fetch-Site")
+    referer = handler.request.headers.get("Referer")
+    if site is not None:
+        cross = site not in ("same-origin", "none")
+    else:  # browsers without Fetch Metadata
+        cross = bool(referer) and urlparse(referer).netloc != handler.request.host
+    if cross:
+        raise web.HTTPError(403, "Open this from the hub's /hub/authorize page.")
+
+
+class PDLAuthenticator(NativeAuthenticator):
+    """NativeAuthenticator with PDL's rules; the contract is the module's docstring."""
+
+    first_admin = Unicode(
+        "", config=True,
+        help="The admin whose account is made at hub start (the first of PDL_USERS).",
+    )
+    first_admin_password_file = Unicode(
+        "", config=True,
+        help="File with the first admin's first password (made, random and mode 0600, when missing).",
+    )
+    enable_signup = Bool(
+        config=True,
+        help="Whether /hub/signup is open. Default: when the hub runs as root, as each user then "
+             "runs as their own Unix account.",
+    )
+    minimum_password_length = Integer(8, config=True, help="Fewest characters of a new password.")
+    check_common_password = Bool(True, config=True, help="Refuse passwords on the list of common ones.")
+    allowed_failed_logins = Integer(
+        5, config=True, help="Wrong passwords in a row after which a name is locked (0: never).")
+    seconds_before_next_try = Integer(
+        60, config=True, help="Seconds a locked name waits after its last failure.")
+
+    @default("enable_signup")
+    def _signup_when_root(self):
+        return os.geteuid() == 0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.ensure_first_admin()
+
+    def ensure_first_admin(self) -> None:
+        """Give ``first_admin`` an authorized account with the password file's password,
+        unless they have one (then it is left as it is)."""
+        if not self.first_admin or self.get_user(self.first_admin) is not None:
+            return
+        problem = name_problem(self.normalize_username(self.first_admin))
+        if problem:
+            raise ValueError(f"the first admin: {problem}")
+        path = Path(self.first_admin_password_file)
+        password = secret_file(path.parent, path.name, ADMIN_PASSWORD_BYTES)
+        hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt())
+        self.db.add(UserInfo(username=self.normalize_username(self.first_admin), password=hashed,
+                             is_authorized=True))
+        self.db.commit()
+        self.log.info("Made the account of the admin %s (password in %s)", self.first_admin, path)
+
+    # -- names and passwords ---------------------------------------------------
+
+    def validate_username(self, username: str) -> bool:
+        return name_problem(username) is None and super().validate_username(username)
+
+    def password_problem(self, password: str) -> str | None:
+        """One line saying why ``password`` cannot be a new password; None if it can."""
+        if len(password) < self.minimum_password_length:
+            return f"The password must have at least {self.minimum_password_length} characters."
+        if len(password.encode()) > BCRYPT_MAX_BYTES:
+            return f"The password must have at most {BCRYPT_MAX_BYTES} bytes."
+        if self.check_common_password and self.is_password_common(password):
+            return "This password is too common: choose another one."
+        return None
+
+    def signup_problem(self, username: str, password: str) -> str | None:
+        """One line saying why signing up as ``username`` with ``password`` is refused; None if it is not."""
+        if name_problem(self.normalize_username(username)):
+            return name_problem(username)  # worded with the name as it was typed
+        return self.password_problem(password)
+
+    def is_password_strong(self, password: str) -> bool:
+        return self.password_problem(password) is None
+
+    # -- logging in --------------------------------------------------------------
+
+    def add_login_attempt(self, username: str) -> None:
+        count = self.login_attempts.get(username, {}).get("count", 0)
+        self.login_attempts[username] = {"count": count + 1, "time": time.monotonic()}
+
+    def seconds_locked(self, username: str) -> float:
+        """Seconds until ``username`` may try a password again (0: now)."""
+        attempts = self.login_attempts.get(username)
+        if not self.allowed_failed_logins or not attempts or attempts["count"] < self.allowed_failed_logins:
+            return 0.0
+        return max(0.0, self.seconds_before_next_try - (time.monotonic() - attempts["time"]))
+
+    def is_blocked(self, username: str) -> bool:
+        return self.seconds_locked(username) > 0
+
+    async def authenticate(self, handler, data):
+        """The name, for an authorized account's right password (and two-factor token,
+        if it has one); None for a wrong one; HTTP 403 with the reason when the name is
+        locked or not yet approved."""
+        username = self.normalize_username(data.get("username", ""))
+        password = data.get("password", "")
+        info = self.get_user(username)
+        if info is None:
+            return None
+        wait = self.seconds_locked(username)
+        if wait:
+            raise web.HTTPError(403, f"Too many failed logins for {username}: try again in {wait:.0f} s.")
+        right = await asyncio.to_thread(password_matches, info.password, password)
+        if right and info.has_2fa:
+            right = info.is_valid_token(data.get("2fa"))
+        if not right:
+            self.add_login_attempt(username)
+            return None
+        if not info.is_authorized:
+            raise web.HTTPError(403, f"{username} is waiting for an admin's approval.")
+        self.successful_login(username)
+        return username
+
+    def check_allowed(self, username, authentication=None) -> bool:
+        """Allowed: whoever has an authorized account (what :meth:`authenticate` checked)."""
+        info = self.get_user(username)
+        return bool(info and info.is_authorized)
+
+    def get_handlers(self, app):
+        fitted = {native.LoginHandler: LoginHandler, native.SignUpHandler: SignUpHandler,
+                  native.ToggleAuthorizationHandler: ToggleAuthorizationHandler,
+                  native.DiscardHandler: DiscardHandler}
+        return [(route, fitted.get(handler, handler)) for route, handler in super().get_handlers(app)]
+
+
+class LoginHandler(native.LoginHandler):
+    """NativeAuthenticator's login page, with JupyterHub 6's form handling."""
+
+    def _render(self, login_error=None, username=None, **kwargs):
+        # JupyterHub renders an error on a login POST (a lockout, an expired form) as
+        # _render(**namespace of the error page, sync=True)
+        return self.render_template(
+            "native-login.html",
+            next=url_escape(self.get_argument("next", default="")),
+            username=username,
+            login_error=login_error,
+            custom_html=self.authenticator.custom_html,
+            login_url=self.settings["login_url"],
+            enable_signup=self.authenticator.enable_signup,
+            two_factor_auth=self.authenticator.allow_2fa,
+            authenticator_login_url=url_concat(
+                self.authenticator.login_url(self.hub.base_url), {"next": self.get_argument("next", "")}),
+            **kwargs,
+        )
+
+    async def post(self):
+        # JupyterHub's own: NativeAuthenticator's checks the password a second time to
+        # word its refusal, and fails with HTTP 500 on a missing or over-long one
+        await HubLoginHandler.post(self)
+
+
+class SignUpHandler(native.SignUpHandler):
+    """NativeAuthenticator's sign-up page, saying why a sign-up was refused and that a
+    listed name was approved at once."""
+
+    def get_result_message(self, user, assume_user_is_human, username_already_taken, confirmation_matches,
+                           user_is_admin):
+        if user is not None:
+            if user.is_authorized:
+                return "alert-success", "Signed up and approved: you can log in now."
+            if not user.login_email_sent:
+                return "alert-info", f"Signed up: you can log in once an admin approves {user.username}."
+        if user is None and assume_user_is_human and not username_already_taken and confirmation_matches:
+            problem = self.authenticator.signup_problem(self.get_body_argument("username", ""),
+                                                        self.get_body_argument("signup_password", ""))
+            if problem:
+                return "alert-danger", problem
+        return super().get_result_message(user, assume_user_is_human, username_already_taken,
+                                          confirmation_matches, user_is_admin)
+
+
+class ToggleAuthorizationHandler(native.ToggleAuthorizationHandler):
+    """Authorize or unauthorize a name: from the hub's own page only, and 404 for no account."""
+
+    @needs_scope("admin:users")
+    async def get(self, slug):
+        refuse_cross_site(self)
+        if UserInfo.find(self.db, slug) is None:
+            raise web.HTTPError(404, f"No account {slug!r}.")
+        await super().get(slug)
+
+
+class DiscardHandler(native.DiscardHandler):
+    """Discard a name's pending sign-up: from the hub's own page only."""
+
+    @needs_scope("admin:users")
+    async def get(self, user_name):
+        refuse_cross_site(self)
+        await super().get(user_name)

@@ -1,0 +1,431 @@
+"""Per-server GPU device isolation with the Linux device cgroup, as Docker and
+systemd's ``DeviceAllow=`` do it.
+
+The hub runs as root. Each server owner (``"ann"``, ``"ann/named"``) gets a cgroup of
+its own, ``<mount>/<parent>/<owner>`` (:class:`DeviceCgroup`). Every process of the
+server joins it in the forked child, before it gives root up (:func:`join`), so the
+processes cannot leave it (the cgroup files are root's) and all their descendants are
+in it too. The cgroup then does two things:
+
+- its processes can open the GPU device nodes of their reservation and none of the
+  pool's other GPU nodes (:meth:`DeviceCgroup.restrict`); other devices are untouched;
+- the hub finds and kills every one of them, double-forked daemons included
+  (:meth:`DeviceCgroup.kill_all`).
+
+Mechanisms (:func:`support` says which one this machine has):
+
+- ``cgroup1-devices``: the cgroup v1 ``devices`` controller. A new cgroup inherits
+  its parent's exception list (PDL's parent allows everything); each GPU node that is
+  not allowed gets a ``c MAJ:MIN rwm`` line in ``devices.deny``, each allowed one a
+  line in ``devices.allow`` (which removes the deny).
+- ``cgroup2-bpf``: on cgroup v2, an eBPF program of type
+  ``BPF_PROG_TYPE_CGROUP_DEVICE`` attached to the cgroup (as runc and systemd do):
+  it answers "deny" for the denied char devices and "allow" for everything else.
+  Attached with ``BPF_F_ALLOW_MULTI``, so programs of ancestor cgroups still apply.
+
+Not covered: a file descriptor opened before :meth:`~DeviceCgroup.restrict` took the
+node away stays usable (the check is made at ``open``); kill the processes holding it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import re
+import select
+import signal
+import stat
+import struct
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+#: The cgroup (under the devices mount) that holds one cgroup per server owner.
+DEFAULT_PARENT = "pdl"
+
+CGROUP1_DEVICES = "cgroup1-devices"
+CGROUP2_BPF = "cgroup2-bpf"
+
+#: Entries of a cgroup v1 directory whose names have no dot: an owner's cgroup must
+#: not be called so (see :func:`cgroup_name`).
+_V1_PLAIN_FILES = {"tasks", "notify_on_release", "release_agent"}
+
+
+@dataclass(frozen=True)
+class Support:
+    """Whether GPU device isolation works on this machine, and how.
+
+    ``mechanism`` is :data:`CGROUP1_DEVICES`, :data:`CGROUP2_BPF` or None (false);
+    ``root`` the cgroup mount PDL's cgroups go under; ``reason`` one line for the log.
+    """
+
+    mechanism: str | None
+    root: Path | None
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.mechanism is not None
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def support(mechanism: str | None = None) -> Support:
+    """How this process can isolate GPU devices: the cgroup v1 devices controller when
+    it is mounted (hybrid hosts), else cgroup v2 with a device eBPF program. Ask for
+    one ``mechanism`` to get only that one. False, with the reason, when neither works
+    (not root, no mount, a read-only mount, no BPF)."""
+    if os.geteuid() != 0:
+        return Support(None, None, f"GPU device isolation is off: it needs root (the hub runs as uid {os.geteuid()})")
+    mounts = _cgroup_mounts()
+    v1 = next((where for kind, where, options in mounts if kind == "cgroup" and "devices" in options), None)
+    v2 = next((where for kind, where, options in mounts if kind == "cgroup2"), None)
+    reasons = []
+    if mechanism in (None, CGROUP1_DEVICES):
+        if v1 is not None and os.access(v1, os.W_OK):
+            return Support(CGROUP1_DEVICES, v1, f"GPU device isolation: cgroup v1 devices controller at {v1}")
+        reasons.append("no writable cgroup v1 devices controller" if v1 is None else f"{v1} is read-only")
+    if mechanism in (None, CGROUP2_BPF):
+        if v2 is None or not os.access(v2, os.W_OK):
+            reasons.append("no writable cgroup2 mount" if v2 is None else f"{v2} is read-only")
+        else:
+            missing = _bpf_device_missing()
+            if missing is None:
+                return Support(CGROUP2_BPF, v2, f"GPU device isolation: cgroup v2 device eBPF programs at {v2}")
+            reasons.append(missing)
+    return Support(None, None, "GPU device isolation is off: " + "; ".join(reasons or [f"unknown mechanism {mechanism!r}"]))
+
+
+def _cgroup_mounts() -> list[tuple[str, Path, set[str]]]:
+    """(fstype, mount point, options) of every cgroup and cgroup2 mount of this process."""
+    found = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 4 and fields[2] in ("cgroup", "cgroup2"):
+                where = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+                found.append((fields[2], Path(where), set(fields[3].split(","))))
+    return found
+
+
+def cgroup_name(owner: str) -> str:
+    """The cgroup directory name of server owner ``owner`` (``"ann"``, ``"ann/named"``).
+
+    Distinct owners get distinct names: letters, digits, ``_`` and ``-`` stay, every
+    other byte of the UTF-8 becomes ``%XX`` (``"ann/x.y"`` -> ``"ann%2Fx%2Ey"``), so no
+    name contains ``/`` or is ``.``, ``..`` or one of the cgroup's own files. ValueError
+    (one line) for an owner that is empty, contains ``..``, NUL or another control
+    character, or whose name would exceed 255 bytes.
+    """
+    if not owner or ".." in owner or any(ord(c) < 32 or ord(c) == 127 for c in owner):
+        raise ValueError(f"server owner {owner!r} cannot name a cgroup: empty, '..' or a control character")
+    name = "".join(c if re.fullmatch(r"[A-Za-z0-9_-]", c) else "".join(f"%{b:02X}" for b in c.encode())
+                   for c in owner)
+    if name in _V1_PLAIN_FILES:
+        name = f"%{ord(name[0]):02X}{name[1:]}"
+    if len(name) > 255:
+        raise ValueError(f"server owner {owner!r} cannot name a cgroup: longer than 255 bytes once escaped")
+    return name
+
+
+def join(procs_file: str | bytes | os.PathLike) -> None:
+    """Move the calling process into the cgroup whose ``cgroup.procs`` is ``procs_file``
+    (:attr:`DeviceCgroup.procs_file`). For a ``preexec_fn``, in the forked child, as
+    root, before it gives root up: it only opens and writes one file. OSError when it
+    cannot (then the child must not go on: a raising preexec_fn stops the exec)."""
+    fd = os.open(procs_file, os.O_WRONLY)
+    try:
+        os.write(fd, b"0")  # 0: the writer itself
+    finally:
+        os.close(fd)
+
+
+class DeviceCgroup:
+    """The device cgroup of one server owner: ``<mount>/<parent>/<cgroup_name(owner)>``.
+
+    Constructing it touches nothing. ``parent`` is one plain directory name (tests use a
+    unique one). ``isolation`` defaults to :func:`support` at first use; every method
+    that touches the cgroup raises RuntimeError, with :attr:`Support.reason`, where it
+    is false. Needs root.
+    """
+
+    def __init__(self, owner: str, parent: str = DEFAULT_PARENT, isolation: Support | None = None):
+        if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}", parent) or ".." in parent:
+            raise ValueError(f"cgroup parent {parent!r} must be one plain directory name")
+        self.owner = owner
+        self.name = cgroup_name(owner)
+        self.parent = parent
+        self._isolation = isolation
+
+    def __repr__(self) -> str:
+        return f"DeviceCgroup({self.owner!r}, parent={self.parent!r})"
+
+    @property
+    def isolation(self) -> Support:
+        """The mechanism this cgroup uses (:func:`support` unless given)."""
+        if self._isolation is None:
+            self._isolation = support()
+        return self._isolation
+
+    @property
+    def path(self) -> Path:
+        """The cgroup's directory (it may not exist yet)."""
+        if not self.isolation:
+            raise RuntimeError(self.isolation.reason)
+        return self.isolation.root / self.parent / self.name
+
+    @property
+    def procs_file(self) -> Path:
+        """The file :func:`join` writes to."""
+        return self.path / "cgroup.procs"
+
+    def create(self) -> None:
+        """Make the cgroup (and the parent) if missing. Idempotent. A new cgroup lets
+        its processes open every device: :meth:`restrict` it before anything joins."""
+        for directory in (self.path.parent, self.path):
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                if not (directory / "cgroup.procs").is_file():
+                    raise RuntimeError(f"{directory} exists and is not a cgroup") from None
+
+    def restrict(self, allowed: Iterable[os.PathLike | str], all_gpu_nodes: Iterable[os.PathLike | str]) -> None:
+        """From now on, processes in the cgroup (running or new) can open the char
+        device nodes in ``allowed`` and none of the other nodes of ``all_gpu_nodes``;
+        other devices are not affected. Replaces what an earlier call allowed:
+        ``restrict([], all_gpu_nodes)`` denies every GPU. Nodes are matched by
+        ``major:minor`` (``os.stat(node).st_rdev``), so links and copies count too.
+        Creates the cgroup if missing. ValueError for a node that is not a char
+        device; OSError when the kernel refuses."""
+        allow = _char_devices(allowed)
+        deny = _char_devices(all_gpu_nodes) - allow
+        self.create()
+        if self.isolation.mechanism == CGROUP1_DEVICES:
+            # deny first, then allow: in between, the rule is only stricter than both
+            for file, devices in (("devices.deny", deny), ("devices.allow", allow)):
+                for major, minor in sorted(devices):
+                    _write(self.path / file, f"c {major}:{minor} rwm")
+        else:
+            _bpf_attach_device_filter(self.path, sorted(deny))
+
+    def pids(self) -> list[int]:
+        """The processes in the cgroup now (none when it does not exist)."""
+        try:
+            return [int(line) for line in self.procs_file.read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    def kill_all(self, timeout_s: float = 5.0) -> list[int]:
+        """SIGKILL every process in the cgroup, again until it is empty (so processes
+        forked meanwhile die too), waiting at most ``timeout_s`` seconds. Returns the
+        processes still in it then (empty: all dead). Never signals a process outside
+        the cgroup (pidfds pin each process between the check and the kill)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            listed = self.pids()
+            if not listed:
+                return []
+            pidfds = _pidfds(listed)
+            try:
+                still_in = set(self.pids())
+                for pid, fd in pidfds.items():
+                    if pid in still_in:
+                        _kill(fd)
+                _wait_exit(list(pidfds.values()), deadline)
+            finally:
+                for fd in pidfds.values():
+                    os.close(fd)
+            if time.monotonic() >= deadline:
+                return self.pids()
+
+    def remove(self) -> None:
+        """Remove the cgroup (not its parent); nothing if it is gone. OSError EBUSY
+        while processes are in it (:meth:`kill_all` first)."""
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            pass
+
+
+def _char_devices(nodes: Iterable[os.PathLike | str]) -> set[tuple[int, int]]:
+    devices = set()
+    for node in nodes:
+        st = os.stat(node)
+        if not stat.S_ISCHR(st.st_mode):
+            raise ValueError(f"{node} is not a character device node")
+        devices.add((os.major(st.st_rdev), os.minor(st.st_rdev)))
+    return devices
+
+
+def _write(path: Path, line: str) -> None:
+    """One write() per line: the kernel reads one rule per write."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+# -- killing -----------------------------------------------------------------
+
+
+def _pidfds(pids: list[int]) -> dict[int, int]:
+    """A pidfd for each of ``pids`` still alive: it pins the process, so its number
+    cannot be reused by another while we check and signal."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass
+    return fds
+
+
+def _kill(pidfd: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_exit(pidfds: list[int], deadline: float) -> None:
+    """Until every pidfd reports its process exited, or the deadline."""
+    poller = select.poll()
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    waiting = len(pidfds)
+    while waiting:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            return
+        for fd, _ in poller.poll(left_ms):
+            poller.unregister(fd)
+            waiting -= 1
+
+
+# -- cgroup v2: a BPF_PROG_TYPE_CGROUP_DEVICE program ------------------------------
+
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}
+_BPF_PROG_LOAD, _BPF_PROG_ATTACH, _BPF_PROG_DETACH = 5, 8, 9
+_BPF_PROG_GET_FD_BY_ID, _BPF_PROG_QUERY = 13, 16
+_BPF_PROG_TYPE_CGROUP_DEVICE, _BPF_CGROUP_DEVICE = 15, 6
+_BPF_F_ALLOW_MULTI = 2
+_BPF_DEVCG_DEV_CHAR = 2
+#: The most device programs one cgroup can hold (the kernel's BPF_CGROUP_MAX_PROGS).
+_MAX_PROGS = 64
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _bpf(command: int, attr: bytearray) -> int:
+    """The bpf() syscall with ``attr`` (updated in place); OSError when it fails."""
+    number = _BPF_SYSCALL.get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, f"bpf() syscall number unknown on {platform.machine()}")
+    buffer = (ctypes.c_char * len(attr)).from_buffer(attr)
+    result = _libc.syscall(ctypes.c_long(number), ctypes.c_int(command), buffer, ctypes.c_uint(len(attr)))
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"bpf({command}): {os.strerror(code)}")
+    return result
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def _device_filter(deny: list[tuple[int, int]]) -> bytes:
+    """The program: 0 (deny) for a char device in ``deny``, 1 (allow) for anything else.
+
+    Its context is ``struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor;}``
+    with the device type (block 1, char 2) in the low 16 bits of ``access_type``.
+    """
+    ldx_w, and_k, jne_k, mov_k, exit_ = 0x61, 0x54, 0x55, 0xB7, 0x95
+    program = [
+        _insn(ldx_w, dst=2, src=1, off=0),  # r2 = ctx->access_type
+        _insn(and_k, dst=2, imm=0xFFFF),  # r2 = device type
+        _insn(ldx_w, dst=3, src=1, off=4),  # r3 = ctx->major
+        _insn(ldx_w, dst=4, src=1, off=8),  # r4 = ctx->minor
+    ]
+    for major, minor in deny:  # 5 instructions each: skip the other 4 on a mismatch
+        program += [
+            _insn(jne_k, dst=2, off=4, imm=_BPF_DEVCG_DEV_CHAR),
+            _insn(jne_k, dst=3, off=3, imm=major),
+            _insn(jne_k, dst=4, off=2, imm=minor),
+            _insn(mov_k, dst=0, imm=0),
+            _insn(exit_),
+        ]
+    program += [_insn(mov_k, dst=0, imm=1), _insn(exit_)]
+    return b"".join(program)
+
+
+def _bpf_load(deny: list[tuple[int, int]]) -> int:
+    """Load the device filter; its program fd. On failure, load it again with the
+    verifier's log, for the message."""
+    program = _device_filter(deny)
+    code = ctypes.create_string_buffer(program, len(program))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    log = ctypes.create_string_buffer(1 << 16)
+    for log_level in (0, 1):
+        attr = bytearray(128)
+        struct.pack_into("<IIQQIIQ", attr, 0, _BPF_PROG_TYPE_CGROUP_DEVICE, len(program) // 8,
+                         ctypes.addressof(code), ctypes.addressof(license_),
+                         log_level, len(log) if log_level else 0, ctypes.addressof(log) if log_level else 0)
+        attr[48:48 + 11] = b"pdl_devices"  # prog_name
+        try:
+            return _bpf(_BPF_PROG_LOAD, attr)
+        except OSError as e:
+            failure = e
+    last = log.value.decode(errors="replace").strip().splitlines()[-1:]
+    raise OSError(failure.errno, f"the kernel refused PDL's device filter: {failure.strerror} {' '.join(last)}".strip())
+
+
+def _bpf_attached(cgroup_fd: int) -> list[int]:
+    """Ids of the device programs attached to this cgroup itself."""
+    ids = (ctypes.c_uint32 * _MAX_PROGS)()
+    attr = bytearray(64)
+    struct.pack_into("<IIIIQI", attr, 0, cgroup_fd, _BPF_CGROUP_DEVICE, 0, 0, ctypes.addressof(ids), _MAX_PROGS)
+    _bpf(_BPF_PROG_QUERY, attr)
+    (count,) = struct.unpack_from("<I", attr, 24)
+    return list(ids[:count])
+
+
+def _bpf_attach_device_filter(cgroup: Path, deny: list[tuple[int, int]]) -> None:
+    """Attach a filter denying ``deny`` to ``cgroup``, then detach the filters attached
+    before it (while both are attached, a device must pass both: never looser)."""
+    cgroup_fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        old = _bpf_attached(cgroup_fd)
+        program = _bpf_load(deny)
+        try:
+            attr = bytearray(32)
+            struct.pack_into("<IIII", attr, 0, cgroup_fd, program, _BPF_CGROUP_DEVICE, _BPF_F_ALLOW_MULTI)
+            _bpf(_BPF_PROG_ATTACH, attr)
+        finally:
+            os.close(program)
+        for prog_id in old:
+            attr = bytearray(16)
+            struct.pack_into("<I", attr, 0, prog_id)
+            old_fd = _bpf(_BPF_PROG_GET_FD_BY_ID, attr)
+            try:
+                attr = bytearray(32)
+                struct.pack_into("<III", attr, 0, cgroup_fd, old_fd, _BPF_CGROUP_DEVICE)
+                _bpf(_BPF_PROG_DETACH, attr)
+            finally:
+                os.close(old_fd)
+    finally:
+        os.close(cgroup_fd)
+
+
+@lru_cache(maxsize=1)
+def _bpf_device_missing() -> str | None:
+    """None when this kernel loads a device filter; else why not (one line)."""
+    try:
+        os.close(_bpf_load([]))
+    except OSError as e:
+        return f"cannot load a cgroup device eBPF program ({e.strerror or e})"
+    return None

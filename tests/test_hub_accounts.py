@@ -1,0 +1,219 @@
+"""Each hub user's own login (pdl_spawner/accounts.py), through a real JupyterHub's login
+and sign-up forms: the admin's printed password, sign-up with one's own password, no
+shared password, bcrypt hashes, lockout, the admin's approval, valid names. The last
+tests build the authenticator alone (no hub) for what a root-run hub cannot show."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+
+import bcrypt
+import pytest
+
+from hub_harness import hub_fixture, runs_as_root
+from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, secret_file
+
+USERS = ["admin", "ann", "ben"]
+ATTEMPTS, LOCKOUT_S = 3, 2  # the hub's PDL_LOGIN_ATTEMPTS and PDL_LOGIN_LOCKOUT_S
+LOGIN_COOKIE = "jupyterhub-hub-login"
+NAME_RULE = "is not a valid name: use a lowercase letter followed by at most 19 lowercase letters"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """A hub where the harness signed ann and ben up through /hub/signup, each with a
+    random password of their own (``hub.password(user)``)."""
+    if not runs_as_root():
+        pytest.skip("signup is open only when the hub runs as root (without root, one user logs in)")
+    yield from hub_fixture(tmp_path_factory.mktemp("hub-accounts"), USERS, ["cpu:0"],
+                           hub_env={"PDL_LOGIN_ATTEMPTS": str(ATTEMPTS), "PDL_LOGIN_LOCKOUT_S": str(LOCKOUT_S)})
+
+
+def stored_passwords(hub) -> dict[str, bytes]:
+    """name -> password column of users_info (NativeAuthenticator's table in the hub's database)."""
+    db = sqlite3.connect(f"file:{hub.state_dir / 'jupyterhub.sqlite'}?mode=ro", uri=True)
+    try:
+        return dict(db.execute("select username, password from users_info"))
+    finally:
+        db.close()
+
+
+def logged_in(session) -> bool:
+    return bool(session.cookies.get(LOGIN_COOKIE))
+
+
+def from_the_authorize_page(hub) -> dict[str, str]:
+    """The headers of a browser's click on a link of /hub/authorize."""
+    return {"Referer": f"{hub.url}/hub/authorize", "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "navigate"}
+
+
+@pytest.mark.hub
+def test_the_admin_logs_in_with_the_password_scripts_serve_prints(hub):
+    """Guards README "The embedded default": the admin's password is random, printed by
+    scripts/serve, and kept with mode 0600 in the hub's own state folder."""
+    printed = secret_file(hub.state_dir, "password", ADMIN_PASSWORD_BYTES)  # scripts/serve's line
+    assert stat.S_IMODE(os.stat(hub.state_dir / "password").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(hub.state_dir).st_mode) == 0o700
+    admin = hub.login("admin", printed)
+    assert logged_in(admin)
+    assert admin.get(f"{hub.url}/hub/admin").status_code == 200
+    assert not logged_in(hub.login("admin", printed[:-1]))
+
+
+@pytest.mark.hub
+def test_a_listed_user_signs_up_with_her_own_password_and_logs_in_at_once(hub):
+    """Guards README "To add a user": listed names sign up at /hub/signup with a password
+    of their own and can log in at once; nobody can take an existing name over."""
+    ann, refused = hub.try_login("ann", hub.password("ann"))  # the harness signed her up through the form
+    assert refused == "" and logged_in(ann)
+    assert "ann" in ann.get(f"{hub.url}/hub/home").text
+    assert "already in use" in hub.signup("ann", "a-takeover-password")
+    assert not logged_in(hub.login("ann", "a-takeover-password"))
+    assert logged_in(hub.login("ann"))  # clears her failure count for the tests below
+
+
+@pytest.mark.hub
+def test_ben_cannot_log_in_as_ann_with_his_password_nor_a_shared_one(hub):
+    """Guards docs/reliability.md "Log in as another user, with their name and one's own
+    password": refused; each user has their own password and none is shared."""
+    assert not (hub.state_dir / "user-password").exists()  # the old scheme's shared password
+    assert hub.password("ben") != hub.password("ann")
+    for password in (hub.password("ben"), hub.password("admin")):
+        session, refused = hub.try_login("ann", password)
+        assert not logged_in(session) and refused == "Invalid username or password"
+    assert logged_in(hub.login("ann"))  # her own does (and clears her failure count)
+
+
+@pytest.mark.hub
+def test_passwords_are_stored_as_bcrypt_hashes_only(hub):
+    """Guards README "stored as a bcrypt hash": the hub's database holds no password in clear."""
+    stored = stored_passwords(hub)
+    assert set(USERS) <= set(stored)
+    for user in USERS:
+        assert stored[user].startswith(b"$2b$12$"), stored[user][:7]  # bcrypt, cost 12
+        assert bcrypt.checkpw(hub.password(user).encode(), stored[user])
+    assert not bcrypt.checkpw(hub.password("ben").encode(), stored["ann"])
+    database = (hub.state_dir / "jupyterhub.sqlite").read_bytes()
+    for user in USERS:
+        assert hub.password(user).encode() not in database
+
+
+@pytest.mark.hub
+def test_repeated_failures_lock_a_name_even_for_the_right_password_until_the_lockout_passes(hub):
+    """Guards docs/admin.md "Five wrong passwords in a row lock a name for a minute"
+    (PDL_LOGIN_ATTEMPTS, PDL_LOGIN_LOCKOUT_S; here 3 and 2 s)."""
+    for _ in range(ATTEMPTS):
+        assert hub.try_login("ben", "not-bens-password")[1] == "Invalid username or password"
+    locked_at = time.monotonic()  # the hub counted the last failure before it answered
+    session, refused = hub.try_login("ben")
+    assert not logged_in(session)
+    assert refused.startswith("Too many failed logins for ben: try again in"), refused
+    assert logged_in(hub.login("ann"))  # one name's lock is not another's
+
+    time.sleep(max(0.0, locked_at + LOCKOUT_S / 2 - time.monotonic()))
+    assert "Too many failed logins" in hub.try_login("ben")[1]  # still locked halfway
+    time.sleep(max(0.0, locked_at + LOCKOUT_S + 0.3 - time.monotonic()))
+    session, refused = hub.try_login("ben")
+    assert refused == "" and logged_in(session)
+
+
+@pytest.mark.hub
+def test_an_unlisted_name_that_signs_up_waits_for_the_admins_approval(hub):
+    """Guards README "Others who sign up wait for the admin's approval at /hub/authorize",
+    and that only the admin, from the hub's own page, can approve."""
+    answer = hub.signup("zoe", "zoes-own-passphrase")
+    assert answer == "Signed up: you can log in once an admin approves zoe.", answer
+    session, refused = hub.try_login("zoe", "zoes-own-passphrase")
+    assert not logged_in(session) and refused == "zoe is waiting for an admin's approval."
+
+    admin, ann = hub.login("admin"), hub.login("ann")
+    assert "zoe" in admin.get(f"{hub.url}/hub/authorize").text
+    assert ann.get(f"{hub.url}/hub/authorize/zoe", headers=from_the_authorize_page(hub)).status_code == 403
+    forged = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}  # a link on another site
+    assert admin.get(f"{hub.url}/hub/authorize/zoe", headers=forged).status_code == 403
+    assert not logged_in(hub.login("zoe", "zoes-own-passphrase"))
+
+    approved = admin.get(f"{hub.url}/hub/authorize/zoe", headers=from_the_authorize_page(hub))
+    assert approved.status_code == 200 and approved.url.endswith("/hub/authorize#zoe")
+    zoe = hub.login("zoe", "zoes-own-passphrase")
+    assert logged_in(zoe) and "zoe" in zoe.get(f"{hub.url}/hub/home").text
+
+
+@pytest.mark.hub
+@pytest.mark.parametrize("name", ["Ann!", "../x", "a" * 40, "9lives", "ann smith", "émile"])
+def test_names_that_cannot_be_unix_accounts_are_refused_with_what_is_valid(hub, name):
+    """Guards docs/admin.md "Names are a lowercase letter then up to 19 lowercase letters,
+    digits, _ or -: each becomes a Unix account"."""
+    answer = hub.signup(name, "a-fine-passphrase")
+    assert NAME_RULE in answer and "\n" not in answer, answer
+    assert not any(stored.lower() == name.lower() for stored in stored_passwords(hub))
+    assert not logged_in(hub.login(name, "a-fine-passphrase"))
+
+
+@pytest.mark.hub
+@pytest.mark.parametrize("password, reason", [
+    ("short", "The password must have at least 8 characters."),
+    ("password123", "This password is too common: choose another one."),
+    ("x" * 73, "The password must have at most 72 bytes."),
+])
+def test_weak_or_over_long_passwords_are_refused_with_the_reason(hub, password, reason):
+    """Guards docs/admin.md "a password of their own" (at least 8 characters, not a common
+    one; bcrypt takes at most 72 bytes, so a longer one is refused, not cut)."""
+    assert hub.signup("cleo", password) == reason
+    assert "cleo" not in stored_passwords(hub)
+
+
+@pytest.mark.hub
+def test_an_over_long_password_at_login_is_refused_like_any_wrong_one(hub):
+    """Guards the accounts.py contract (JupyterHub 6 fixes): bcrypt 5 raises on passwords
+    of over 72 bytes; the login form answers as for any wrong password, not with HTTP 500."""
+    session, refused = hub.try_login("ben", "x" * 73)
+    assert refused == "Invalid username or password" and not logged_in(session)
+    assert logged_in(hub.login("ben"))  # and clears his failure count
+
+
+# -- the authenticator alone ---------------------------------------------------------
+
+
+@pytest.fixture
+def authenticator_db(tmp_path):
+    """A fresh hub database session, as JupyterHub hands its authenticator one."""
+    from jupyterhub import orm
+
+    return orm.new_session_factory(f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}")()
+
+
+def make_authenticator(db, tmp_path, **config):
+    from pdl_spawner.accounts import PDLAuthenticator
+
+    return PDLAuthenticator(_deprecated_db_session=db, first_admin="admin",
+                            first_admin_password_file=str(tmp_path / "state" / "password"), **config)
+
+
+@pytest.mark.unit
+def test_signup_is_off_unless_the_hub_runs_as_root(authenticator_db, tmp_path, monkeypatch):
+    """Guards docs/admin.md "Without root, the hub serves one person": every server would
+    run as the hub's own Unix user, so nobody else may get an account."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    laptop = make_authenticator(authenticator_db, tmp_path, allowed_users={"ann"})
+    assert laptop.enable_signup is False
+    assert laptop.create_user("ann", "anns-own-passphrase") is None
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert make_authenticator(authenticator_db, tmp_path, allowed_users={"ann"}).enable_signup is True
+
+
+@pytest.mark.unit
+def test_the_admins_account_is_made_once_and_never_overwritten(authenticator_db, tmp_path):
+    """Guards the accounts.py contract "An existing account is never touched": a restart
+    does not reset a password the admin changed."""
+    first = make_authenticator(authenticator_db, tmp_path)
+    printed = (tmp_path / "state" / "password").read_text().strip()
+    assert stat.S_IMODE(os.stat(tmp_path / "state" / "password").st_mode) == 0o600
+    assert first.get_user("admin").is_authorized and first.get_user("admin").is_valid_password(printed)
+    assert first.change_password("admin", "the-admins-new-passphrase")
+    restarted = make_authenticator(authenticator_db, tmp_path)
+    assert restarted.get_user("admin").is_valid_password("the-admins-new-passphrase")
+    assert not restarted.get_user("admin").is_valid_password(printed)
