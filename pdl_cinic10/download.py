@@ -146,7 +146,10 @@ def extract(archive: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
     unpacked = Path(tempfile.mkdtemp(prefix=".extracting-", dir=dest))
     try:
         with tarfile.open(archive) as tar:
-            tar.extractall(unpacked, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(unpacked, filter="data")
+            else:  # Python before 3.11.4 (Debian 12's 3.11.2): the same refusals, by hand
+                tar.extractall(unpacked, members=_data_members(tar, unpacked))
         top = _splits_folder(unpacked)
         if top is None:
             raise ValueError(f"{archive} holds no train/, valid/ and test/ folders; expected {LAYOUT}")
@@ -155,6 +158,24 @@ def extract(archive: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
     finally:
         shutil.rmtree(unpacked, ignore_errors=True)
     return dest
+
+
+def _data_members(tar: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]:
+    """The members of ``tar``, refusing (tarfile.TarError) what tarfile's "data" filter refuses:
+    a path or a link target outside ``dest``, an absolute link, a device or a fifo."""
+    root = dest.resolve()
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        if member.name.startswith("/") or not target.is_relative_to(root):
+            raise tarfile.TarError(f"{member.name!r} would be extracted outside {dest}")
+        if member.isdev() or member.isfifo():
+            raise tarfile.TarError(f"{member.name!r} is a device or a fifo")
+        if member.issym() or member.islnk():
+            base = target.parent if member.issym() else root
+            if member.linkname.startswith("/") or not (base / member.linkname).resolve().is_relative_to(root):
+                raise tarfile.TarError(f"{member.name!r} links outside {dest}: {member.linkname!r}")
+        member.mode = (member.mode or 0o644) & 0o755  # no set-id or sticky bits, as the filter does
+    return tar.getmembers()
 
 
 def _splits_folder(unpacked: Path) -> Path | None:

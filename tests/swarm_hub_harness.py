@@ -28,19 +28,15 @@ class SwarmHub(Hub):
             **(hub_env or {}),
         })
         self.swarm = swarm
-        self.extra_config = extra_config
-
-    def _write_config(self):
-        config = super()._write_config()
-        config.write_text(config.read_text() + f"""
-c.JupyterHub.hub_ip = {self.swarm.host_addr!r}   # the hub API listens on the sim's bridge only
+        # appended to the config by Hub._write_config, the caller's lines last
+        self.extra_config = f"""
+c.JupyterHub.hub_ip = {swarm.host_addr!r}   # the hub API listens on the sim's bridge only
 # the simulated nodes declare fake GPUs that torch cannot see: the preflight's GPU check is off
 c.Spawner.environment = {{"PDL_PREFLIGHT_SKIP": "gpu"}}
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 120
-{self.extra_config}
-""")
-        return config
+{extra_config}
+"""
 
 
 # Run in a task's container: how the PDL process (pdl-singleuser / pdl-engine) runs.
