@@ -175,55 +175,62 @@ print(json.dumps(found))
 
 
 def test_ben_cannot_subscribe_to_anns_kernel_or_reach_her_controller_and_engines(hub, ann, ben):
-    """Guards the kernels' IPC transport (jupyter-config: ``KernelManager.transport``) in
-    ann's 0700 runtime folder, and the cluster's private connection files (CurveZMQ):
-    ben subscribes to every TCP port listening on this machine while ann's kernel
-    prints a marker, and tries every socket file he can see; he hears nothing."""
+    """Guards the kernels' IPC transport (jupyter-config/jupyter_server_config.py) in ann's
+    0700 runtime folder (``PDLLocalSpawner.user_env``: ``JUPYTER_RUNTIME_DIR``), and the
+    cluster's private connection files (CurveZMQ): while ann's kernel prints a marker,
+    ben subscribes to every TCP port listening on this machine and to her kernel's IPC
+    sockets (their paths follow from her kernel's command line, which anyone can read);
+    he hears nothing, although she was printing all along."""
     marker = f"ann-secret-{os.getpid()}"
     ann.ws.send(json.dumps({
         "header": {"msg_id": "loop", "msg_type": "execute_request", "session": ann.session,
                    "username": "tests", "version": "5.3"},
         "parent_header": {}, "metadata": {}, "channel": "shell",
-        "content": {"code": f"import time\nfor _ in range(40):\n    print({marker!r}, flush=True); time.sleep(0.25)",
+        "content": {"code": f"import time\nfor _ in range(480):\n    print({marker!r}, flush=True); time.sleep(0.25)",
                     "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,
                     "stop_on_error": True},
     }))
+    kernels = [pid for pid, role in hub.processes_of("ann").items() if role == "kernel"]
     found = run_as_ben(ben, f"""
-import glob, json, os, time, zmq
-ports = set()
+import json, os, time, zmq
+endpoints = []
 for table in ("/proc/net/tcp", "/proc/net/tcp6"):
     for line in open(table).read().splitlines()[1:]:
         fields = line.split()
         if fields[3] == "0A":  # LISTEN
-            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+            endpoints.append(f"tcp://127.0.0.1:{{int(fields[1].rsplit(':', 1)[1], 16)}}")
+for pid in {kernels!r}:  # ann's kernels: "... -f <runtime>/kernel-<id>.json"
+    args = open(f"/proc/{{pid}}/cmdline", "rb").read().split(b"\\0")
+    connection = args[args.index(b"-f") + 1].decode()
+    endpoints += [f"ipc://{{connection[:-len('.json')]}}-ipc-{{n}}" for n in range(1, 6)]
 ctx = zmq.Context()
-subs = []
-for port in sorted(ports):
+poller = zmq.Poller()
+for endpoint in endpoints:
     s = ctx.socket(zmq.SUB); s.setsockopt(zmq.SUBSCRIBE, b""); s.setsockopt(zmq.LINGER, 0)
-    s.connect(f"tcp://127.0.0.1:{{port}}"); subs.append(s)
-ipc = []
-try:
-    ipc = glob.glob({str(hub.home("ann"))!r} + "/**/*ipc*", recursive=True)
-except OSError:
-    pass
+    s.connect(endpoint); poller.register(s, zmq.POLLIN)
 heard = []
 deadline = time.monotonic() + 4
-poller = zmq.Poller()
-for s in subs:
-    poller.register(s, zmq.POLLIN)
 while time.monotonic() < deadline:
     for s, _ in poller.poll(200):
         heard.append(b"".join(s.recv_multipart()).decode(errors="replace")[:200])
-print(json.dumps({{"ports": len(ports), "ipc": ipc, "heard": [h for h in heard if {marker!r} in h]}}))
+print(json.dumps({{"ipc": sum(e.startswith("ipc://") for e in endpoints), "tcp": sum(e.startswith("tcp://") for e in endpoints),
+                  "heard": [h for h in heard if {marker!r} in h]}}))
 """)
-    assert found["ports"] > 0 and found["ipc"] == [] and found["heard"] == []
-    # ann's kernel did print it all along
-    deadline = time.monotonic() + 30
+    ann.interrupt()
+    printed = 0
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        msg = json.loads(ann.ws.recv())
-        if msg.get("parent_header", {}).get("msg_id") == "loop" and msg["msg_type"] == "status" \
-                and msg["content"]["execution_state"] == "idle":
+        try:
+            msg = json.loads(ann.ws.recv())
+        except websocket.WebSocketTimeoutException:
+            continue
+        if msg.get("parent_header", {}).get("msg_id") != "loop":
+            continue
+        printed += msg["msg_type"] == "stream" and marker in msg["content"]["text"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
+    assert found["tcp"] > 0 and found["ipc"] == 5 * len(kernels) > 0 and found["heard"] == []
+    assert printed > 0, "ann's kernel printed nothing: the attack proved nothing"
 
 
 def listening_ports_of(pids) -> set[int]:
