@@ -172,8 +172,8 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
     #: Ports given to this hub's servers, which may not listen yet: owner -> port.
     _ports: dict[str, int] = {}
-    #: Whether the hub has logged that this machine has no device cgroup.
-    _said_no_isolation = False
+    #: How this machine isolates GPU devices (:func:`device_cgroup.support`), once known.
+    _isolation: device_cgroup.Support | None = None
 
     @default("cmd")
     def _default_cmd(self):
@@ -321,12 +321,13 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         (the hub logs why once)."""
         if not self.system_users:
             return None
-        if not device_cgroup.support():
-            if not PDLLocalSpawner._said_no_isolation:
-                PDLLocalSpawner._said_no_isolation = True
-                self.log.warning("GPU isolation between users is off: %s", device_cgroup.support().reason)
+        if PDLLocalSpawner._isolation is None:  # looked up once per hub process, and logged
+            PDLLocalSpawner._isolation = isolation = device_cgroup.support()
+            (self.log.info if isolation else self.log.warning)("%s", isolation.reason)
+        if not PDLLocalSpawner._isolation:
             return None
-        return device_cgroup.DeviceCgroup(f"{self.account}/{self.name}" if self.name else self.account)
+        return device_cgroup.DeviceCgroup(f"{self.account}/{self.name}" if self.name else self.account,
+                                          isolation=PDLLocalSpawner._isolation)
 
     def gpu_nodes(self, slots: list[str]) -> list[Path]:
         """Device nodes of the GPU slots among ``slots``."""

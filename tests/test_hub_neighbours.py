@@ -212,9 +212,9 @@ heard = []
 deadline = time.monotonic() + 4
 while time.monotonic() < deadline:
     for s, _ in poller.poll(200):
-        heard.append(b"".join(s.recv_multipart()).decode(errors="replace")[:200])
+        heard.append(b"".join(s.recv_multipart()).decode(errors="replace"))
 print(json.dumps({{"ipc": sum(e.startswith("ipc://") for e in endpoints), "tcp": sum(e.startswith("tcp://") for e in endpoints),
-                  "heard": [h for h in heard if {marker!r} in h]}}))
+                  "heard": [h[-300:] for h in heard if {marker!r} in h][:3]}}))
 """)
     ann.interrupt()
     printed = 0
