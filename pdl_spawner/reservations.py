@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import sqlite_file
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS slots (
     slot  TEXT PRIMARY KEY,
@@ -62,18 +64,9 @@ class SlotLedger:
     def __init__(self, path: str | Path):
         """Touches nothing on disk: the file and its tables are made by the first call."""
         self.path = Path(path)
-        self._ready = False
 
     def _connect(self) -> sqlite3.Connection:
-        if not self._ready:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        if not self._ready:
-            db.execute(_SCHEMA)
-            db.execute(_RECLAIMS)
-            self._ready = True
-        return db
+        return sqlite_file.connect(self.path, (_SCHEMA, _RECLAIMS))
 
     def reserve(self, owner: str, n: int, pool: list[str]) -> list[str]:
         """Give ``owner`` ``n`` free slots of ``pool`` (first free first); all or nothing.

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import sqlite_file
+
 #: Seconds without a beat after which a waiter is considered gone.
 STALE_AFTER_S = 15.0
 
@@ -50,17 +52,9 @@ class WaitQueue:
         """Touches nothing on disk: the file and its table are made by the first call."""
         self.path = Path(path)
         self.stale_after_s = stale_after_s
-        self._ready = False
 
     def _connect(self) -> sqlite3.Connection:
-        if not self._ready:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        if not self._ready:
-            db.execute(_SCHEMA)
-            self._ready = True
-        return db
+        return sqlite_file.connect(self.path, (_SCHEMA,))
 
     def _purge_stale(self, db: sqlite3.Connection) -> None:
         db.execute("DELETE FROM queue WHERE beat < ?", (time.time() - self.stale_after_s,))
