@@ -394,8 +394,9 @@ class Kernel:
         self.ws = websocket.create_connection(ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()], timeout=5)
         self.session = uuid.uuid4().hex
 
-    def execute(self, code: str, timeout: float = 300, on_output=None) -> dict:
-        """Run ``code``; returns {"stdout", "stderr", "error": {ename, evalue, traceback} | None, "seconds"}."""
+    def send(self, code: str) -> str:
+        """Ask the kernel to run ``code`` without waiting for it; returns the request's id
+        (the ``msg_id`` its output messages name as their parent)."""
         msg_id = uuid.uuid4().hex
         self.ws.send(json.dumps({
             "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": self.session,
@@ -404,6 +405,11 @@ class Kernel:
             "content": {"code": code, "silent": False, "store_history": True,
                         "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
         }))
+        return msg_id
+
+    def execute(self, code: str, timeout: float = 300, on_output=None) -> dict:
+        """Run ``code``; returns {"stdout", "stderr", "error": {ename, evalue, traceback} | None, "seconds"}."""
+        msg_id = self.send(code)
         out = {"stdout": "", "stderr": "", "error": None}
         start = time.monotonic()
         while True:

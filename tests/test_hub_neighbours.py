@@ -182,14 +182,7 @@ def test_ben_cannot_subscribe_to_anns_kernel_or_reach_her_controller_and_engines
     sockets (their paths follow from her kernel's command line, which anyone can read);
     he hears nothing, although she was printing all along."""
     marker = f"ann-secret-{os.getpid()}"
-    ann.ws.send(json.dumps({
-        "header": {"msg_id": "loop", "msg_type": "execute_request", "session": ann.session,
-                   "username": "tests", "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "channel": "shell",
-        "content": {"code": f"import time\nfor _ in range(480):\n    print({marker!r}, flush=True); time.sleep(0.25)",
-                    "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,
-                    "stop_on_error": True},
-    }))
+    loop = ann.send(f"import time\nfor _ in range(480):\n    print({marker!r}, flush=True); time.sleep(0.25)")
     kernels = [pid for pid, role in hub.processes_of("ann").items() if role == "kernel"]
     found = run_as_ben(ben, f"""
 import json, os, time, zmq
@@ -224,7 +217,7 @@ print(json.dumps({{"ipc": sum(e.startswith("ipc://") for e in endpoints), "tcp":
             msg = json.loads(ann.ws.recv())
         except websocket.WebSocketTimeoutException:
             continue
-        if msg.get("parent_header", {}).get("msg_id") != "loop":
+        if msg.get("parent_header", {}).get("msg_id") != loop:
             continue
         printed += msg["msg_type"] == "stream" and marker in msg["content"]["text"]
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
