@@ -201,6 +201,10 @@ c.JupyterHub.log_level = "INFO"
         wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
         subprocess.run(["userdel", "--remove", name], capture_output=True)
         shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)  # its runtime folder (the spawner's)
+        from pdl_spawner import device_cgroup
+
+        if device_cgroup.support():  # its cgroup, left behind when the hub was killed
+            device_cgroup.DeviceCgroup(name).remove()
 
     def log_tail(self, n: int = 80) -> str:
         try:
