@@ -469,6 +469,18 @@ def pids_matching(predicate) -> list[int]:
     return found
 
 
+def listening_tcp(pids) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket that one of ``pids`` listens on (as root: any user's)."""
+    import psutil
+
+    found = []
+    for pid in pids:
+        for c in psutil.Process(pid).net_connections("inet"):
+            if c.status == psutil.CONN_LISTEN:
+                found.append((c.laddr.ip, c.laddr.port))
+    return found
+
+
 def pids_of_uid(uid: int) -> list[int]:
     """Processes (zombies aside) whose real user id is ``uid``."""
     found = []

@@ -15,13 +15,12 @@ import json
 import os
 import pwd
 import time
-from pathlib import Path
 
 import pytest
 import requests
 import websocket
 
-from hub_harness import Kernel, runs_as_root, wait_until
+from hub_harness import Kernel, listening_tcp, runs_as_root, wait_until
 
 pytestmark = [
     pytest.mark.hub,
@@ -226,26 +225,6 @@ print(json.dumps({{"ipc": sum(e.startswith("ipc://") for e in endpoints), "tcp":
     assert printed > 0, "ann's kernel printed nothing: the attack proved nothing"
 
 
-def listening_ports_of(pids) -> set[int]:
-    """TCP ports the processes ``pids`` listen on (read as root: their sockets' inodes)."""
-    inodes = set()
-    for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 #: ben's attack on one port: join the TCP store there as a client and add a key.
 JOIN_STORE = """
 import datetime, sys
@@ -263,7 +242,7 @@ def test_ben_cannot_join_anns_process_group(hub, ann, ben):
     client (each try in a process of its own, bounded in time)."""
     ann.execute_ok("%%distributed -n 1\nimport torch.distributed as dist\nassert dist.is_initialized()")
     engines = [pid for pid, role in hub.processes_of("ann").items() if role == "engine"]
-    ports = sorted(listening_ports_of(engines))
+    ports = sorted({port for _, port in listening_tcp(engines)})
     found = run_as_ben(ben, f"""
 import json, subprocess, sys
 joined = []

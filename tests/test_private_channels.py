@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 from _engines import pdl_session  # noqa: F401
-from hub_harness import Kernel, open_path_to, pids_matching, wait_until
+from hub_harness import Kernel, listening_tcp, open_path_to, pids_matching, wait_until
 from lab_harness import LabServer
 from pdl import engine
 
@@ -54,16 +54,6 @@ def as_attacker(script: str, timeout: float) -> dict:
                           cwd="/", env={"PATH": os.environ.get("PATH", ""), "HOME": "/nonexistent"}, **kwargs)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def listening_tcp(pids) -> list[tuple[str, int]]:
-    """(address, port) of every TCP socket that one of ``pids`` listens on."""
-    found = []
-    for pid in pids:
-        for c in psutil.Process(pid).net_connections("inet"):
-            if c.status == psutil.CONN_LISTEN:
-                found.append((c.laddr.ip, c.laddr.port))
-    return found
 
 
 def private_folder(path: str) -> bool:
