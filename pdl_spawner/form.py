@@ -18,11 +18,12 @@ def describe_holders(holders: dict[str, int], *, show_names: bool) -> str:
 def not_enough_message(
     wanted: int, free: int, pool_size: int, holders: dict[str, int], *, show_names: bool, unit: str = "workers"
 ) -> str:
-    """One line for a spawn that asked for more slots (``unit``, plural) than are free."""
+    """One line for a spawn that asked for more slots (``unit``, plural) than are free;
+    it suggests a smaller request only when one would fit."""
+    advice = f"Ask for at most {free}, or try again" if free else "Try again"
     return (
         f"Not enough free {unit}: you asked for {wanted}, {free} of {pool_size} are free "
-        f"({describe_holders(holders, show_names=show_names)}). "
-        f"Ask for at most {free}, or try again when one frees up."
+        f"({describe_holders(holders, show_names=show_names)}). {advice} when one frees up."
     )
 
 

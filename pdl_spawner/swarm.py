@@ -16,10 +16,13 @@ Contract:
   be met, or others wait in the queue, it raises HTTP 409 at once, with one line saying
   how many are free of how many and who holds the rest (names only to admins), and
   creates nothing; with ``queue: true`` it waits in the hub's fair queue instead
-  (:mod:`pdl_spawner.queueing`, in :attr:`PDLSwarmSpawner.state_db`). Otherwise it generates the cluster keys, picks the ports, and
-  creates the notebook secret and service; once the notebook task runs, it creates the
-  engine secret (the controller's node address, ports and keys) and one engine service
-  per GPU, and returns when every engine task runs. An engine task left pending for
+  (:mod:`pdl_spawner.queueing`, in :attr:`PDLSwarmSpawner.state_db`). Otherwise it
+  takes a free private network of the hub's pool (:mod:`pdl_spawner.swarm_networks`;
+  HTTP 409 when all are taken), generates the cluster keys, picks the ports, and
+  creates the notebook secret and service on that network; once the notebook task
+  runs, it creates the engine secret (the controller's address on the network, ports
+  and keys) and one engine service per GPU on the same network, and returns when every
+  engine task runs. An engine task left pending for
   lack of GPUs (a race with another hub or service) for more than ``starved_timeout``
   seconds makes it remove everything and raise the same 409. Any failure removes
   everything it created: nothing is left pending.
@@ -60,10 +63,11 @@ from .idle_engines import IdleEngines, idle_reason
 from .queueing import NotFreeYet, QueueingSpawner
 from .reservations import SlotLedger
 from .swarm_holdings import gpu_holdings
+from .swarm_networks import NetworkPool, NoFreeNetwork
 from .swarm_specs import LABEL_PREFIX, Owner
 from .swarm_state import (
-    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, excluded_hostnames, gpu_usage, node_address,
-    pick_ports, select_nodes, service_replicas, starved_tasks, task_error, used_ports,
+    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, excluded_hostnames, gpu_usage, network_address,
+    node_address, pick_ports, select_nodes, service_replicas, starved_tasks, task_error, used_ports,
 )
 
 #: Seconds between checks while waiting for tasks.
@@ -126,8 +130,16 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     port_range = Tuple(
         Integer(), Integer(), default_value=(20000, 32000), config=True,
         help="""Ports (inclusive) the hub picks from for each notebook's Jupyter server and
-        ipyparallel controller. Containers use their node's network, so these must be
-        free on every node; below Linux's ephemeral range (32768+) by default.""",
+        ipyparallel controller. The Jupyter server's is published on its node's address,
+        so these must be free on every node; below Linux's ephemeral range (32768+) by default.""",
+    )
+
+    private_networks = Integer(
+        16, min=1, config=True,
+        help="""Private overlay networks the hub keeps, one per running server (its notebook
+        and engines talk only there). A spawn when all are taken fails with HTTP 409.
+        Raising it adds networks to every node once; on Docker Engine before 23.0 that
+        restarts the GPU tasks running at that moment.""",
     )
 
     nodes = List(
@@ -281,6 +293,8 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     #: owner -> (user, GPUs). Shared by every spawner of the process.
     _promised: dict[str, tuple[str, int]] = {}
     _promise_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+    #: The private networks' claims, shared by every spawner of the process.
+    _networks = NetworkPool()
 
     async def gpu_usage(self) -> GpuUsage:
         """GPUs of the swarm and their holders, this server's own not counted."""
@@ -396,27 +410,42 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
             raise
         finally:
             self.forget_promise()
+            PDLSwarmSpawner._networks.release(self.owner.key)
+
+    async def claim_network(self) -> str:
+        """A private network of the pool for this server, or HTTP 409 when all are taken."""
+        try:
+            network, ready = await PDLSwarmSpawner._networks.claim(
+                self.docker, self.owner.key, size=self.private_networks, image=self.image, user=self.run_as)
+        except NoFreeNetwork as e:
+            raise web.HTTPError(409, str(e), reason=str(e)) from None
+        if not ready:
+            self.log.warning("The network keeper (%s) does not run on every node yet; on Docker Engine "
+                             "before 23.0, GPU tasks may restart", swarm_specs.NETWORK_KEEPER)
+        return network
 
     async def create_object(self):
-        """Check and promise the GPUs, then create the notebook secret and service."""
+        """Check and promise the GPUs, take a private network, then create the notebook
+        secret and service."""
         n = self.requested_gpus()
         mounts = self.storage_mounts()
         if self.wants_queue:
             await self.wait_and_promise(n)
         else:
             await self.promise_gpus(n)
+        network = await self.claim_network()
         keys = self.swarm.keys or ClusterKeys.generate()
         notebooks = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=notebook"]})
         ports = pick_ports(1 + PORTS_NEEDED, used_ports(notebooks), *self.port_range)
         self.swarm = SwarmServer(gpus=n, port=ports[0], controller_ports=ports[1:], keys=keys,
-                                 api_token=self.api_token)
+                                 api_token=self.api_token, network=network)
         self.port = ports[0]
         secret_id, secret_name = await self.create_secret(
             "notebook", notebook_secret(keys, self.swarm.controller_ports, self.api_token))
         spec = swarm_specs.notebook_service(
             name=self.object_name, image=self.image, owner=self.owner, command=await self.get_command(),
             env={**self.storage.env(), **self.get_env()}, secret_id=secret_id, secret_name=secret_name,
-            user=self.run_as, home=self.container_home, ports=ports, gpus=n, mounts=mounts,
+            user=self.run_as, home=self.container_home, ports=ports, gpus=n, network=network, mounts=mounts,
         )
         return await self.docker("create_service", **spec)
 
@@ -428,7 +457,8 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         task = (await self.wait_tasks([self.object_id], "notebook"))[0]
         self.swarm.node_addr = node_address(await self.docker("inspect_node", task["NodeID"]))
         keys, ports = self.swarm.keys, self.swarm.controller_ports
-        secret_id, secret_name = await self.create_secret("engine", engine_file(keys, ports, self.swarm.node_addr))
+        controller = network_address(task, self.swarm.network)
+        secret_id, secret_name = await self.create_secret("engine", engine_file(keys, ports, controller))
         avoid = excluded_hostnames(await self.docker("nodes"), self.nodes)
         mounts = self.storage_mounts()
         for index in range(self.swarm.gpus):
@@ -436,7 +466,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
                 name=f"{self.object_name}-engine-{index}", image=self.engine_image or self.image,
                 owner=self.owner, index=index, env=self.user_environment(), secret_id=secret_id,
                 secret_name=secret_name, user=self.run_as, home=self.container_home,
-                gpu_resource=self.gpu_resource, mounts=mounts, avoid_hosts=avoid,
+                gpu_resource=self.gpu_resource, network=self.swarm.network, mounts=mounts, avoid_hosts=avoid,
             )
             self.swarm.engine_services.append((await self.docker("create_service", **spec))["ID"])
         await self.wait_tasks(self.swarm.engine_services, "engine")
@@ -445,10 +475,11 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         """The running task of each service, once all run.
 
         Raises :class:`TaskFailed` (HTTP 500, a RuntimeError) when a task fails, and
-        HTTP 409 when one waits for a GPU longer than ``starved_timeout``. Promised GPUs
-        are released once every service has its task (from then on Swarm counts them).
-        ``current_only``: look only at tasks meant to run (services scaled up again,
-        whose earlier tasks were shut down).
+        HTTP 409 when one waits for a GPU longer than ``starved_timeout``. When ``what``
+        is "engine", the GPUs promised to this spawn are released once every service
+        has its task (from then on Swarm counts them); a notebook's task holds none, so
+        the promise outlives it. ``current_only``: look only at tasks meant to run
+        (services scaled up again, whose earlier tasks were shut down).
         """
         starved_since = None
         filters = {"service": list(service_ids)}
@@ -459,7 +490,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
             current = {}
             for t in sorted(tasks, key=lambda t: t.get("Version", {}).get("Index", 0)):
                 current[t["ServiceID"]] = t
-            if len(current) == len(service_ids):
+            if what == "engine" and len(current) == len(service_ids):
                 self.forget_promise()
             for t in current.values():
                 if t["Status"]["State"] in FAILED_TASK_STATES:

@@ -29,9 +29,15 @@ home (a named volume, or a host path that every node mounts from shared storage)
 an optional read-only dataset at ``/data``, and a node-local cache volume per user
 at ``/var/tmp`` for staged datasets (``CINIC10_CACHE``).
 
-Networking is the node's own (``host``): the node kernel may have no IPVS, so there
-are no service VIPs. Containers bind the ports the hub chose; the hub and the
-engines reach the notebook at its node's address.
+Networking (:func:`private_network`, :func:`network_keeper_service`): each server's
+notebook and engines share one overlay network of the hub's pool, which no other
+server's containers are on (the pool's networks are not attachable: only services
+the hub creates join them). Controller, engines and process groups talk only there,
+so no other user's container, on any node, can reach a group's TCP store or gloo
+ports (which have no authentication). The only port on a node's own network is the
+Jupyter server's, published in host mode: the hub reaches it at the node's address
+(tokens guard it). The node kernel may have no IPVS, so services have no VIPs
+(``dnsrr``).
 """
 
 from __future__ import annotations
@@ -63,6 +69,10 @@ REFUSED_HOST_TREES = ("/boot/", "/dev/", "/etc/", "/proc/", "/root/", "/run/", "
 #: The notebook's ipyparallel files (connection files, keys): in the container, not in
 #: the home, which other servers of the user may share and which outlives the server.
 CLUSTER_DIR = "/tmp/pdl-cluster"
+#: Name of the hub's private network ``index`` (:func:`private_network`).
+PRIVATE_NETWORK = "pdl-private-{index}"
+#: Name of the global service that keeps every private network on every node.
+NETWORK_KEEPER = "pdl-network-keeper"
 #: Seconds, in the nanoseconds the Engine API wants.
 _NS = 1_000_000_000
 STOP_GRACE_NS = 5 * _NS
@@ -191,27 +201,34 @@ def container_spec(
     return spec
 
 
-def _service(name: str, labels: dict[str, str], task_template: dict) -> dict:
+def _service(name: str, labels: dict[str, str], task_template: dict, published: tuple[int, ...] = ()) -> dict:
+    """A one-replica service; ``published``: ports on its node's own address (host mode)."""
+    # no VIP: the swarm's nodes may have no IPVS
+    endpoint = {"Mode": "dnsrr"}
+    if published:
+        endpoint["Ports"] = [{"Protocol": "tcp", "TargetPort": p, "PublishedPort": p, "PublishMode": "host"}
+                             for p in published]
     return {
         "name": name,
         "labels": dict(labels),
         "task_template": task_template,
         "mode": {"Replicated": {"Replicas": 1}},
-        # no VIP: the swarm's nodes may have no IPVS
-        "endpoint_spec": {"Mode": "dnsrr"},
+        "endpoint_spec": endpoint,
     }
 
 
 def notebook_service(
     *, name: str, image: str, owner: Owner, command: list[str], env: dict[str, str], secret_id: str,
-    secret_name: str, user: str, home: str, ports: list[int], gpus: int, mounts: list[dict] = (),
+    secret_name: str, user: str, home: str, ports: list[int], gpus: int, network: str, mounts: list[dict] = (),
 ) -> dict:
     """The user's notebook service: ``pdl-singleuser`` with the controller only.
 
-    ``ports``: the Jupyter server's port, then the controller's (recorded in the
-    ``pdl.ports`` label so later spawns avoid them). ``gpus``: engines it will get.
+    ``ports``: the Jupyter server's port, published on its node, then the controller's,
+    on ``network`` only (all recorded in the ``pdl.ports`` label so later spawns avoid
+    them). ``gpus``: engines it will get. ``network``: the server's private network
+    (recorded in the ``pdl.network`` label: it is taken while the service exists).
     """
-    labels = owner.labels("notebook", ports=",".join(map(str, ports)), gpus=str(gpus))
+    labels = owner.labels("notebook", ports=",".join(map(str, ports)), gpus=str(gpus), network=network)
     env = {
         **env,
         "HOME": home,
@@ -224,19 +241,19 @@ def notebook_service(
                                workdir=home, secrets=[ref], mounts=mounts)
     task = {
         "ContainerSpec": container,
-        "Networks": [{"Target": "host"}],
+        "Networks": [{"Target": network}],
         "RestartPolicy": NOTEBOOK_RESTART,
     }
-    return _service(name, labels, task)
+    return _service(name, labels, task, published=(ports[0],))
 
 
 def engine_service(
     *, name: str, image: str, owner: Owner, index: int, env: dict[str, str], secret_id: str,
-    secret_name: str, user: str, home: str, gpu_resource: str, mounts: list[dict] = (),
+    secret_name: str, user: str, home: str, gpu_resource: str, network: str, mounts: list[dict] = (),
     avoid_hosts: list[str] = (),
 ) -> dict:
     """Engine ``index`` of the user's server: ``pdl-engine`` on one GPU of any node
-    except those named in ``avoid_hosts``."""
+    except those named in ``avoid_hosts``, on the server's private ``network``."""
     labels = owner.labels("engine", index=str(index))
     env = {
         **env,
@@ -250,7 +267,7 @@ def engine_service(
                                workdir=home, secrets=[ref], mounts=mounts)
     task = {
         "ContainerSpec": container,
-        "Networks": [{"Target": "host"}],
+        "Networks": [{"Target": network}],
         "Resources": {"Reservations": {"GenericResources": [
             {"DiscreteResourceSpec": {"Kind": gpu_resource, "Value": 1}},
         ]}},
@@ -260,6 +277,43 @@ def engine_service(
     if avoid_hosts:
         task["Placement"]["Constraints"] = [f"node.hostname!={host}" for host in avoid_hosts]
     return _service(name, labels, task)
+
+
+# -- private networks -----------------------------------------------------------
+
+def private_network(index: int) -> dict:
+    """``create_network`` kwargs of the hub's private network ``index``: an overlay that
+    only services join (not attachable: ``docker run --network`` cannot)."""
+    return {
+        "name": PRIVATE_NETWORK.format(index=index),
+        "driver": "overlay",
+        "attachable": False,
+        "check_duplicate": True,
+        "labels": {LABEL_PREFIX + "role": "network", LABEL_PREFIX + "index": str(index)},
+    }
+
+
+def network_keeper_service(*, image: str, networks: list[str], user: str) -> dict:
+    """``create_service`` kwargs of the keeper: one idle container on every node, on
+    every private network, so each node joins each network once, before any GPU task.
+
+    Why: Swarm records a node's first task on an overlay network by updating the node,
+    and Docker Engine before 23.0 then rejects every GPU task running there ("assigned
+    node no longer meets constraints", moby/moby#44378): without the keeper, one
+    user's spawn would restart another user's engines.
+    """
+    labels = {LABEL_PREFIX + "role": "network-keeper"}
+    container = container_spec(image=image, command=["sleep", "infinity"], env={}, labels=labels, user=user,
+                               workdir="/", secrets=[])
+    container["ReadOnly"] = True
+    task = {
+        "ContainerSpec": container,
+        "Networks": [{"Target": n} for n in networks],
+        "Resources": {"Limits": {"MemoryBytes": 32 * 1024 * 1024}},
+        "RestartPolicy": {"Condition": "any", "Delay": 1 * _NS},
+    }
+    return {"name": NETWORK_KEEPER, "labels": labels, "task_template": task, "mode": {"Global": {}},
+            "endpoint_spec": {"Mode": "dnsrr"}}
 
 
 # -- storage ------------------------------------------------------------------------

@@ -181,6 +181,7 @@ class SwarmServer:
 
     ``keys``: the cluster's credentials; ``port``: the Jupyter server's;
     ``controller_ports``: the controller's; ``node_addr``: the notebook's node;
+    ``network``: the server's private network (:mod:`pdl_spawner.swarm_networks`);
     ``api_token``: the server's hub API token, with which the hub asks the server
     about its engine lease (it accepts its own token).
     """
@@ -193,12 +194,13 @@ class SwarmServer:
     engine_services: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
     api_token: str = ""
+    network: str = ""
 
     def to_state(self) -> dict:
         state = {
             "gpus": self.gpus, "port": self.port, "controller_ports": list(self.controller_ports),
             "node_addr": self.node_addr, "engine_services": list(self.engine_services),
-            "secrets": list(self.secrets), "api_token": self.api_token,
+            "secrets": list(self.secrets), "api_token": self.api_token, "network": self.network,
         }
         if self.keys is not None:
             state["keys"] = self.keys.to_dict()
@@ -213,7 +215,7 @@ class SwarmServer:
             controller_ports=[int(p) for p in state.get("controller_ports", [])],
             node_addr=state.get("node_addr", ""), keys=ClusterKeys(**keys) if keys else None,
             engine_services=list(state.get("engine_services", [])), secrets=list(state.get("secrets", [])),
-            api_token=state.get("api_token", ""),
+            api_token=state.get("api_token", ""), network=state.get("network", ""),
         )
 
 
@@ -226,3 +228,13 @@ def node_address(node: dict) -> str:
     if not addr or addr == "0.0.0.0":
         raise ValueError(f"node {node.get('ID', '?')} reports no address")
     return addr
+
+
+def network_address(task: dict, network: str) -> str:
+    """``task``'s address on the network named ``network`` (from its
+    ``NetworksAttachments``); ValueError when the task is not on it."""
+    for attachment in task.get("NetworksAttachments") or []:
+        spec = attachment.get("Network", {}).get("Spec", {})
+        if spec.get("Name") == network and attachment.get("Addresses"):
+            return attachment["Addresses"][0].split("/", 1)[0]
+    raise ValueError(f"task {task.get('ID', '?')} has no address on network {network}")

@@ -51,6 +51,7 @@ class FakeSwarm:
         self.services_: dict[str, dict] = {}
         self.tasks_: list[dict] = []
         self.secrets_: dict[str, dict] = {}
+        self.networks_: dict[str, dict] = {}  # by name
         self.reject_images = set(reject_images)
         self.stop_polls = stop_polls  # tasks() calls a removed service's tasks take to stop
         self.after_call = None  # hook(method, swarm) run after each call
@@ -88,10 +89,12 @@ class FakeSwarm:
                 continue
             spread = sorted(self.nodes_, key=lambda n: sum(
                 1 for o in self.tasks_ if o.get("NodeID") == n["ID"] and o["Status"]["State"] == "running"))
+            if t.get("NodeID"):  # a global service's task: its node is set
+                spread = [n for n in self.nodes_ if n["ID"] == t["NodeID"]]
             for node in spread:
                 free = self._free_gpus(node)
                 if len(free) >= need:
-                    t.update(NodeID=node["ID"], _gpus=free[:need])
+                    t.update(NodeID=node["ID"], _gpus=free[:need], NetworksAttachments=self._attachments(t))
                     t["Status"] = {"State": "running"}
                     if need:
                         t["GenericResources"] = [{"NamedResourceSpec": {"Kind": GPU, "Value": g}} for g in free[:need]]
@@ -101,10 +104,36 @@ class FakeSwarm:
                                "Err": f"no suitable node (insufficient resources on {len(self.nodes_)} nodes)"}
 
     def _call(self, method: str, result):
+        """Record the call and run the hook, without the lock: the hook may act on the
+        swarm from other threads (another spawn, in a loop of its own)."""
         self.calls.append(method)
         if self.after_call is not None:
-            self.after_call(method, self)
+            self._lock.release()  # each method holds it once
+            try:
+                self.after_call(method, self)
+            finally:
+                self._lock.acquire()
         return result
+
+    def _attachments(self, task: dict) -> list[dict]:
+        """A running task's address on each overlay network it is on (10.201.<network>.<task>)."""
+        out = []
+        for ref in task["Spec"].get("Networks", []):
+            net = next((n for n in self.networks_.values() if n["Id"] == ref["Target"]), None)
+            if net is not None:
+                host = int(task["ID"].removeprefix("task")) % 250 + 2
+                out.append({"Network": {"ID": net["Id"], "Spec": {"Name": net["Name"]}},
+                            "Addresses": [f"10.201.{net['_index']}.{host}/24"]})
+        return out
+
+    def _new_tasks(self, sid: str, task_template: dict, mode) -> None:
+        nodes = [n["ID"] for n in self.nodes_] if "Global" in (mode or {}) else [None]
+        for node in nodes:
+            task = {"ID": self._id("task"), "ServiceID": sid, "DesiredState": "running",
+                    "Version": {"Index": next(self._ids)}, "Spec": task_template, "Status": {"State": "new"}}
+            if node:
+                task["NodeID"] = node
+            self.tasks_.append(task)
 
     def _service(self, name_or_id: str) -> dict:
         for s in self.services_.values():
@@ -128,7 +157,9 @@ class FakeSwarm:
     def services(self, filters=None):
         with self._lock:
             wanted = _as_list((filters or {}).get("label"))
-            found = [s for s in self.services_.values() if _label_match(s["Spec"]["Labels"], wanted)]
+            names = _as_list((filters or {}).get("name"))  # Docker matches name prefixes
+            found = [s for s in self.services_.values() if _label_match(s["Spec"]["Labels"], wanted)
+                     and (not names or any(s["Spec"]["Name"].startswith(n) for n in names))]
             return self._call("services", found)
 
     def inspect_service(self, service, insert_defaults=None):
@@ -142,15 +173,55 @@ class FakeSwarm:
             for ref in task_template["ContainerSpec"].get("Secrets", []):
                 if ref["SecretID"] not in self.secrets_:
                     raise _not_found(f"secret {ref['SecretID']}")
+            task_template = self._network_ids(task_template)
             sid = self._id("svc")
             spec = {"Name": name, "Labels": labels or {}, "TaskTemplate": task_template, "Mode": mode,
                     "EndpointSpec": endpoint_spec}
-            self.services_[sid] = {"ID": sid, "Spec": spec}
-            self.tasks_.append({"ID": self._id("task"), "ServiceID": sid, "DesiredState": "running",
-                                "Version": {"Index": next(self._ids)}, "Spec": task_template,
-                                "Status": {"State": "new"}})
+            self.services_[sid] = {"ID": sid, "Spec": spec, "Version": {"Index": next(self._ids)}}
+            self._new_tasks(sid, task_template, mode)
             self._schedule()
             return self._call("create_service", {"ID": sid})
+
+    def _network_ids(self, task_template: dict) -> dict:
+        """The template with network names turned into IDs, as Swarm stores it."""
+        refs = []
+        for ref in task_template.get("Networks", []):
+            net = self.networks_.get(ref["Target"])
+            refs.append({**ref, "Target": net["Id"]} if net else ref)
+        return {**task_template, "Networks": refs} if refs else task_template
+
+    def update_service(self, service, version, task_template=None, name=None, labels=None, mode=None,
+                       endpoint_spec=None, **kwargs):
+        with self._lock:
+            s = self._service(service)
+            if version != s["Version"]["Index"]:
+                raise APIError("rpc error: update out of sequence")
+            task_template = self._network_ids(task_template)
+            s["Spec"].update(Name=name, Labels=labels or {}, TaskTemplate=task_template, Mode=mode,
+                             EndpointSpec=endpoint_spec)
+            s["Version"] = {"Index": next(self._ids)}
+            for t in self.tasks_:
+                if t["ServiceID"] == s["ID"] and t["DesiredState"] == "running":
+                    t["DesiredState"], t["Status"] = "shutdown", {"State": "shutdown"}
+            self._new_tasks(s["ID"], task_template, mode)
+            self._schedule()
+            return self._call("update_service", None)
+
+    def create_network(self, name, driver=None, labels=None, **kwargs):
+        with self._lock:
+            if name in self.networks_:
+                raise APIError(f"network with name {name} already exists")
+            nid = self._id("net")
+            self.networks_[name] = {"Id": nid, "Name": name, "Driver": driver, "Labels": labels or {},
+                                    "_index": len(self.networks_)}
+            return self._call("create_network", {"Id": nid})
+
+    def networks(self, names=None, ids=None, filters=None):
+        with self._lock:
+            wanted = _as_list((filters or {}).get("label"))
+            found = [{k: v for k, v in n.items() if not k.startswith("_")} for n in self.networks_.values()
+                     if _label_match(n["Labels"], wanted)]
+            return self._call("networks", found)
 
     def remove_service(self, service):
         with self._lock:

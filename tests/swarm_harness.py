@@ -6,9 +6,12 @@ namespace 10.77.0.1/24 on that bridge (tests and a hub in the root namespace rea
 nodes' services there). Nothing else is routed: the nodes reach only 10.77.0.0/24.
 
 Each node runs its own ``dockerd`` (own data-root, exec-root, socket, pid file and
-hostname ``pdl-node<i>``; ``--bridge=none --iptables=false``) that declares one GPU as
-the Swarm generic resource ``NVIDIA-GPU=GPU-fake-<i>``. node1 is the manager; the swarm
-allocates overlay subnets from 10.201.0.0/16. Images come from the host's Docker
+hostname ``pdl-node<i>``; ``--bridge=none``) that declares one GPU as the Swarm generic
+resource ``NVIDIA-GPU=GPU-fake-<i>``. node1 is the manager; the swarm allocates overlay
+subnets from 10.201.0.0/16, and each node its local ``docker_gwbridge`` (the way out of
+overlay containers, and in to ports published in host mode) from 10.202.0.0/16. The
+daemons manage iptables as on a real node, each in its own namespace's tables: NAT
+out of the gateway bridge, published ports in, no traffic between containers on it. Images come from the host's Docker
 engine (``load_images``): the nodes have no registry.
 
 Everything lives under one run directory (``$PDL_SWARM_DIR``, default
@@ -355,8 +358,7 @@ class SwarmSim:
             "pidfile": str(d / "docker.pid"),
             "hosts": [self.docker_host(i)],
             "bridge": "none",
-            "iptables": False,
-            "ip-masq": False,
+            "default-address-pools": [{"base": "10.202.0.0/16", "size": 24}],
             "cgroup-parent": f"/{self.prefix}swarm-node{i}",
             "node-generic-resources": [f"{GPU_KIND}={self.gpu(i)}"],
         }

@@ -27,7 +27,7 @@ USERS = [f"u{i:02d}" for i in range(20)]  # u00 is the admin
 WORKERS = {user: 1 + i % 2 for i, user in enumerate(USERS)}  # 30 workers asked for, 6 slots
 NOT_ENOUGH = re.compile(
     r"Not enough free workers: you asked for (?P<wanted>\d+), (?P<free>\d+) of 6 are free \((?P<holders>.*)\)\. "
-    r"Ask for at most (?P=free), or try again when one frees up\."
+    r"(Ask for at most (?P=free), or try again|Try again) when one frees up\."
 )
 ROUNDS = 3
 #: Most the hub's resident memory may grow from the end of round 1 (which creates the
@@ -103,6 +103,7 @@ def check_outcomes(hub: Hub, outcomes: list[Outcome]) -> None:
         wanted, free = int(m["wanted"]), int(m["free"])
         # nobody stops during the storm, so the free count only falls: a refusal is justified
         assert wanted == WORKERS[o.user] and final_free <= free < wanted, o
+        assert ("Ask for at most" in m[0]) == (free > 0), f"advice to ask for 0 or none where 1 fits: {o}"
     # each granted user holds exactly what they asked for, each refused user nothing
     held = defaultdict(list)
     for slot, owner in hub.reservations().items():

@@ -69,7 +69,11 @@ def test_form_names_holders_only_to_admins():
 def test_not_enough_message_is_one_line_with_what_is_free():
     msg = form.not_enough_message(3, 1, 4, {"alice": 2, "bob": 1}, show_names=False)
     assert "\n" not in msg
-    assert "you asked for 3, 1 of 4 are free (3 held by other users)" in msg
+    assert msg.endswith("you asked for 3, 1 of 4 are free (3 held by other users). "
+                        "Ask for at most 1, or try again when one frees up.")
+    # nothing free: no advice to ask for 0
+    assert form.not_enough_message(1, 0, 4, {"alice": 4}, show_names=False).endswith(
+        "1, 0 of 4 are free (4 held by other users). Try again when one frees up.")
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "7", "abc", "", "2.5"])

@@ -47,6 +47,10 @@ def services_of(swarm, user):
     return [s for s in swarm.services_.values() if s["Spec"]["Labels"].get("pdl.user") == user]
 
 
+def keeper_id(swarm) -> str:
+    return next(s["ID"] for s in swarm.services_.values() if s["Spec"]["Name"] == "pdl-network-keeper")
+
+
 def secrets_of(swarm, user):
     return [s for s in swarm.secrets_.values() if s["Spec"]["Labels"].get("pdl.user") == user]
 
@@ -68,9 +72,16 @@ def test_spawn_creates_notebook_and_one_engine_per_gpu_spread_over_nodes():
     assert len(engines) == 3 and {t["NodeID"] for t in engines} == {"node1", "node2", "node3"}
     assert sorted(s["Spec"]["Name"] for s in services_of(swarm, "alice")) == [
         "pdl-alice", "pdl-alice-engine-0", "pdl-alice-engine-1", "pdl-alice-engine-2"]
-    # the engines' secret holds exactly the connection info for the notebook's node
+    # the engines' secret holds exactly the connection info for the controller, at the
+    # notebook's address on alice's private network, which her engines are on too
+    network = alice.swarm.network
+    assert network == "pdl-private-0"
+    controller = notebook_task["NetworksAttachments"][0]["Addresses"][0].split("/")[0]
+    assert notebook_task["NetworksAttachments"][0]["Network"]["Spec"]["Name"] == network
     kinds = {s["Spec"]["Labels"]["pdl.kind"]: s["ID"] for s in secrets_of(swarm, "alice")}
-    assert json.loads(swarm.secret_data(kinds["engine"])) == engine_file(alice.swarm.keys, alice.swarm.controller_ports, ip)
+    secret = json.loads(swarm.secret_data(kinds["engine"]))
+    assert secret == engine_file(alice.swarm.keys, alice.swarm.controller_ports, controller)
+    assert {n["Network"]["Spec"]["Name"] for t in engines for n in t["NetworksAttachments"]} == {network}
     notebook_secret = json.loads(swarm.secret_data(kinds["notebook"]))
     assert notebook_secret["api_token"] == "token-of-alice"
     # and nothing secret is in any service spec
@@ -108,7 +119,7 @@ def test_stop_removes_everything_and_frees_the_gpus():
     run(alice.start())
     run(alice.stop())
     assert not services_of(swarm, "alice") and not secrets_of(swarm, "alice")
-    assert not swarm.running()
+    assert not swarm.running("notebook") and not swarm.running("engine")
     assert alice.get_state() == {}
     run(make_spawner(swarm, "bob", 3).start())
     assert len(swarm.running("engine")) == 3
@@ -147,7 +158,8 @@ def test_engine_starved_by_a_race_removes_everything_and_says_409():
     assert e.value.status_code == 409
     assert "you asked for 3, 2 of 3 are free (1 held by other users)" in e.value.log_message
     assert not services_of(swarm, "alice") and not secrets_of(swarm, "alice")
-    assert [t["ServiceID"] for t in swarm.running()] == [s["ID"] for s in swarm.services_.values()]
+    assert [t["ServiceID"] for t in swarm.running() if t["ServiceID"] != keeper_id(swarm)] == [
+        s["ID"] for s in swarm.services_.values() if s["ID"] != keeper_id(swarm)]
 
 
 def test_concurrent_spawns_in_one_hub_never_promise_a_gpu_twice():
@@ -160,7 +172,67 @@ def test_concurrent_spawns_in_one_hub_never_promise_a_gpu_twice():
     results = run(both())
     refused = [r for r in results if isinstance(r, web.HTTPError)]
     assert len(refused) == 1 and refused[0].status_code == 409, results
+    assert "Not enough free GPUs" in refused[0].log_message
     assert len(swarm.running("engine")) == 2
+    # refused before it made anything: the promise lasts until the engines' tasks exist,
+    # not only the notebook's (the network keeper, one notebook, two engines)
+    assert swarm.calls.count("create_service") == 4, swarm.calls
+
+
+def network_of(swarm, user) -> set[str]:
+    """Names of the networks ``user``'s services are on."""
+    by_id = {n["Id"]: name for name, n in swarm.networks_.items()}
+    return {by_id[ref["Target"]] for s in services_of(swarm, user) for ref in s["Spec"]["TaskTemplate"]["Networks"]}
+
+
+def test_concurrent_spawns_get_networks_of_their_own_and_a_full_pool_is_a_409_that_creates_nothing():
+    swarm = FakeSwarm(gpus_per_node=(2, 2, 2))
+
+    async def both():
+        spawners = [make_spawner(swarm, name, 1, private_networks=2) for name in ("alice", "bob")]
+        return await asyncio.gather(*(s.start() for s in spawners))
+
+    run(both())
+    assert {frozenset(network_of(swarm, u)) for u in ("alice", "bob")} == {
+        frozenset({"pdl-private-0"}), frozenset({"pdl-private-1"})}
+    keeper = swarm.services_[keeper_id(swarm)]["Spec"]
+    assert keeper["Mode"] == {"Global": {}} and len(keeper["TaskTemplate"]["Networks"]) == 2
+    assert len(swarm.running()) == 2 + 2 + 3  # two notebooks, two engines, a keeper per node
+
+    carol = make_spawner(swarm, "carol", 1, private_networks=2)
+    with pytest.raises(web.HTTPError) as e:
+        run(carol.start())
+    assert e.value.status_code == 409 and e.value.log_message == (
+        "No private network is free for your server (0 of 2 are free); try again when a server stops, or ask the "
+        "admin to raise PDLSwarmSpawner.private_networks")
+    assert not services_of(swarm, "carol") and not secrets_of(swarm, "carol")
+
+    # a larger pool: the keeper joins the new network too, and carol gets it
+    run(make_spawner(swarm, "carol", 1, private_networks=3).start())
+    assert network_of(swarm, "carol") == {"pdl-private-2"}
+    assert len(swarm.services_[keeper_id(swarm)]["Spec"]["TaskTemplate"]["Networks"]) == 3
+
+
+def test_gpus_stay_promised_between_the_notebook_task_and_the_engines():
+    """A spawn that comes while alice's notebook runs but her engines do not exist yet
+    is refused at once: her GPUs are still promised to her (the notebook holds none)."""
+    swarm = FakeSwarm()
+    during = []
+
+    def spawn_bob_between(method, swarm):
+        if method == "inspect_node" and not during:  # start_object: notebook running, no engines yet
+            during.append("bob")
+            try:
+                asyncio.run(make_spawner(swarm, "bob", 1).start())
+                during.append("started")
+            except web.HTTPError as e:
+                during.append(e.log_message)
+
+    swarm.after_call = spawn_bob_between
+    run(make_spawner(swarm, "alice", 3).start())
+    assert during == ["bob", "Not enough free GPUs: you asked for 1, 0 of 3 are free (3 held by other users). "
+                             "Try again when one frees up."], during
+    assert len(swarm.running("engine")) == 3 and not services_of(swarm, "bob")
 
 
 def test_a_task_that_cannot_start_fails_the_spawn_and_leaves_nothing():

@@ -39,7 +39,7 @@ def notebook(**overrides):
         command=["pdl-singleuser", "--SingleUserNotebookApp.default_url=/lab"],
         env={"JUPYTERHUB_USER": "alice", "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:20001/user/alice/"},
         secret_id="sec1", secret_name="pdl-alice-notebook-0a0b", user="1000:1000", home="/home/pdl",
-        ports=PORTS, gpus=3,
+        ports=PORTS, gpus=3, network="pdl-private-4",
     )
     return swarm_specs.notebook_service(**{**kwargs, **overrides})
 
@@ -48,7 +48,7 @@ def engine(**overrides):
     kwargs = dict(
         name="pdl-alice-engine-2", image="pdl-notebook:test", owner=ALICE, index=2,
         env={"CINIC10_DIR": "/data/cinic10"}, secret_id="sec2", secret_name="pdl-alice-engine-0c0d",
-        user="1000:1000", home="/home/pdl", gpu_resource="NVIDIA-GPU",
+        user="1000:1000", home="/home/pdl", gpu_resource="NVIDIA-GPU", network="pdl-private-4",
     )
     return swarm_specs.engine_service(**{**kwargs, **overrides})
 
@@ -56,13 +56,16 @@ def engine(**overrides):
 def test_notebook_service_spec():
     labels = {
         "pdl.owner": "alice", "pdl.user": "alice", "pdl.server": "", "pdl.role": "notebook",
-        "pdl.ports": ",".join(map(str, PORTS)), "pdl.gpus": "3",
+        "pdl.ports": ",".join(map(str, PORTS)), "pdl.gpus": "3", "pdl.network": "pdl-private-4",
     }
     assert notebook() == {
         "name": "pdl-alice",
         "labels": labels,
         "mode": {"Replicated": {"Replicas": 1}},
-        "endpoint_spec": {"Mode": "dnsrr"},
+        # only the Jupyter server's port is on the node's address; the controller's are not
+        "endpoint_spec": {"Mode": "dnsrr", "Ports": [
+            {"Protocol": "tcp", "TargetPort": PORTS[0], "PublishedPort": PORTS[0], "PublishMode": "host"},
+        ]},
         "task_template": {
             "ContainerSpec": {
                 "Image": "pdl-notebook:test",
@@ -83,7 +86,7 @@ def test_notebook_service_spec():
                 }],
                 **SECURE,
             },
-            "Networks": [{"Target": "host"}],
+            "Networks": [{"Target": "pdl-private-4"}],
             "RestartPolicy": {"Condition": "none", "MaxAttempts": 0},
         },
     }
@@ -115,7 +118,7 @@ def test_engine_service_spec_reserves_one_gpu():
                 }],
                 **SECURE,
             },
-            "Networks": [{"Target": "host"}],
+            "Networks": [{"Target": "pdl-private-4"}],
             "Resources": {"Reservations": {"GenericResources": [
                 {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}},
             ]}},
@@ -129,6 +132,34 @@ def test_named_servers_get_their_own_owner_label():
     spec = engine(owner=Owner("alice", "big"))
     assert spec["labels"]["pdl.owner"] == "alice/big" and spec["labels"]["pdl.server"] == "big"
     assert Owner("alice", "big").filter() == {"label": ["pdl.owner=alice/big"]}
+
+
+def test_private_networks_are_overlays_no_container_can_attach_to():
+    assert swarm_specs.private_network(4) == {
+        "name": "pdl-private-4", "driver": "overlay", "attachable": False, "check_duplicate": True,
+        "labels": {"pdl.role": "network", "pdl.index": "4"},
+    }
+
+
+def test_the_network_keeper_idles_on_every_node_on_every_network_with_nothing_mounted():
+    spec = swarm_specs.network_keeper_service(image="pdl-notebook:test", networks=["pdl-private-0", "pdl-private-1"],
+                                              user="1000:1000")
+    labels = {"pdl.role": "network-keeper"}
+    assert spec == {
+        "name": "pdl-network-keeper",
+        "labels": labels,
+        "mode": {"Global": {}},
+        "endpoint_spec": {"Mode": "dnsrr"},
+        "task_template": {
+            "ContainerSpec": {
+                "Image": "pdl-notebook:test", "Command": ["sleep", "infinity"], "Env": [], "Labels": labels,
+                "Dir": "/", "Secrets": [], "ReadOnly": True, **SECURE,
+            },
+            "Networks": [{"Target": "pdl-private-0"}, {"Target": "pdl-private-1"}],
+            "Resources": {"Limits": {"MemoryBytes": 32 * 1024 * 1024}},
+            "RestartPolicy": {"Condition": "any", "Delay": 1 * NS},
+        },
+    }
 
 
 def _containers():

@@ -12,7 +12,8 @@ from pdl.connection import PORTS_NEEDED, ClusterKeys, controller_files, engine_f
 from pdl.swarm_engine import gpu_slot_env
 from pdl_spawner import form
 from pdl_spawner.swarm_state import (
-    OTHER_SERVICES, SwarmServer, gpu_usage, node_address, pick_ports, starved_tasks, task_error, used_ports,
+    OTHER_SERVICES, SwarmServer, gpu_usage, network_address, node_address, pick_ports, starved_tasks, task_error,
+    used_ports,
 )
 
 pytestmark = pytest.mark.unit
@@ -127,9 +128,19 @@ def test_node_address_of_a_manager_reporting_0000():
         node_address(node("n1", addr=""))
 
 
+def test_the_controller_address_is_the_notebook_task_s_own_on_its_private_network():
+    task = {"ID": "t1", "NetworksAttachments": [
+        {"Network": {"Spec": {"Name": "pdl-private-0"}}, "Addresses": ["10.201.3.7/24"]},
+        {"Network": {"Spec": {"Name": "pdl-private-1"}}, "Addresses": ["10.201.4.9/24"]},
+    ]}
+    assert network_address(task, "pdl-private-1") == "10.201.4.9"
+    with pytest.raises(ValueError, match="no address on network pdl-private-2"):
+        network_address(task, "pdl-private-2")
+
+
 def test_state_round_trip_keeps_what_a_restarted_hub_needs():
     server = SwarmServer(gpus=3, port=20001, controller_ports=PORTS, node_addr="10.77.0.12", keys=KEYS,
-                         engine_services=["e0", "e1", "e2"], secrets=["s0", "s1"])
+                         engine_services=["e0", "e1", "e2"], secrets=["s0", "s1"], network="pdl-private-2")
     state = server.to_state()
     import json
 
