@@ -1,0 +1,217 @@
+"""The steps of ``scripts/gpu-check``, run by it in the environment it installed offline.
+
+    python scripts/gpu_check.py OUT
+
+Each step runs in its own process with a time limit (seconds, below), writes
+``OUT/<step>.log`` and gives one result: passed, failed or skipped, with a figure.
+``OUT/summary.md`` gets the table of every step and the machine it ran on; the same
+table is printed. Steps that need a CUDA GPU are skipped without one, and the summary
+says why in one line. The exit status is 1 when a step failed, else 0.
+
+Steps: the bundle's install (``OUT/install.json``, from ``scripts/gpu-check``);
+``%%distributed`` outside the hub (a DDP cell on every slot of this machine: its GPUs,
+or CPU slots); ``pytest -m gpu`` (tests/test_gpu.py); the training throughput
+benchmark on CINIC-10-sized data (GPU only); Horovod built with NCCL and its GPU test
+(GPU with CUDA's compiler only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+#: Each step's time limit, seconds: together well under the 10 minutes a check may take.
+LIMITS_S = {"distributed": 120, "gpu-tests": 420, "throughput": 300, "horovod": 420}
+#: Training images of the throughput benchmark: CINIC-10's 90,000 (9,000 a class).
+BENCH_PER_CLASS = 9000
+
+DISTRIBUTED_CELL = r"""
+import math, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(rank)
+model = torch.nn.Linear(64, 1).to(device)
+ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+w = torch.arange(64.0, device=device)[:, None] / 64
+for step in range(50):
+    x = torch.randn(128, 64, device=device)
+    loss = ((ddp(x) - x @ w) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+print(f"rank {rank}/{world_size} backend {dist.get_backend()} device {device} loss {loss.item():.5f} "
+      f"finite {math.isfinite(loss.item())}")
+"""
+DISTRIBUTED_SCRIPT = f"""
+import pdl_magics
+print("pdl_magics from", pdl_magics.__file__, flush=True)
+from pdl.slots import default_pool
+from pdl_magics import DistributedSession
+pool = default_pool()
+session = DistributedSession(local_slots=pool)
+try:
+    result = session.run({DISTRIBUTED_CELL!r}, len(pool), all_output=True)
+finally:
+    session.close()
+"""
+
+
+@dataclass
+class Result:
+    status: str  # passed, failed, skipped
+    figure: str
+    seconds: float = 0.0
+
+
+def run_logged(out: Path, step: str, cmd: list[str], cwd: Path = REPO) -> tuple[int | None, str]:
+    """Run ``cmd`` in ``cwd`` with the step's time limit, output to ``OUT/<step>.log``;
+    (exit status or None when it ran out of time, the output)."""
+    log = out / f"{step}.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=LIMITS_S[step])
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:  # the step's own process group: engines it started go with it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text(errors="replace")
+    if rc is None:
+        with open(log, "a") as f:
+            f.write(f"\n[gpu-check: stopped after the step's limit of {LIMITS_S[step]} s]\n")
+    return rc, text
+
+
+def no_gpu_reason() -> str | None:
+    """Why the GPU steps cannot run here (None: a CUDA GPU is there)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)"
+    return None
+
+
+def step_install(out: Path) -> Result:
+    info = json.loads((out / "install.json").read_text())
+    return Result("passed", f"offline in {info['seconds']} s, torch from {info['torch_site']}")
+
+
+def step_distributed(out: Path) -> Result:
+    # outside the checkout: PDL as the bundle installed it, not the source tree
+    rc, text = run_logged(out, "distributed", [sys.executable, "-c", DISTRIBUTED_SCRIPT], cwd=out)
+    ranks = re.findall(r"rank (\d+)/(\d+) backend (\S+) device (\S+) loss (\S+) finite (\S+)", text)
+    if rc != 0 or not ranks or len(ranks) != int(ranks[0][1]) or any(r[5] != "True" for r in ranks):
+        return Result("failed", "see distributed.log" if rc is not None else f"over {LIMITS_S['distributed']} s")
+    world, backend = ranks[0][1], ranks[0][2]
+    devices = sorted({r[3].split(":")[0] for r in ranks})
+    return Result("passed", f"{world} ranks, {backend} on {'/'.join(devices)}, DDP loss "
+                            f"{max(float(r[4]) for r in ranks):.4f}")
+
+
+def step_gpu_tests(out: Path) -> Result:
+    xml = out / "gpu-tests.xml"
+    rc, _ = run_logged(out, "gpu-tests", [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py",
+                                          "-p", "no:cacheprovider", "-q", "-rs", f"--junitxml={xml}"])
+    if rc is None or not xml.exists():
+        return Result("failed", f"over {LIMITS_S['gpu-tests']} s" if rc is None else "see gpu-tests.log")
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    figure = f"{passed} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped"
+    if counts["failures"] or counts["errors"] or rc not in (0, 5):
+        return Result("failed", figure)
+    return Result("passed" if passed else "skipped", figure)
+
+
+def step_throughput(out: Path) -> Result:
+    workers = str(min(8, os.cpu_count() or 2))
+    rc, text = run_logged(out, "throughput", [sys.executable, "bench/train_throughput.py", "--per-class",
+                                              str(BENCH_PER_CLASS), "--epochs", "3", "--workers", workers])
+    ratio = re.search(r"ratio .*: ([\d.]+)", text)
+    pdl = re.search(r"\| PDL[^|]*\| (\d+) \|", text)
+    if rc != 0 or not ratio:
+        return Result("failed", "see throughput.log" if rc is not None else f"over {LIMITS_S['throughput']} s")
+    per_epoch = 90000 / float(pdl.group(1)) if pdl else None
+    figure = f"PDL / pytorch-cifar {ratio.group(1)}x"
+    if per_epoch:
+        figure += f"; {pdl.group(1)} img/s, {per_epoch:.1f} s an epoch of 90,000, 15 epochs ~{15 * per_epoch / 60:.1f} min"
+    return Result("passed", figure)
+
+
+def step_horovod(out: Path) -> Result:
+    if not shutil.which("nvcc"):
+        return Result("skipped", "no CUDA compiler (nvcc) to build Horovod's NCCL operations")
+    rc, text = run_logged(out, "horovod", ["bash", "-c",
+                                           f"HOROVOD_GPU_OPERATIONS=NCCL scripts/build-horovod {sys.executable} && "
+                                           f"{sys.executable} -m pytest -m gpu -k horovod tests/test_gpu.py "
+                                           "-p no:cacheprovider -q -rs"])
+    if rc != 0:
+        return Result("failed", "see horovod.log" if rc is not None else f"over {LIMITS_S['horovod']} s")
+    built = re.search(r"build-horovod: (built|installed) horovod (\S+)", text)
+    return Result("passed", f"horovod {built.group(2) if built else '?'} with NCCL; GPU test passed")
+
+
+def machine() -> str:
+    import torch
+
+    line = f"Python {sys.version.split()[0]}, torch {torch.__version__}"
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        line += f", CUDA {torch.version.cuda}, {names}"
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            driver = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=10).stdout.split()
+            line += f", driver {driver[0] if driver else '?'}"
+    return line
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python scripts/gpu_check.py OUT", file=sys.stderr)
+        return 2
+    out = Path(argv[0]).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    reason = no_gpu_reason()
+    steps = [("install", "bundle installed offline", step_install, False),
+             ("distributed", "%%distributed outside the hub", step_distributed, False),
+             ("gpu-tests", "pytest -m gpu", step_gpu_tests, False),
+             ("throughput", "training throughput, CINIC-10 size", step_throughput, True),
+             ("horovod", "Horovod with NCCL", step_horovod, True)]
+    rows = []
+    for name, title, fn, needs_gpu in steps:
+        started = time.monotonic()
+        if needs_gpu and reason:
+            result = Result("skipped", "no CUDA GPU")
+        else:
+            try:
+                result = fn(out)
+            except Exception as e:  # noqa: BLE001 - one step's bug must not hide the others
+                result = Result("failed", f"{type(e).__name__}: {e}".splitlines()[0])
+        result.seconds = time.monotonic() - started
+        rows.append((title, result))
+        print(f"gpu-check: {title}: {result.status} ({result.figure}) in {result.seconds:.0f} s", flush=True)
+    lines = [f"Machine: {machine()}", ""]
+    if reason:
+        lines += [f"GPU steps skipped: {reason}.", ""]
+    lines += ["| step | result | figure | seconds |", "|---|---|---|---:|"]
+    lines += [f"| {title} | {r.status} | {r.figure} | {r.seconds:.0f} |" for title, r in rows]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if any(r.status == "failed" for _, r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
