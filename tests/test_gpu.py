@@ -188,3 +188,30 @@ print(json.dumps({"sum": t[0].item(), "size": hvd.size(), "device": str(t.device
     seen = run_json(session, cell, len(gpus), backend="horovod")
     n = len(gpus)
     assert len(seen) == n and all(s == {"sum": n * (n + 1) / 2, "size": n, "device": "cuda:0"} for s in seen), seen
+
+
+def test_a_real_hub_gives_a_user_an_engine_on_every_gpu(tmp_path, gpus):
+    """The local spawner's pool comes from nvidia-smi (no PDL_POOL): a user asking for
+    every GPU gets one engine on each, in an NCCL group, through the hub and its proxy."""
+    from hub_harness import Hub, Kernel
+
+    hub = Hub(tmp_path, ["gpuadmin"], pool=[]).start()
+    kernel = None
+    try:
+        r = hub.spawn("gpuadmin", len(gpus))
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready("gpuadmin")
+        kernel = Kernel(hub, "gpuadmin")
+        kernel.execute_ok("%load_ext pdl_magics")
+        cell = (f"%%distributed -n {len(gpus)} --all-output\nimport json, os, torch, torch.distributed as dist\n"
+                "t = torch.ones(1, device=device); dist.all_reduce(t)\n"
+                "print(json.dumps({'slot': os.environ['PDL_SLOT'], 'backend': dist.get_backend(), "
+                "'sum': t.item()}))")
+        out = kernel.execute_ok(cell, timeout=300)
+        seen = [json.loads(m) for m in re.findall(r"\{.*\}", out["stdout"])]
+        assert sorted(s["slot"] for s in seen) == sorted(gpus), out
+        assert all(s["backend"] == "nccl" and s["sum"] == len(gpus) for s in seen), seen
+    finally:
+        if kernel is not None:
+            kernel.close()
+        hub.close()

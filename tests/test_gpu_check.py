@@ -66,7 +66,7 @@ def test_the_check_installs_offline_runs_distributed_and_skips_the_gpu_steps(bun
     assert rows["bundle installed offline"][0] == "passed"
     assert rows["%%distributed outside the hub"][0] == "passed"
     assert re.match(r"\d+ ranks, gloo on cpu, DDP loss", rows["%%distributed outside the hub"][1])
-    assert rows["pytest -m gpu"][:2] == ["skipped", "0 passed, 0 failed, 9 skipped"]
+    assert rows["pytest -m gpu"][:2] == ["skipped", "0 passed, 0 failed, 10 skipped"]
     assert rows["training throughput, CINIC-10 size"][:2] == ["skipped", "no CUDA GPU"]
     assert rows["Horovod with NCCL"][:2] == ["skipped", "no CUDA GPU"]
     reasons = [line for line in summary.splitlines() if line.startswith("GPU steps skipped:")]
