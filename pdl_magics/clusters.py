@@ -13,13 +13,18 @@ Three cases, same engines:
   one engine per slot of this machine's pool, and stopped when the kernel exits.
 
 Every engine and controller runs through :mod:`pdl.engine_boot`, so it is pinned
-to its slot and dies with the process that started it.
+to its slot and dies with the process that started it. They are all started from one
+thread that lives as long as the process (:func:`on_launcher_thread`): Linux's
+parent-death signal follows the *thread* that forked a child, so engines started
+from a thread that ends (a worker thread, a kernel subshell) would die with it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import sys
+import threading
 from pathlib import Path
 
 import ipyparallel as ipp
@@ -30,6 +35,17 @@ from pdl.slots import engine_env
 ENGINE_TIMEOUT_S = 60
 
 _BOOT = [sys.executable, "-m", "pdl.engine_boot"]
+#: The thread every engine and controller is started from; idle between starts, it
+#: ends only with the process.
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdl-launcher")
+
+
+def on_launcher_thread(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` run on the launcher thread (blocking; its result or its
+    exception), so that processes it starts live as long as this process."""
+    if threading.current_thread().name.startswith("pdl-launcher"):
+        return fn(*args, **kwargs)
+    return _LAUNCHER.submit(fn, *args, **kwargs).result()
 
 
 def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_atexit=True):
@@ -67,13 +83,14 @@ def start_controller(cluster, *, remote_engines: dict | None = None) -> None:
 
         install_controller_files(remote_engines, Path(cluster.profile_dir) / "security", cluster.cluster_id)
         args += [arg for arg in CONTROLLER_ARGS if arg not in args]  # traitlets refuses an option twice
-    cluster.start_controller_sync(controller_cmd=[*_BOOT, "controller"], controller_args=args)
+    on_launcher_thread(cluster.start_controller_sync, controller_cmd=[*_BOOT, "controller"], controller_args=args)
 
 
 def start_slot_engines(cluster, slots: list[str], pool_size: int) -> None:
     """Start one engine per slot, each with its own pinning environment (blocking)."""
     for slot in slots:
-        cluster.start_engines_sync(
+        on_launcher_thread(
+            cluster.start_engines_sync,
             n=1,
             engine_set_id=slot_engine_set_id(slot),
             environment=engine_env(slot, pool_size),

@@ -293,3 +293,32 @@ def test_engines_survive_everything_and_close_stops_them(pdl_session):
         f"engines still running after close(): {[p for p in pids if process_running(p)]}"
     )
     assert wait_until(lambda: not process_running(controller_pid), timeout=10)
+
+
+def test_engines_outlive_the_thread_that_ran_the_first_cell():
+    """Guards clusters.on_launcher_thread: the parent-death signal of pdl.engine_boot
+    follows the thread that forked an engine, so engines started from a thread that
+    then ended died with it, losing the variables, and the next cell hung."""
+    import threading
+
+    session = DistributedSession(local_slots=["cpu:0", "cpu:1"])
+    results, errors = [], []
+
+    def on_its_own_thread(code):
+        def run():
+            try:
+                results.append(session.run(code, 2, timeout_s=60, hang_timeout_s=20))
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+
+    try:
+        on_its_own_thread("x = 40 + rank")
+        time.sleep(1)  # the first thread has ended: engines tied to it would be dead by now
+        on_its_own_thread("x")
+    finally:
+        session.close()
+    assert not errors, errors
+    assert results[-1].values == ["40", "41"]
