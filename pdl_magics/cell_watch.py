@@ -21,7 +21,7 @@ from pdl.metrics import DATA_KEY
 
 from .errors import ENGINE_DIED, RankFailed, RanksInterrupted
 from .progress import LiveProgress
-from .world import CellResult, Rank, _remote
+from .world import CellResult, Rank, call_engine
 
 if TYPE_CHECKING:
     from .session import DistributedSession
@@ -125,7 +125,7 @@ class CellWatch:
             if snap is not None:
                 self.metrics[r.rank] = snap
         self.progress.feed(self.metrics.get(0))
-        self.session._publish_status(running=True, metrics=self.metrics)
+        self.session.publish_status(running=True, metrics=self.metrics)
         md = self.meta[0]
         for i, (text, stream) in enumerate(((md["stdout"], self.out), (md["stderr"], self.err))):
             text = text or ""
@@ -176,7 +176,7 @@ class CellWatch:
         finished = [r for r in self.world
                     if r.rank in self.results and r.rank not in self._aborted_ranks | self._dead]
         for r in finished:
-            self.session.client[r.engine_id].apply_async(_remote, "abort_group")
+            self.session.client[r.engine_id].apply_async(call_engine, "abort_group")
             self._aborted_ranks.add(r.rank)
             self.aborted = True
         if waited < 2 * PEER_GRACE_S:

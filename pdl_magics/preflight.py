@@ -308,9 +308,9 @@ class PreflightFailed(RuntimeError):
 
 def _on_ranks(session, world, step: str, *args) -> list:
     """Start ``pdl.preflight.<step>(*args)`` on every rank; their AsyncResults."""
-    from .session import _remote
+    from .world import call_engine
 
-    return [session.client[r.engine_id].apply_async(_remote, "preflight", step, *args) for r in world]
+    return [session.client[r.engine_id].apply_async(call_engine, "preflight", step, *args) for r in world]
 
 
 def _gather(world, ars, timeout_s: float, what: str) -> list[dict]:
@@ -340,7 +340,7 @@ def run_checks(session, world, backend: str = "torch", timeout_s: float = 1800.0
     if not report.ok:
         return report
     try:
-        session._ensure_group(world, backend, timeout_s)
+        session.ensure_group(world, backend, timeout_s)
     except RuntimeError as e:
         report.problems = [Problem(None, "", str(e))]
         return report
@@ -350,7 +350,7 @@ def run_checks(session, world, backend: str = "torch", timeout_s: float = 1800.0
     report.seconds["smoke"] = time.monotonic() - started
     report.problems = find_problems(probes, report.smoke)
     if report.problems:
-        session._group_key = None  # a collective may have failed half-way: the next cell forms a new group
+        session.forget_group()  # a collective may have failed half-way
         session.interrupt([r for r, ar in zip(world, ars) if not ar.ready()])
     return report
 
@@ -368,10 +368,10 @@ def check(session, n: int | None = None, backend: str = "torch", timeout_s: floa
 def before_first_cell(session, world, backend: str, timeout_s: float) -> None:
     """The automatic preflight: run the checks unless this set of engines passed them
     already in this session; raise :class:`PreflightFailed` if any fails."""
-    key = frozenset((r.engine_id, session._engines.get(r.engine_id, {}).get("pid")) for r in world)
-    if key in session._preflight_passed:
+    key = session.world_identity(world)
+    if key in session.preflight_passed:
         return
     run_checks(session, world, backend, timeout_s).raise_if_failed(
         "The cell did not run. %pdl check shows every rank in a table."
     )
-    session._preflight_passed.add(key)
+    session.preflight_passed.add(key)

@@ -53,7 +53,7 @@ from pdl.slots import default_pool, slot_index
 from . import clusters, horovod_driver, status_file
 from .cell_watch import STOP_TIMEOUT_S, CellWatch
 from .errors import DistributedUsageError, RanksStuck
-from .world import CellResult, Rank, _remote
+from .world import CellResult, Rank, call_engine
 
 #: Backends ``--backend`` accepts.
 BACKENDS = ("torch", "horovod")
@@ -82,7 +82,8 @@ class DistributedSession:
         self.cluster_file = cluster_file or clusters.hub_cluster_file()
         #: run :mod:`~pdl_magics.preflight` before the first cell on each set of engines
         self.preflight = preflight
-        self._preflight_passed: set[frozenset] = set()
+        #: the worlds (:meth:`world_identity`) that passed it in this session
+        self.preflight_passed: set[frozenset] = set()
         self.local_slots = list(local_slots) if local_slots is not None else None
         self.client: ipp.Client | None = None
         self._cluster = None
@@ -226,7 +227,7 @@ class DistributedSession:
         ids = [i for i in self.client.ids if i not in self._replaced]
         new = [i for i in ids if i not in self._engines]
         if new:
-            pending = {i: self.client[i].apply_async(_remote, "describe") for i in new}
+            pending = {i: self.client[i].apply_async(call_engine, "describe") for i in new}
             for i, ar in pending.items():
                 try:
                     self._engines[i] = ar.get(timeout=clusters.ENGINE_TIMEOUT_S)
@@ -253,7 +254,10 @@ class DistributedSession:
 
     # -- process group ---------------------------------------------------------
 
-    def _ensure_group(self, world: list[Rank], backend: str, timeout_s: float) -> None:
+    def ensure_group(self, world: list[Rank], backend: str, timeout_s: float) -> None:
+        """Form the process group of ``backend`` on ``world`` (collective timeout
+        ``timeout_s``), unless these ranks already form one; RuntimeError naming the rank
+        that could not join."""
         base = (tuple(r.engine_id for r in world), backend)
         if self._group_key is not None and self._group_key[:2] == base:
             return
@@ -267,7 +271,7 @@ class DistributedSession:
             calls = self._horovod_calls(world, key, timeout_s)
         else:
             calls = self._torch_calls(world, key, timeout_s)
-        ars = [self.client[r.engine_id].apply_async(_remote, *call) for r, call in zip(world, calls)]
+        ars = [self.client[r.engine_id].apply_async(call_engine, *call) for r, call in zip(world, calls)]
         try:
             for r, ar in zip(world, ars):
                 ar.get(timeout=clusters.ENGINE_TIMEOUT_S)
@@ -278,6 +282,15 @@ class DistributedSession:
             ) from None
         self._group_key = key
 
+    def forget_group(self) -> None:
+        """The next cell forms a new group (the current one may be broken half-way)."""
+        self._group_key = None
+
+    def world_identity(self, world: list[Rank]) -> frozenset:
+        """Which engine processes ``world`` is made of: the same ranks on restarted
+        engines are another world."""
+        return frozenset((r.engine_id, self._engines.get(r.engine_id, {}).get("pid")) for r in world)
+
     def _torch_calls(self, world: list[Rank], key: tuple, timeout_s: float) -> list[tuple]:
         """Each rank's ``init_torch`` arguments: a FileStore in a private folder when the
         ranks share one host and its file system, else a TCPStore on rank 0."""
@@ -286,7 +299,7 @@ class DistributedSession:
         rendezvous = self._private_rendezvous(world) if one_host else None
         if rendezvous is None:
             addr = "127.0.0.1" if one_host else master.addr
-            port = self.client[master.engine_id].apply_sync(_remote, "free_port", "")
+            port = self.client[master.engine_id].apply_sync(call_engine, "free_port", "")
             rendezvous = f"tcp://{addr}:{port}"
         local = _local_ranks(world)
         return [
@@ -299,10 +312,10 @@ class DistributedSession:
         None when another rank cannot see that folder (e.g. engines in separate
         containers on one node), which then meet on a TCPStore as across hosts."""
         master = self.client[world[0].engine_id]
-        path = master.apply_sync(_remote, "new_store_file")
+        path = master.apply_sync(call_engine, "new_store_file")
         others = [r.engine_id for r in world[1:]]
-        if others and not all(self.client[others].apply_sync(_remote, "sees_file_folder", path)):
-            master.apply_sync(_remote, "remove_store_file", path)
+        if others and not all(self.client[others].apply_sync(call_engine, "sees_file_folder", path)):
+            master.apply_sync(call_engine, "remove_store_file", path)
             return None
         return f"file://{path}"
 
@@ -310,7 +323,7 @@ class DistributedSession:
         """Start this group's rendezvous here; each rank's ``init_horovod`` arguments."""
         one_host = len({r.host for r in world}) == 1
         problems = self.client[[r.engine_id for r in world]].apply_sync(
-            _remote, "horovod_problem", not one_host
+            call_engine, "horovod_problem", not one_host
         )
         for r, problem in zip(world, problems):
             if problem is not None:
@@ -369,20 +382,20 @@ class DistributedSession:
             from .preflight import before_first_cell
 
             before_first_cell(self, world, backend, timeout_s)  # raises PreflightFailed: nothing runs
-        self._ensure_group(world, backend, timeout_s)
+        self.ensure_group(world, backend, timeout_s)
         self._cell_number += 1
         ars = [
-            self._view(r.engine_id).apply_async(_remote, "run_cell", code, self._cell_number)
+            self._view(r.engine_id).apply_async(call_engine, "run_cell", code, self._cell_number)
             for r in world
         ]
         self.last_world = world
-        self._publish_status(running=True, force=True)
+        self.publish_status(running=True, force=True)
         outcome = CellWatch(self, world, ars, out, err, hang_timeout_s).wait()
         self.last_outputs = {
             r.rank: (md["stdout"] or "", md["stderr"] or "") for r, md in zip(world, outcome.meta)
         }
         self.last_metrics = outcome.metrics
-        self._publish_status(running=False, metrics=outcome.metrics, force=True)
+        self.publish_status(running=False, metrics=outcome.metrics, force=True)
         if outcome.aborted or outcome.stuck or outcome.user_interrupt or outcome.interrupted or outcome.dead or (
             backend == "horovod" and outcome.failed
         ):
@@ -467,7 +480,7 @@ class DistributedSession:
             view = self._views[engine_id] = self.client[engine_id]
         return view
 
-    def _publish_status(self, running: bool, metrics: dict | None = None, force: bool = False) -> None:
+    def publish_status(self, running: bool, metrics: dict | None = None, force: bool = False) -> None:
         """Tell the Cluster panel what this session runs (:mod:`pdl_magics.status_file`).
 
         The file is written on a background thread, in call order, within milliseconds.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-def _remote(fname, *args):
+def call_engine(fname, *args):
     """Call ``pdl.engine.<fname>`` on an engine (imported there, not pickled)."""
     import pdl.engine
 

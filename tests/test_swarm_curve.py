@@ -20,7 +20,7 @@ import pytest
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 from pdl_magics import clusters
-from pdl_magics.session import _remote
+from pdl_magics.world import call_engine
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ def test_engine_with_the_keys_registers_and_engines_with_wrong_keys_cannot(curve
     }
     try:
         client.wait_for_engines(1, timeout=60, block=True)
-        info = client[:].apply_sync(_remote, "describe")
+        info = client[:].apply_sync(call_engine, "describe")
         assert len(info) == 1
         assert info[0]["host"] == "good" and info[0]["slot"] == "gpu:0"
         assert info[0]["cuda_visible"] == "GPU-fake-1"
