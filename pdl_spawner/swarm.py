@@ -469,17 +469,19 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
                 gpu_resource=self.gpu_resource, network=self.swarm.network, mounts=mounts, avoid_hosts=avoid,
             )
             self.swarm.engine_services.append((await self.docker("create_service", **spec))["ID"])
-        await self.wait_tasks(self.swarm.engine_services, "engine")
+        await self.wait_tasks(self.swarm.engine_services, "engine", holds_gpus=True)
 
-    async def wait_tasks(self, service_ids: list[str], what: str, *, current_only: bool = False) -> list[dict]:
+    async def wait_tasks(self, service_ids: list[str], what: str, *, current_only: bool = False,
+                         holds_gpus: bool = False) -> list[dict]:
         """The running task of each service, once all run.
 
         Raises :class:`TaskFailed` (HTTP 500, a RuntimeError) when a task fails, and
-        HTTP 409 when one waits for a GPU longer than ``starved_timeout``. When ``what``
-        is "engine", the GPUs promised to this spawn are released once every service
-        has its task (from then on Swarm counts them); a notebook's task holds none, so
-        the promise outlives it. ``current_only``: look only at tasks meant to run
-        (services scaled up again, whose earlier tasks were shut down).
+        HTTP 409 when one waits for a GPU longer than ``starved_timeout``. ``what``
+        names the services in messages. ``holds_gpus``: the services reserve GPUs, so
+        the GPUs promised to this spawn are released once every service has its task
+        (from then on Swarm counts them); a notebook's task holds none, so the promise
+        outlives it. ``current_only``: look only at tasks meant to run (services scaled
+        up again, whose earlier tasks were shut down).
         """
         starved_since = None
         filters = {"service": list(service_ids)}
@@ -490,7 +492,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
             current = {}
             for t in sorted(tasks, key=lambda t: t.get("Version", {}).get("Index", 0)):
                 current[t["ServiceID"]] = t
-            if what == "engine" and len(current) == len(service_ids):
+            if holds_gpus and len(current) == len(service_ids):
                 self.forget_promise()
             for t in current.values():
                 if t["Status"]["State"] in FAILED_TASK_STATES:
@@ -580,7 +582,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         await self.promise_gpus(len(services), spawning=False)
         try:
             await self.scale_engines(await self.engine_services_now(), 1)
-            wait = self.wait_tasks([s["ID"] for s in services], "engine", current_only=True)
+            wait = self.wait_tasks([s["ID"] for s in services], "engine", current_only=True, holds_gpus=True)
             try:
                 await asyncio.wait_for(wait, timeout=self.start_timeout)
             except asyncio.TimeoutError:
