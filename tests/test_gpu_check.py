@@ -48,12 +48,18 @@ def test_the_bundle_is_under_60_mib_and_carries_no_torch(bundle):
     assert (bundle / "assumed.txt").read_text().split() == ["torch>=2.4", "numpy>=1.26", "pillow>=10.0"]
 
 
-def test_the_check_installs_offline_runs_distributed_and_skips_the_gpu_steps(bundle, tmp_path):
-    target = tmp_path / "gpu-machine"
-    run(BASE_PYTHON, "-m", "venv", str(target))
-    # the "GPU machine" has its own torch (this machine's, from pip's configured source) and nothing of PDL
-    run(str(target / "bin" / "python"), "-m", "pip", "install", "-q", "-c", "constraints.txt", "torch", "numpy",
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    """The "GPU machine": its own torch (this machine's, from pip's configured source),
+    numpy and Pillow, and nothing of PDL."""
+    venv = tmp_path_factory.mktemp("gpu-machine") / "venv"
+    run(BASE_PYTHON, "-m", "venv", str(venv))
+    run(str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", "constraints.txt", "torch", "numpy",
         "pillow")
+    return venv
+
+
+def test_the_check_installs_offline_runs_distributed_and_skips_the_gpu_steps(bundle, target, tmp_path):
     out = tmp_path / "results"
     # an index pip would use if the check let it: nothing answers there
     done = subprocess.run(["bash", "scripts/gpu-check", str(out), "--bundle", str(bundle), "--python",
@@ -79,3 +85,21 @@ def test_the_check_installs_offline_runs_distributed_and_skips_the_gpu_steps(bun
 
 def torch_version(venv: Path) -> str:
     return run(str(venv / "bin" / "python"), "-c", "import torch; print(torch.__version__)").stdout.strip()
+
+
+def test_a_machine_without_what_the_bundle_assumes_is_told_in_one_line(bundle, target, tmp_path):
+    """Guards the assumed-packages check in scripts/gpu-check: without it, the check
+    would install and run without them, and fail later somewhere else."""
+    lacking = tmp_path / "bundle"
+    lacking.mkdir()
+    for item in bundle.iterdir():
+        (lacking / item.name).symlink_to(item)
+    (lacking / "assumed.txt").unlink()
+    (lacking / "assumed.txt").write_text((bundle / "assumed.txt").read_text() + "pdl-no-such-package>=1\n")
+    done = subprocess.run(["bash", "scripts/gpu-check", str(tmp_path / "results"), "--bundle", str(lacking),
+                           "--python", str(target / "bin" / "python")], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ("gpu-check: this machine lacks pdl-no-such-package, which the bundle assumes; make the bundle with "
+            'scripts/gpu-bundle --assume "" to carry them') in done.stderr, done.stderr
+    assert not (tmp_path / "results" / "summary.md").exists()
