@@ -226,6 +226,31 @@ class SwarmSim:
         """Swarm node ID -> hostname (``pdl-node<i>``)."""
         return {n.id: n.attrs["Description"]["Hostname"] for n in self.manager.nodes.list()}
 
+    def set_availability(self, node_id: str, availability: str, timeout: float = 30) -> None:
+        """Set a node's availability ("active", "pause", "drain").
+
+        Swarm itself writes the node object too (its status, and a network
+        attachment whenever a task on a new overlay lands there), and an update
+        that names an older version is refused with "update out of sequence".
+        So this is a compare-and-swap: read the current version, write it, and on
+        that one refusal read again; any other error is raised.
+        """
+        from docker.errors import APIError
+
+        def swapped():
+            node = self.manager.nodes.get(node_id)
+            if node.attrs["Spec"]["Availability"] == availability:
+                return True
+            try:
+                node.update({**node.attrs["Spec"], "Availability": availability})
+            except APIError as e:
+                if "update out of sequence" in str(e.explanation):
+                    return False
+                raise
+            return True
+
+        wait_until(swapped, timeout, interval=0.1, what=f"node {node_id} set to {availability}")
+
     # -- lifecycle -------------------------------------------------------------------
 
     def up(self) -> "SwarmSim":

@@ -154,7 +154,7 @@ c.PDLSwarmSpawner.data_storage = {{"kind": "path", "source": {str(shared / 'data
         yield from running_hub(tmp_path_factory.mktemp("swarm-storage-hub"), swarm, USERS, extra_config=config)
     finally:
         for node in swarm.manager.nodes.list():
-            set_availability(swarm, node.id, "active")
+            swarm.set_availability(node.id, "active")
         for i in swarm.node_ids():  # the cache volumes this module made, once their containers are gone
             wait_until(lambda i=i: remove_volumes(swarm.client(i), [f"pdl-cache-{u}" for u in USERS]), 60,
                        what=f"the cache volumes on {swarm.hostname(i)} to be free")
@@ -172,12 +172,6 @@ def remove_volumes(client, names: list[str]) -> bool:
                 return False
             raise
     return True
-
-
-def set_availability(swarm, node_id: str, availability: str) -> None:
-    node = swarm.manager.nodes.get(node_id)  # fresh: the update needs the current version
-    if node.attrs["Spec"]["Availability"] != availability:
-        node.update({**node.attrs["Spec"], "Availability": availability})
 
 
 def notebook_node(swarm, user: str) -> str:
@@ -237,7 +231,7 @@ def test_a_file_in_the_home_survives_a_restart_on_another_node(hub, swarm, share
 
     # the next server cannot run on the node the first one ran on
     node_id = {host: nid for nid, host in swarm.hostnames_by_node_id().items()}[first]
-    set_availability(swarm, node_id, "drain")
+    swarm.set_availability(node_id, "drain")
     try:
         assert hub.spawn("hana", 1).status_code in (201, 202)
         hub.wait_ready("hana", timeout=240)
@@ -245,7 +239,7 @@ def test_a_file_in_the_home_survives_a_restart_on_another_node(hub, swarm, share
         read = "import os\nos.chdir(os.path.expanduser('~'))\nprint(open('note.txt').read(), open('from-rank0.txt').read())"
         (out,) = run_cells(hub, "hana", read)
     finally:
-        set_availability(swarm, node_id, "active")
+        swarm.set_availability(node_id, "active")
     print(f"first server on {first}, rank 0 on {engine_host}; second server on {second}")
     assert second != first
     assert out["stdout"].split() == [token, engine_host]
