@@ -1,6 +1,6 @@
 """Code that runs inside each ipyparallel engine.
 
-The notebook side (:mod:`pdl_magics.session`) calls these functions through
+The notebook side (:class:`pdl_magics.engines.Engines`) calls these functions by name through
 ``apply``. They never raise for user errors: :func:`run_cell` returns a plain dict
 describing what happened, so the driver can pick the root cause across ranks and
 decide whether the process group has to be torn down.
@@ -15,13 +15,14 @@ import fcntl
 import gc
 import os
 import shutil
-import socket
 import tempfile
 import time
 import traceback
 
 from pdl import horovod_engine
+from pdl.engine_identity import describe  # noqa: F401 - called by name (pdl_magics.world.call_engine)
 from pdl.group_sockets import GroupSockets
+from pdl.netaddr import free_port  # noqa: F401 - called by name, as describe
 
 #: Key of the process group this engine belongs to, or None. One group at a
 #: time: a torch.distributed group or a Horovod world (``key[1]`` names which).
@@ -40,22 +41,6 @@ def _shell():
     return get_ipython()
 
 
-def describe() -> dict:
-    """Who this engine is: host name, address, pid and its slot.
-
-    The host is ``$PDL_ENGINE_HOST`` when set (a Swarm task's node), else this
-    machine's host name.
-    """
-    host = os.environ.get("PDL_ENGINE_HOST") or socket.gethostname()
-    return {
-        "host": host,
-        "addr": os.environ.get("PDL_ENGINE_ADDR") or _routable_addr(),
-        "pid": os.getpid(),
-        "slot": os.environ.get("PDL_SLOT", ""),
-        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
-
-
 def preflight(step: str, *args):
     """Run ``pdl.preflight.<step>`` (``probe`` or ``all_reduce_smoke``) here: see :mod:`pdl.preflight`."""
     from pdl import preflight as checks
@@ -63,21 +48,6 @@ def preflight(step: str, *args):
     if step not in checks.__all__:
         raise ValueError(f"unknown preflight step {step!r}")
     return getattr(checks, step)(*args)
-
-
-def _routable_addr() -> str:
-    """This host's address as peers on other hosts would reach it."""
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-def free_port(addr: str = "") -> int:
-    """A TCP port that is free on this host now (for the TCPStore of a group across hosts)."""
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
 
 
 #: Prefix of the folders that hold one-host groups' rendezvous files.
@@ -372,11 +342,11 @@ def run_cell(code: str, cell_number: int) -> dict:
     from pdl import metrics, stacks
 
     stacks.install()  # the hang watchdog can then ask for this rank's stack
-    metrics._channel.begin_cell(publish_data)
+    metrics.begin_cell(publish_data)
     try:
         return _run_cell(code, cell_number)
     finally:
-        metrics._channel.end_cell()
+        metrics.end_cell()
 
 
 def _run_cell(code: str, cell_number: int) -> dict:

@@ -133,6 +133,19 @@ class _Channel:
 _channel = _Channel()
 
 
+def begin_cell(publish) -> None:
+    """Engine side (:func:`pdl.engine.run_cell`): until :func:`end_cell`, :func:`log`
+    records for the notebook and sends snapshots with ``publish({DATA_KEY: snapshot})``
+    (ipyparallel's ``publish_data``) at most every :data:`PUBLISH_EVERY_S` seconds."""
+    _channel.begin_cell(publish)
+
+
+def end_cell() -> None:
+    """Engine side: send the cell's last snapshot (if it logged anything) and go back
+    to writing a text progress line."""
+    _channel.end_cell()
+
+
 def log(step: int | None = None, total: int | None = None, **values) -> None:
     """Record training progress: ``pdl.log(step=i, total=n, loss=..., img_per_s=...)``.
 

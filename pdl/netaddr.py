@@ -27,3 +27,19 @@ def iface_for(addr: str) -> str:
         if any(a.address == addr for a in addrs):
             return name
     raise RuntimeError(f"no network interface of this host has address {addr}")
+
+
+def host_addr() -> str:
+    """This host's address as peers on other hosts would reach it (the address its
+    host name resolves to; 127.0.0.1 when it does not resolve)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def free_port(addr: str = "") -> int:
+    """A TCP port that is free on ``addr`` (default: every interface) of this host now."""
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import time
 
-from pdl.engine import describe
+from pdl.engine_identity import describe
 from pdl.netaddr import iface_for
 
 #: Seconds ``nvidia-smi`` may take before the driver version is reported as unknown.

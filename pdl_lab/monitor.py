@@ -10,7 +10,7 @@
 
 An engine is *busy* while the controller has a task queued for it, *dead* once its
 process is gone (or it has unregistered and no engine replaced it on its slot).
-Who an engine is (pid, host, slot, GPUs) comes from ``pdl.engine.describe()``,
+Who an engine is (pid, host, slot, GPUs) comes from ``pdl.engine_identity.describe()``,
 asked once per engine while it is idle. CPU, memory and GPU use are measured for
 engines on this host. The running cell's per-rank progress comes from the kernel's
 status file.
@@ -33,9 +33,9 @@ from pathlib import Path
 import ipyparallel as ipp
 
 from pdl import engine_lease
-from pdl.slots import slot_index
 from pdl_magics import clusters
 from pdl_magics.status_file import pid_alive, read_status
+from pdl_magics.world import rank_order
 
 from .resources import ProcessSampler, gpu_stats, gpus_of
 
@@ -48,10 +48,10 @@ GPU_CACHE_S = 0.8
 
 
 def _describe():
-    """Runs on an engine: who it is (see :func:`pdl.engine.describe`)."""
-    import pdl.engine
+    """Runs on an engine: who it is (see :func:`pdl.engine_identity.describe`)."""
+    import pdl.engine_identity
 
-    return pdl.engine.describe()
+    return pdl.engine_identity.describe()
 
 
 def _controller_ready(cluster_file: str) -> bool:
@@ -263,7 +263,7 @@ class ClusterMonitor:
             if slot not in seen:
                 rows.append(self._row(None, {"slot": slot}, "starting", rank_of))
         self._sampler.forget_except({r["pid"] for r in rows if r["pid"] and r["state"] != "dead"})
-        rows.sort(key=lambda r: (r["host"] or "", slot_index(r["slot"]), r["id"] if r["id"] is not None else -1))
+        rows.sort(key=lambda r: rank_order(r["host"], r["slot"], r["id"] if r["id"] is not None else -1))
         return rows
 
     @staticmethod

@@ -3,7 +3,6 @@
 Without IPython, use :func:`run` and :func:`check` (or :class:`DistributedSession`) directly.
 """
 
-from . import preflight
 from .errors import DistributedUsageError, RankFailed, RanksStuck
 from .preflight import PreflightFailed, PreflightReport
 from .session import BACKENDS, DistributedSession
@@ -31,7 +30,7 @@ def run(code: str, n: int | None = None, **kwargs) -> CellResult:
 
 def check(n: int | None = None, **kwargs) -> PreflightReport:
     """The preflight on ``n`` ranks of the default session, as ``%pdl check -n n`` runs it."""
-    return preflight.check(DistributedSession.default(), n, **kwargs)
+    return DistributedSession.default().check(n, **kwargs)
 
 
 def load_ipython_extension(ipython):

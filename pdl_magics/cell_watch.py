@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import ipyparallel as ipp
 
@@ -21,10 +21,8 @@ from pdl.metrics import DATA_KEY
 
 from .errors import ENGINE_DIED, RankFailed, RanksInterrupted
 from .progress import LiveProgress
-from .world import CellResult, Rank, call_engine
-
-if TYPE_CHECKING:
-    from .session import DistributedSession
+from .engines import Engines
+from .world import CellResult, Rank
 
 #: Seconds a peer may keep running after another rank failed before PDL
 #: releases it (tears down the group it waits in, then interrupts it).
@@ -43,8 +41,13 @@ STACK_WAIT_S = 3.0
 class CellWatch:
     """Waits for one cell on every rank, streaming rank 0 and stopping the rest on failure."""
 
-    def __init__(self, session: DistributedSession, world, ars, out, err, hang_timeout_s: float = 0.0):
-        self.session, self.world, self.ars = session, world, ars
+    def __init__(self, engines: Engines, world, ars, out, err, hang_timeout_s: float = 0.0,
+                 on_progress: Callable[[dict], None] | None = None):
+        """Watch ``ars`` (one AsyncResult of ``run_cell`` per rank of ``world``) on
+        ``engines``; rank 0's output goes to ``out``/``err``; ``on_progress(metrics)``
+        is called at every poll with each rank's latest ``pdl.log`` snapshot."""
+        self.engines, self.world, self.ars = engines, world, ars
+        self.on_progress = on_progress
         # each rank's metadata dict, which ipyparallel updates in place as output and data
         # arrive (read directly: the AsyncResult attributes re-check and re-parse on every access)
         self.meta = [ar.metadata for ar in ars]
@@ -125,7 +128,8 @@ class CellWatch:
             if snap is not None:
                 self.metrics[r.rank] = snap
         self.progress.feed(self.metrics.get(0))
-        self.session.publish_status(running=True, metrics=self.metrics)
+        if self.on_progress is not None:
+            self.on_progress(self.metrics)
         md = self.meta[0]
         for i, (text, stream) in enumerate(((md["stdout"], self.out), (md["stderr"], self.err))):
             text = text or ""
@@ -176,7 +180,7 @@ class CellWatch:
         finished = [r for r in self.world
                     if r.rank in self.results and r.rank not in self._aborted_ranks | self._dead]
         for r in finished:
-            self.session.client[r.engine_id].apply_async(call_engine, "abort_group")
+            self.engines.call_async(r.engine_id, "abort_group")
             self._aborted_ranks.add(r.rank)
             self.aborted = True
         if waited < 2 * PEER_GRACE_S:
@@ -212,7 +216,7 @@ class CellWatch:
             return (self.meta[r.rank]["data"].get(stacks.DATA_KEY) or {}).get("count")
 
         before = {r.rank: count(r) for r in running}
-        self.session.send_signal(running, stacks.SIGNAL)
+        self.engines.send_signal(running, stacks.SIGNAL)
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline and any(count(r) == before[r.rank] for r in running):
             time.sleep(POLL_S)
@@ -235,7 +239,7 @@ class CellWatch:
 
     def _signal_pending(self) -> None:
         self._signalled_at = time.monotonic()
-        self.session.interrupt(self.pending())
+        self.engines.interrupt(self.pending())
 
     def finish(self) -> CellResult:
         failures = {k: v for k, v in self.results.items() if v["status"] != "ok"}

@@ -13,10 +13,12 @@ Horovod is optional. :func:`require` raises a one-line
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import DistributedUsageError
+from .world import local_ranks
 
 #: Seconds Horovod's background thread may wait on a peer's background thread
 #: (rendezvous, or a transfer of a collective that every rank has entered).
@@ -59,13 +61,11 @@ def plan(hosts: Sequence[str]) -> list[Slot]:
     ``local_*`` count the ranks on the same host; ``cross_*`` count the hosts
     that have a rank with the same local rank, as ``horovodrun`` computes them.
     """
-    local_rank: list[int] = []
-    per_host: dict[str, int] = {}
     for i, host in enumerate(hosts):
-        if host in per_host and hosts[i - 1] != host:
+        if i and host != hosts[i - 1] and host in hosts[:i]:
             raise ValueError(f"ranks of host {host!r} are not contiguous: {list(hosts)}")
-        local_rank.append(per_host.get(host, 0))
-        per_host[host] = local_rank[-1] + 1
+    local_rank = local_ranks(hosts)
+    per_host = Counter(hosts)
     cross_rank, cross_size = [], {}
     for lr in local_rank:
         cross_rank.append(cross_size.get(lr, 0))

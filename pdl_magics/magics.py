@@ -9,9 +9,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool, Float
 
-from . import preflight as checks
 from .errors import DistributedUsageError
-from .session import BACKENDS, HANG_TIMEOUT_S, DistributedSession
+from .session import BACKENDS, COLLECTIVE_TIMEOUT_S, HANG_TIMEOUT_S, DistributedSession
 
 
 def _whole_number(text: str) -> int:
@@ -33,6 +32,17 @@ _seconds.__name__ = "float"
 
 _OPTIONS = ("-n N, --backend {%s}, --all-output, --timeout SECONDS, --hang-timeout SECONDS, --output RANK"
             % "|".join(BACKENDS))
+
+
+def _workers_options(purpose: str):
+    """``-n`` and ``--backend``, declared once for ``%%distributed`` and ``%pdl check``."""
+    n = argument("-n", type=_whole_number, default=None, metavar="N",
+                 help=f"number of workers (ranks, one engine each) to {purpose}; default: all of them")
+    backend = argument("--backend", default="torch", metavar="NAME",
+                       help=f"collective backend: {', '.join(BACKENDS)} (default torch; "
+                            "horovod also defines hvd, initialised)")
+    return lambda magic: n(backend(magic))
+
 
 #: ``%pdl`` subcommands.
 PDL_SUBCOMMANDS = ("check",)
@@ -69,15 +79,11 @@ class DistributedMagics(Magics):
         return self._session
 
     @magic_arguments()
-    @argument("-n", type=_whole_number, default=None, metavar="N",
-              help="number of ranks (engines) to run on; default: all of them")
-    @argument("--backend", default="torch", metavar="NAME",
-              help=f"collective backend: {', '.join(BACKENDS)} (default torch; "
-                   "horovod also defines hvd, initialised)")
+    @_workers_options("run the cell on")
     @argument("--all-output", action="store_true",
               help="after the cell, also print every other rank's output")
-    @argument("--timeout", type=_seconds, default=1800.0, metavar="SECONDS",
-              help="how long a collective may wait for its peers (default 1800)")
+    @argument("--timeout", type=_seconds, default=COLLECTIVE_TIMEOUT_S, metavar="SECONDS",
+              help=f"how long a collective may wait for its peers (default {COLLECTIVE_TIMEOUT_S:g})")
     @argument("--hang-timeout", type=_seconds, default=None, metavar="SECONDS",
               help="show every rank's stack after this long without progress "
                    "(default: DistributedMagics.hang_timeout, 300; 0: off)")
@@ -106,11 +112,7 @@ class DistributedMagics(Magics):
                 raise DistributedUsageError(
                 f"--output RANK is for the line magic %distributed; cell options: {_OPTIONS}"
                 )
-            if not 0 < args.timeout < float("inf"):
-                raise DistributedUsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
             hang = self.hang_timeout if args.hang_timeout is None else args.hang_timeout
-            if not 0 <= hang < float("inf"):
-                raise DistributedUsageError(f"--hang-timeout must be >= 0 seconds (0: off), got {hang}")
             self.session.run(
                 cell,
                 args.n,
@@ -128,10 +130,7 @@ class DistributedMagics(Magics):
     @argument("subcommand", nargs="?", default=None, metavar="SUBCOMMAND",
               help=f"{', '.join(PDL_SUBCOMMANDS)}: check every rank (GPU, versions, network "
                    "interface) and run an all-reduce smoke test")
-    @argument("-n", type=_whole_number, default=None, metavar="N",
-              help="number of ranks (engines) to check; default: all of them")
-    @argument("--backend", default="torch", metavar="NAME",
-              help=f"the process group to smoke-test: {', '.join(BACKENDS)} (default torch)")
+    @_workers_options("check")
     @line_magic
     def pdl(self, line: str):
         """``%pdl check [-n N] [--backend torch|horovod]``: the preflight, as a table.
@@ -146,7 +145,7 @@ class DistributedMagics(Magics):
             what = f"unknown subcommand {args.subcommand!r}" if args.subcommand else "%pdl needs a subcommand"
             raise UsageError(f"{what}; valid: {', '.join(PDL_SUBCOMMANDS)} (usage: {_PDL_USAGE})")
         try:
-            report = checks.check(self.session, args.n, backend=args.backend)
+            report = self.session.check(args.n, backend=args.backend)
         except DistributedUsageError as e:
             raise UsageError(str(e)) from None
         display(report)

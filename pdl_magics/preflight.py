@@ -8,11 +8,11 @@ all-reduce runs over the process group the cells will use
 - :func:`find_problems`, :func:`table_rows`, :func:`render_text` and
   :func:`render_html` are pure: they take the ranks' answers (a list indexed by
   rank) and return problems, rows and text, with no I/O;
-- :func:`check` runs the whole preflight on a :class:`~pdl_magics.session.DistributedSession`
-  (``%pdl check``) and returns a :class:`PreflightReport`;
-- :func:`before_first_cell` is what ``DistributedSession.run`` calls: it runs the
-  checks once per set of engines and raises :class:`PreflightFailed` (the cell
-  does not run) when any fails.
+- :func:`run_checks` runs the whole preflight on a world, given the session's
+  :class:`~pdl_magics.engines.Engines` and :class:`~pdl_magics.group.ProcessGroup`,
+  and returns a :class:`PreflightReport`. ``DistributedSession.check`` (``%pdl
+  check``) shows it; ``DistributedSession.run`` runs it once per set of engines
+  and raises :class:`PreflightFailed` (the cell does not run) when any fails.
 """
 
 from __future__ import annotations
@@ -306,11 +306,9 @@ class PreflightFailed(RuntimeError):
 # -- running it ----------------------------------------------------------------------
 
 
-def _on_ranks(session, world, step: str, *args) -> list:
+def _on_ranks(engines, world, step: str, *args) -> list:
     """Start ``pdl.preflight.<step>(*args)`` on every rank; their AsyncResults."""
-    from .world import call_engine
-
-    return [session.client[r.engine_id].apply_async(call_engine, "preflight", step, *args) for r in world]
+    return [engines.call_async(r.engine_id, "preflight", step, *args) for r in world]
 
 
 def _gather(world, ars, timeout_s: float, what: str) -> list[dict]:
@@ -330,48 +328,28 @@ def _gather(world, ars, timeout_s: float, what: str) -> list[dict]:
     return answers
 
 
-def run_checks(session, world, backend: str = "torch", timeout_s: float = 1800.0) -> PreflightReport:
-    """Probe every rank of ``world``; if nothing is wrong, form the process group of
-    ``backend`` (as a cell would, collective timeout ``timeout_s``) and run the smoke test."""
+def run_checks(engines, group, world, backend: str = "torch", timeout_s: float = 1800.0) -> PreflightReport:
+    """Probe every rank of ``world`` (on :class:`~pdl_magics.engines.Engines` ``engines``);
+    if nothing is wrong, form the process group of ``backend`` with ``group``
+    (:class:`~pdl_magics.group.ProcessGroup`, as a cell would, collective timeout
+    ``timeout_s``) and run the smoke test."""
     started = time.monotonic()
-    probes = _gather(world, _on_ranks(session, world, "probe"), PROBE_TIMEOUT_S, "probe")
+    probes = _gather(world, _on_ranks(engines, world, "probe"), PROBE_TIMEOUT_S, "probe")
     report = PreflightReport(probes, problems=find_problems(probes))
     report.seconds["probe"] = time.monotonic() - started
     if not report.ok:
         return report
     try:
-        session.ensure_group(world, backend, timeout_s)
+        group.ensure(world, backend, timeout_s)
     except RuntimeError as e:
         report.problems = [Problem(None, "", str(e))]
         return report
     started = time.monotonic()
-    ars = _on_ranks(session, world, "all_reduce_smoke", backend, SMOKE_BYTES, SMOKE_ITERS, SMOKE_TIMEOUT_S)
+    ars = _on_ranks(engines, world, "all_reduce_smoke", backend, SMOKE_BYTES, SMOKE_ITERS, SMOKE_TIMEOUT_S)
     report.smoke = _gather(world, ars, SMOKE_TIMEOUT_S + SMOKE_GRACE_S, "all-reduce")
     report.seconds["smoke"] = time.monotonic() - started
     report.problems = find_problems(probes, report.smoke)
     if report.problems:
-        session.forget_group()  # a collective may have failed half-way
-        session.interrupt([r for r, ar in zip(world, ars) if not ar.ready()])
+        group.forget()  # a collective may have failed half-way
+        engines.interrupt([r for r, ar in zip(world, ars) if not ar.ready()])
     return report
-
-
-def check(session, n: int | None = None, backend: str = "torch", timeout_s: float = 1800.0) -> PreflightReport:
-    """``%pdl check``: the preflight on the first ``n`` ranks (default: all), as a cell
-    with ``-n n --backend backend`` would run on them. Returns the report; raises only
-    :class:`~pdl_magics.errors.DistributedUsageError` for bad arguments."""
-    if n is None:
-        n = session.available()
-    session.validate(n, backend)
-    return run_checks(session, session.world(n), backend, timeout_s)
-
-
-def before_first_cell(session, world, backend: str, timeout_s: float) -> None:
-    """The automatic preflight: run the checks unless this set of engines passed them
-    already in this session; raise :class:`PreflightFailed` if any fails."""
-    key = session.world_identity(world)
-    if key in session.preflight_passed:
-        return
-    run_checks(session, world, backend, timeout_s).raise_if_failed(
-        "The cell did not run. %pdl check shows every rank in a table."
-    )
-    session.preflight_passed.add(key)

@@ -41,8 +41,8 @@ def two_users(tmp_path_factory):
 
 
 def client_file(session) -> Path:
-    security = Path(session._cluster.profile_dir) / "security"
-    return security / f"ipcontroller-{session._cluster.cluster_id}-client.json"
+    security = Path(session.engines.cluster.profile_dir) / "security"
+    return security / f"ipcontroller-{session.engines.cluster.cluster_id}-client.json"
 
 
 def test_each_cluster_has_its_own_keys_in_files_only_the_user_can_read(two_users):

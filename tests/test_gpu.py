@@ -160,9 +160,8 @@ def test_after_ctrl_c_the_engines_gpu_memory_is_reused_not_leaked(session, gpus)
 
 
 def test_the_preflight_shows_the_real_gpu_driver_and_cuda(session, gpus):
-    from pdl_magics import preflight
 
-    text = preflight.check(session, len(gpus)).text()
+    text = session.check(len(gpus)).text()
     name, driver = nvidia_smi("name", "driver_version")[0]
     assert name in text and driver in text and torch.version.cuda in text, text
 

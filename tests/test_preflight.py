@@ -349,7 +349,7 @@ def test_check_shows_every_rank_with_versions_interface_and_bandwidth(ip, pdl_se
         assert float(row[-2]) > 0  # the all-reduce's bus bandwidth, GB/s
 
     # the same from Python: a report whose rows carry the versions of every rank
-    report = run_checks(pdl_session, pdl_session.world(len(SLOTS)))
+    report = run_checks(pdl_session.engines, pdl_session.group, pdl_session.world(len(SLOTS)))
     assert report.ok and len(report.rows) == len(SLOTS)
     assert {r["torch"] for r in report.rows} == {torch.__version__}
     for row in report.rows:  # e.g. "lo (address 127.0.0.1)": an interface this host has
@@ -482,7 +482,7 @@ def test_a_rank_hanging_in_the_all_reduce_is_named_within_the_timeout(pdl_sessio
                   "dist.all_reduce = lambda *args, **kwargs: time.sleep(3600)\n", block=True)
     try:
         started = time.monotonic()
-        report = run_checks(pdl_session, world)
+        report = run_checks(pdl_session.engines, pdl_session.group, world)
         elapsed = time.monotonic() - started
     finally:
         rank2.execute("import torch.distributed as dist\ndist.all_reduce = _pdl_saved\n", block=True)

@@ -283,9 +283,9 @@ def test_a_killed_engine_is_restarted_on_its_slot_at_the_next_cell(pdl_session):
 def test_engines_survive_everything_and_close_stops_them(pdl_session):
     result, _, _ = run(pdl_session, "import os\nos.getpid()")
     pids = [int(v) for v in result.values]
-    assert sorted(pids) == sorted(info["pid"] for info in pdl_session._engines.values())
+    assert sorted(pids) == sorted(pdl_session.engines.pids().values())
     assert all(process_running(p) for p in pids)
-    controller_pid = pdl_session._cluster.controller.pid
+    controller_pid = pdl_session.engines.cluster.controller.pid
 
     pdl_session.close()
 
@@ -322,3 +322,25 @@ def test_engines_outlive_the_thread_that_ran_the_first_cell():
         session.close()
     assert not errors, errors
     assert results[-1].values == ["40", "41"]
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(timeout_s=-1), ["--timeout (timeout_s)", "> 0"]),
+    (dict(timeout_s=float("nan")), ["--timeout (timeout_s)", "> 0"]),
+    (dict(hang_timeout_s=-5), ["--hang-timeout (hang_timeout_s)", ">= 0"]),
+    (dict(hang_timeout_s=float("inf")), ["--hang-timeout (hang_timeout_s)", ">= 0"]),
+    (dict(backend="mpi"), ["unknown backend 'mpi'", "torch, horovod"]),
+])
+def test_the_python_api_refuses_what_the_magic_refuses_before_starting_anything(options, words):
+    """``pdl_magics.run`` and ``%%distributed`` pass through one check: a bad timeout
+    or backend is a one-line error naming what is valid, and no engine starts."""
+    from pdl_magics import DistributedUsageError
+
+    session = DistributedSession(local_slots=["cpu:0", "cpu:1"])
+    try:
+        with pytest.raises(DistributedUsageError) as info:
+            session.run("print(rank)", 2, **options)
+        assert all(w in str(info.value) for w in words) and "\n" not in str(info.value), info.value
+        assert session.client is None
+    finally:
+        session.close()

@@ -1,0 +1,286 @@
+"""The engines of one notebook session (:class:`Engines`): the one place that
+connects to them, counts them, orders them into a world, signals and replaces them.
+
+Two kinds of cluster, one interface:
+
+- under the hub (``cluster_file`` given, see :mod:`pdl_magics.clusters`), the
+  engines were started by the user's server on the slots the hub reserved;
+  after an idle release, :meth:`Engines.world` asks the hub for them again
+  (:mod:`pdl.engine_lease`);
+- otherwise a local cluster is started on first use over ``local_slots``
+  (default: this machine's GPUs, else CPU slots), one engine per slot, and dead
+  engines are restarted on their slot before the next cell.
+
+Rank order is (host, slot index, engine id), see :func:`~pdl_magics.world.rank_order`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from typing import TextIO
+
+import ipyparallel as ipp
+
+from pdl import engine_lease
+from pdl.slots import default_pool
+
+from . import clusters, status_file
+from .errors import DistributedUsageError, RanksStuck
+from .world import Rank, call_engine, rank_order
+
+#: Seconds to wait for engines to confirm a signal (interrupt, stack request).
+SIGNAL_REPLY_S = 2.0
+#: Seconds a cell waits for the hub to grant slots again after an idle release.
+LEASE_WAIT_S = 120.0
+
+
+class Engines:
+    """This session's engines: a hub cluster (``cluster_file``) or a local one over ``local_slots``.
+
+    Not thread-safe: one cell at a time uses it.
+    """
+
+    def __init__(self, cluster_file: str | None, local_slots: list[str] | None = None, name: str = "pdl-local"):
+        self.cluster_file = cluster_file
+        self.local_slots = list(local_slots) if local_slots is not None else None
+        self._name = name
+        self._client: ipp.Client | None = None
+        self._cluster = None
+        self._info: dict[int, dict] = {}  # engine id -> pdl.engine.describe() of a live engine
+        self._replaced: set[int] = set()  # killed engines the controller may still list
+        self._views: dict[int, ipp.DirectView] = {}
+
+    # -- what there is -------------------------------------------------------------
+
+    @property
+    def is_hub(self) -> bool:
+        """True when the engines are the ones the hub reserved (not a local cluster)."""
+        return self.cluster_file is not None
+
+    @property
+    def cluster(self):
+        """The connected :class:`ipyparallel.Cluster`, or None before the first connection."""
+        return self._cluster
+
+    @property
+    def client(self) -> ipp.Client | None:
+        """The (non-blocking) ipyparallel client, or None before :meth:`connect`."""
+        return self._client
+
+    def connect(self) -> ipp.Client:
+        """The client, connecting (and starting a local controller) on first use."""
+        if self._client is None:
+            if self.is_hub:
+                self._cluster = ipp.Cluster.from_file(self.cluster_file)
+            else:
+                self._cluster = clusters.new_cluster(cluster_id=self._name)
+                clusters.start_controller(self._cluster)
+            self._client = self._cluster.connect_client_sync()
+            self._client.block = False
+        return self._client
+
+    def pool(self) -> list[str]:
+        """Slots the engines may use: the hub's reservation, or the local pool."""
+        if self.is_hub:
+            return clusters.hub_slots()
+        if self.local_slots is None:
+            self.local_slots = default_pool()
+        return self.local_slots
+
+    def count(self) -> int:
+        """How many workers a cell may ask for (``-n``'s upper bound)."""
+        size = clusters.hub_engine_count() if self.is_hub else len(self.pool())
+        return size or len(self.connect().ids)
+
+    def pids(self) -> dict[int, int]:
+        """Engine id -> process id, for the engines known live since the last :meth:`world`."""
+        return {eid: info["pid"] for eid, info in self._info.items()}
+
+    def identity(self, world: list[Rank]) -> frozenset:
+        """Which engine processes ``world`` is made of: the same ranks on restarted
+        engines are another world."""
+        return frozenset((r.engine_id, self._info.get(r.engine_id, {}).get("pid")) for r in world)
+
+    # -- the world of a cell -------------------------------------------------------
+
+    def world(self, n: int | None = None) -> list[Rank]:
+        """The first ``n`` workers in rank order (default: all of them), starting or
+        bringing back engines as needed.
+
+        DistributedUsageError (one line, naming the valid range) when ``n`` is more
+        than :meth:`count` or less than 1; RanksStuck when engines do not register
+        within :data:`~pdl_magics.clusters.ENGINE_TIMEOUT_S`.
+        """
+        available = self.count()
+        if n is None:
+            n = available
+        if not 1 <= n <= available:
+            where = "reserved for you" if self.is_hub else "in the local pool"
+            raise DistributedUsageError(
+                f"-n {n} is not available: {available} engine(s) {where}; use -n 1..{available}"
+            )
+        self._grow(n, available)
+        chosen = sorted(self._info.items(), key=lambda item: rank_order(item[1]["host"], item[1]["slot"], item[0]))
+        return [Rank(rank, eid, info["host"], info["addr"], info["slot"]) for rank, (eid, info) in enumerate(chosen[:n])]
+
+    def _grow(self, n: int, available: int) -> None:
+        """Make sure at least ``n`` engines are up (under the hub: all ``available``)."""
+        client = self.connect()
+        if self.is_hub:
+            self._bring_back()
+            target = available
+        else:
+            self._restart_dead_local()
+            running = {info["slot"] for info in self._info.values()}
+            started = len(self._cluster.engines)
+            missing = [s for s in self.pool()[started:n] if s not in running]
+            if missing:
+                clusters.start_slot_engines(self._cluster, missing, len(self.pool()))
+            target = n
+        # ipyparallel's wait shows engines starting (a progress bar); ours then waits until the
+        # registered engines are live ones (not killed but still listed)
+        try:
+            client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=True)
+        except ipp.error.EngineError:
+            # an engine that died since the last cell (its set stopped, or its unregistration
+            # arrived now) while its replacement starts: not a failure of this wait
+            pass
+        self._wait_until_live(target)
+
+    def _bring_back(self) -> None:
+        """Under the hub: if the engines were stopped for idleness, ask for slots again and
+        wait until they run (:mod:`pdl.engine_lease`); DistributedUsageError if none are free."""
+        lease = engine_lease.lease_dir()
+        released = engine_lease.read(lease, engine_lease.RELEASED) if lease is not None else None
+        if released is None:
+            return
+        n = released.get("engines") or len(released.get("slots") or clusters.hub_slots())
+        reason = released.get("reason", "idle")
+        given_back = "GPUs" if "engines" in released else "slots"
+        print(f"Your engines were stopped ({reason}) and their {given_back} given back; asking for {n} again...",
+              file=sys.stderr, flush=True)
+        engine_lease.write(lease, engine_lease.WANT, {"workers": n})
+        deadline = time.monotonic() + LEASE_WAIT_S
+        while engine_lease.read(lease, engine_lease.RELEASED) is not None:
+            grant = engine_lease.read(lease, engine_lease.GRANT) or {}
+            if "refused" in grant or time.monotonic() > deadline:
+                engine_lease.remove(lease, engine_lease.WANT, engine_lease.GRANT)
+                why = grant.get("refused") or f"the hub did not answer within {LEASE_WAIT_S:.0f} s"
+                raise DistributedUsageError(f"your engines were stopped ({reason}) and cannot come back now: {why}")
+            time.sleep(0.2)
+        self._info.clear()  # every engine is new
+
+    def _restart_dead_local(self) -> None:
+        """Start a fresh engine on the slot of each local engine whose process died
+        (killed, crashed, or restarted from the Cluster panel) since the last cell."""
+        here = socket.gethostname()
+        for eid, info in list(self._info.items()):
+            if info["host"] == here and not status_file.pid_alive(info["pid"]):
+                del self._info[eid]
+                self._replaced.add(eid)
+                clusters.restart_slot_engine(self._cluster, info["slot"], len(self.pool()))
+
+    def _wait_until_live(self, target: int) -> None:
+        """Wait until ``target`` live engines are known, or raise :class:`RanksStuck`."""
+        deadline = time.monotonic() + clusters.ENGINE_TIMEOUT_S
+        while True:
+            self._refresh()
+            if len(self._info) >= target:
+                return
+            if time.monotonic() > deadline:
+                raise RanksStuck(f"only {len(self._info)} of {target} engines registered within "
+                                 f"{clusters.ENGINE_TIMEOUT_S} s")
+            time.sleep(0.2)
+
+    def _refresh(self) -> None:
+        ids = [i for i in self._client.ids if i not in self._replaced]
+        new = [i for i in ids if i not in self._info]
+        if new:
+            pending = {i: self._client[i].apply_async(call_engine, "describe") for i in new}
+            for i, ar in pending.items():
+                try:
+                    self._info[i] = ar.get(timeout=clusters.ENGINE_TIMEOUT_S)
+                except (ipp.error.EngineError, ipp.error.RemoteError) as e:
+                    if isinstance(e, ipp.error.RemoteError) and e.ename != "EngineError":
+                        raise
+                    self._replaced.add(i)  # died since it registered: its replacement will register
+        for gone in set(self._info) - set(ids):
+            del self._info[gone]
+
+    # -- calling and signalling ------------------------------------------------------
+
+    def call_async(self, engine_id: int, fname: str, *args) -> ipp.AsyncResult:
+        """Start ``pdl.engine.<fname>(*args)`` on one engine; its AsyncResult."""
+        view = self._views.get(engine_id)
+        if view is None:  # kept: making a view per call costs time
+            view = self._views[engine_id] = self.connect()[engine_id]
+        return view.apply_async(call_engine, fname, *args)
+
+    def call(self, engine_id: int, fname: str, *args):
+        """``pdl.engine.<fname>(*args)`` on one engine, waited for; raises what it raised."""
+        return self.call_async(engine_id, fname, *args).get()
+
+    def call_all(self, engine_ids: list[int], fname: str, *args) -> list:
+        """``pdl.engine.<fname>(*args)`` on several engines at once, waited for, in order."""
+        return self.connect()[engine_ids].apply_sync(call_engine, fname, *args)
+
+    def interrupt(self, ranks: list[Rank]) -> None:
+        """Send SIGINT to the engines of ``ranks`` (through ipyparallel's control channel)."""
+        self.send_signal(ranks, signal.SIGINT)
+
+    def send_signal(self, ranks: list[Rank], signum: int) -> None:
+        """Send ``signum`` to the engines of ``ranks`` that are still registered.
+
+        Waits at most :data:`SIGNAL_REPLY_S` for the engines' nannies to confirm: an
+        engine that died a moment ago (its node gone) never answers.
+        """
+        live = set(self.connect().ids)
+        targets = [r.engine_id for r in ranks if r.engine_id in live]
+        if targets:
+            sent = self._client.send_signal(signum, targets=targets, block=False)
+            try:
+                sent.result(timeout=SIGNAL_REPLY_S)
+            except Exception:  # noqa: BLE001 - no answer, or an engine that is gone: sent anyway
+                pass
+
+    def replace(self, ranks: list[Rank], stop_timeout_s: float, err: TextIO | None = None) -> None:
+        """Kill the engines of ``ranks`` (stuck in native code for ``stop_timeout_s``)
+        and bring up fresh ones on the same slots.
+
+        Under the hub, ``pdl-singleuser`` restarts the engine; locally this object does.
+        Variables on those ranks are lost. RanksStuck for an engine on another host.
+        """
+        err = err or sys.stderr
+        target = len(self._info)
+        for r in ranks:
+            info = self._info.pop(r.engine_id, None)
+            self._replaced.add(r.engine_id)
+            print(
+                f"rank {r.rank} ({r.host}) did not stop within {stop_timeout_s:.0f} s (stuck in a "
+                f"collective or native code); restarting its engine: variables on that rank are lost.",
+                file=err, flush=True,
+            )
+            if info is None or info["host"] != socket.gethostname():
+                raise RanksStuck(f"rank {r.rank} on {r.host} is stuck and cannot be restarted from here")
+            try:
+                os.kill(info["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if not self.is_hub:
+                clusters.restart_slot_engine(self._cluster, info["slot"], len(self.pool()))
+        self._wait_until_live(target)
+
+    def close(self) -> None:
+        """Disconnect; a local cluster is stopped, a hub cluster is left running."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._cluster is not None and not self.is_hub:
+            self._cluster.stop_cluster_sync()
+        self._cluster = None
+        self._info.clear()
+        self._views.clear()

@@ -1,0 +1,78 @@
+"""The product's packages keep their layout rules: no import circle, and no module
+imports another module's ``_private`` name (each concept is used through its owner's
+public API). Read from the source with :mod:`ast`, imports inside functions included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("pdl", "pdl_magics", "pdl_spawner", "pdl_lab", "pdl_cinic10")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def imports(name: str, path: Path) -> list[tuple[str, str]]:
+    """(module imported, name imported or "") for every import statement of a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, "") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                found.append((submodule, "") if submodule in MODULES else (base, alias.name))
+    return found
+
+
+def test_the_layout_rules_see_every_package():
+    assert {name.split(".")[0] for name in MODULES} == set(PACKAGES)
+    assert "pdl_magics.session" in MODULES and "pdl.engine" in MODULES
+
+
+def test_no_product_module_imports_a_private_name_of_another():
+    offenders = [
+        f"{name} imports {base}.{what}"
+        for name, path in MODULES.items()
+        for base, what in imports(name, path)
+        if base in MODULES and base != name and what.startswith("_") and not what.startswith("__")
+    ]
+    assert offenders == []
+
+
+def test_there_is_no_import_circle_among_the_product_modules():
+    graph = {name: {base for base, _ in imports(name, path) if base in MODULES and base != name}
+             for name, path in MODULES.items()}
+    circles = []
+
+    def visit(name, trail):
+        if name in trail:
+            circles.append(" -> ".join(trail[trail.index(name):] + [name]))
+            return
+        if name in done:
+            return
+        for target in sorted(graph[name]):
+            if not (target.startswith(name + ".") or name.startswith(target + ".")):  # a package and its own modules
+                visit(target, trail + [name])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        visit(name, [])
+    assert circles == []
