@@ -13,7 +13,7 @@ two launchers:
   Each worker first applies the environment a PDL engine in slot ``LOCAL_RANK``
   of the same pool gets (:func:`pdl.slots.engine_env`: ``CUDA_VISIBLE_DEVICES``,
   ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, ``PDL_CPUS``) and pins itself with
-  :func:`pdl.engine_boot.pin_cpus`, before importing torch, as an engine does.
+  :func:`pdl.runtime.boot.pin_cpus`, before importing torch, as an engine does.
   The threads and cores each rank ends up with are printed for both launchers.
 
 The function builds the CINIC-10 ResNet-18 (``--width``) from a fixed seed, wraps
@@ -94,7 +94,7 @@ def train(device, world_size, batch, width, warmup, steps):
 #: (appended below) and writes ``<result dir>/<rank>.json``.
 WORKER = '''
 import json, os, sys
-from pdl.engine_boot import pin_cpus
+from pdl.runtime.boot import pin_cpus
 from pdl.slots import engine_env
 
 slots, result_dir, kwargs = sys.argv[1].split(","), sys.argv[2], json.loads(sys.argv[3])

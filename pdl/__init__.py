@@ -1,17 +1,23 @@
-"""PDL core: what the hub side, the notebook side and the engines share.
+"""PDL core: the user API (``import pdl``) and what every side shares.
 
-- :mod:`pdl.slots`: the machine's pool of worker slots (GPUs, or CPU shares) and
-  the environment that pins one engine to one slot.
-- :mod:`pdl.engine`: code that runs inside each ipyparallel engine (process-group
-  setup, running a cell, aborting a group).
-- :mod:`pdl.engine_boot`: the engine/controller process entry point.
-- :mod:`pdl.netaddr`: the address and interface peers on other machines reach.
+The user API, stable for notebooks:
+
 - :mod:`pdl.metrics`: :func:`log`, training metrics the notebook shows live.
-- :mod:`pdl.stacks`: a rank's Python stack on request (the hang watchdog).
-- :mod:`pdl.process`: whether a local process is alive.
 - :mod:`pdl.checkpoint`: :func:`save_checkpoint` (atomic, rank 0 writes) and
   :func:`load_checkpoint` (``weights_only``, rank 0 reads and broadcasts), to
   resume training after an interrupt or an engine's death.
+
+Shared by the hub side, the notebook side and the engines:
+
+- :mod:`pdl.slots`: the machine's pool of worker slots (GPUs, or CPU shares) and
+  the environment that pins one engine to one slot.
+- :mod:`pdl.netaddr`: the address and interface peers on other machines reach.
+- :mod:`pdl.connection`: the keys, ports and files of a controller whose engines run
+  on other machines (Docker Swarm).
+- :mod:`pdl.process`: whether a local process is alive.
+- :mod:`pdl.atomic_file`: write a file that readers see whole or not at all.
+
+The code that runs inside each engine is the subpackage :mod:`pdl.runtime`.
 """
 
 from pdl.metrics import log

@@ -102,7 +102,7 @@ class _Channel:
         self._text = Recorder()
         self._line = TextProgress(sys.stderr)
 
-    # engine side, called by pdl.engine.run_cell
+    # engine side, called by pdl.runtime.engine.run_cell
     def begin_cell(self, publish) -> None:
         self.recorder, self._publish, self._last_sent = Recorder(), publish, 0.0
 
@@ -134,7 +134,7 @@ _channel = _Channel()
 
 
 def begin_cell(publish) -> None:
-    """Engine side (:func:`pdl.engine.run_cell`): until :func:`end_cell`, :func:`log`
+    """Engine side (:func:`pdl.runtime.engine.run_cell`): until :func:`end_cell`, :func:`log`
     records for the notebook and sends snapshots with ``publish({DATA_KEY: snapshot})``
     (ipyparallel's ``publish_data``) at most every :data:`PUBLISH_EVERY_S` seconds."""
     _channel.begin_cell(publish)

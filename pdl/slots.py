@@ -81,7 +81,7 @@ def engine_env(slot: str, pool_size: int, n_cpus: int | None = None) -> dict[str
     A GPU slot sees only its GPU (``CUDA_VISIBLE_DEVICES``, counted in nvidia-smi's
     order, the PCI bus order, as slots are: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, where
     CUDA would otherwise put the fastest GPU first); a CPU slot sees no GPU. Both get their share of CPU cores (``PDL_CPUS``, applied as CPU affinity by
-    :mod:`pdl.engine_boot`) and a matching thread count for OpenMP/MKL/torch.
+    :mod:`pdl.runtime.boot`) and a matching thread count for OpenMP/MKL/torch.
     """
     kind, index = parse_slot(slot)
     n_cpus = n_cpus or os.cpu_count() or 1

@@ -3,6 +3,15 @@ ranks, and train a CIFAR-style ResNet-18 with torch.distributed (DDP) or Horovod
 
 Importing this package is cheap (no torch); the heavy modules are
 ``pdl_cinic10.data``, ``.model`` and ``.train``.
+
+- :mod:`pdl_cinic10.layout`: where CINIC-10 lives on disk (no torch);
+  :mod:`pdl_cinic10.download`: fetch, verify and unpack the official archive;
+  :mod:`pdl_cinic10.sample`: a small synthetic dataset in the same layout.
+- :mod:`pdl_cinic10.data`: load splits into tensors and shard them across ranks;
+  :mod:`pdl_cinic10.cache`: a compact per-node cache of them.
+- :mod:`pdl_cinic10.model`: the CIFAR-style ResNet-18.
+- :mod:`pdl_cinic10.train`: the data-parallel training loop, with
+  :mod:`pdl_cinic10.collectives` from torch.distributed or Horovod.
 """
 
 CLASSES = (

@@ -2,7 +2,8 @@
 
 A Jupyter server extension (enabled by ``etc/jupyter/jupyter_server_config.d/pdl.json``,
 which ``pip install`` puts in place) serving ``/pdl/api/...``
-(:mod:`pdl_lab.handlers`) from a :class:`~pdl_lab.monitor.ClusterMonitor`. The
+(:mod:`pdl_lab.handlers`) from a :class:`~pdl_lab.monitor.ClusterMonitor`, which
+reads engines' CPU, memory and GPU use through :mod:`pdl_lab.resources`. The
 panel itself is the prebuilt JupyterLab extension ``pdl-cluster``, built from
 ``labextension/`` into ``share/jupyter/labextensions/pdl-cluster``.
 """

@@ -3,7 +3,7 @@
 - ``GET  /pdl/api/cluster``: the panel's model (:meth:`ClusterMonitor.snapshot_sync`);
 - ``POST /pdl/api/stop``: interrupt the running distributed cell on every rank;
 - ``POST /pdl/api/restart``: kill this cluster's engines so that they are restarted;
-- ``GET  /pdl/api/lease``: this server's engine lease (:mod:`pdl.engine_lease`):
+- ``GET  /pdl/api/lease``: this server's engine lease (:mod:`pdl_server.lease`):
   ``{"released": ..., "want": ..., "grant": ...}``, each the file's content or null;
 - ``POST /pdl/api/lease``: the hub's answer to a request for engines (the body is
   written as the lease's grant: ``{"slots": [...]}`` on one machine, ``{"engines": n}``
@@ -27,7 +27,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from pdl import engine_lease
+from pdl_server import lease as engine_lease
 
 from .monitor import ClusterMonitor
 

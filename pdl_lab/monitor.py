@@ -4,13 +4,13 @@
 
 - **hub**: the cluster ``pdl-singleuser`` runs (``$PDL_CLUSTER_FILE``), whose slots
   are ``$PDL_SLOTS`` (or those its engines came back on after an idle release; none
-  while they are released: :mod:`pdl.engine_lease`);
+  while they are released: :mod:`pdl_server.lease`);
 - **local**: the cluster of the newest live kernel that wrote a status file
   (:mod:`pdl_magics.status_file`); none before its first ``%%distributed`` cell.
 
 An engine is *busy* while the controller has a task queued for it, *dead* once its
 process is gone (or it has unregistered and no engine replaced it on its slot).
-Who an engine is (pid, host, slot, GPUs) comes from ``pdl.engine_identity.describe()``,
+Who an engine is (pid, host, slot, GPUs) comes from ``pdl.runtime.identity.describe()``,
 asked once per engine while it is idle. CPU, memory and GPU use are measured for
 engines on this host. The running cell's per-rank progress comes from the kernel's
 status file.
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import ipyparallel as ipp
 
-from pdl import engine_lease
+from pdl_server import lease as engine_lease
 from pdl_magics import clusters
 from pdl_magics.status_file import pid_alive, read_status
 from pdl_magics.world import rank_order
@@ -48,10 +48,10 @@ GPU_CACHE_S = 0.8
 
 
 def _describe():
-    """Runs on an engine: who it is (see :func:`pdl.engine_identity.describe`)."""
-    import pdl.engine_identity
+    """Runs on an engine: who it is (see :func:`pdl.runtime.identity.describe`)."""
+    import pdl.runtime.identity
 
-    return pdl.engine_identity.describe()
+    return pdl.runtime.identity.describe()
 
 
 def _controller_ready(cluster_file: str) -> bool:

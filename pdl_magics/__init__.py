@@ -1,6 +1,21 @@
 """PDL notebook magics: ``%load_ext pdl_magics`` then ``%%distributed -n N`` (and ``%pdl check``).
 
 Without IPython, use :func:`run` and :func:`check` (or :class:`DistributedSession`) directly.
+
+- :mod:`pdl_magics.magics`: the magics; parse their options and hand off to the session.
+- :mod:`pdl_magics.session`: :class:`DistributedSession`, one cell on N workers.
+- :mod:`pdl_magics.engines`: the session's engines (connect, count, rank order,
+  signals, replacement).
+- :mod:`pdl_magics.group`: the process group (torch.distributed or Horovod) of a world.
+- :mod:`pdl_magics.horovod_driver`: the Horovod rendezvous the kernel runs.
+- :mod:`pdl_magics.cell_watch`: waiting for one cell on every rank (streaming, failures,
+  interrupts, the hang watchdog).
+- :mod:`pdl_magics.progress`: rank 0's progress bar and loss curve.
+- :mod:`pdl_magics.preflight`: checking every rank before the first cell (``%pdl check``).
+- :mod:`pdl_magics.clusters`: finding or starting the ipyparallel cluster.
+- :mod:`pdl_magics.world`: ranks, rank order, and the one call shipped to engines.
+- :mod:`pdl_magics.status_file`: what the session is doing, for the Cluster panel.
+- :mod:`pdl_magics.errors`: the errors a user sees.
 """
 
 from .errors import DistributedUsageError, RankFailed, RanksStuck

@@ -5,7 +5,7 @@ progress, and when a rank fails first on its own, gives its peers
 :data:`PEER_GRACE_S` and then releases and interrupts them; a rank that ignores
 interrupts for :data:`STOP_TIMEOUT_S` is reported as stuck. A rank whose engine died
 is reported at once (:data:`~pdl_magics.errors.ENGINE_DIED`). The hang watchdog shows
-every running rank's stack after ``hang_timeout_s`` without progress (:mod:`pdl.stacks`).
+every running rank's stack after ``hang_timeout_s`` without progress (:mod:`pdl.runtime.stacks`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import ipyparallel as ipp
 
-from pdl import stacks
+from pdl.runtime import stacks
 from pdl.metrics import DATA_KEY
 
 from .errors import ENGINE_DIED, RankFailed, RanksInterrupted
@@ -209,7 +209,7 @@ class CellWatch:
             self._report_hang(now - self._progress_at)
 
     def _report_hang(self, silent_s: float) -> None:
-        """Ask the running ranks for their stacks (:mod:`pdl.stacks`) and print them."""
+        """Ask the running ranks for their stacks (:mod:`pdl.runtime.stacks`) and print them."""
         running = self.pending()
 
         def count(r: Rank):

@@ -12,7 +12,7 @@ Three cases, same engines:
 - **Local** — plain JupyterLab or IPython. A cluster is started on first use,
   one engine per slot of this machine's pool, and stopped when the kernel exits.
 
-Every engine and controller runs through :mod:`pdl.engine_boot`, so it is pinned
+Every engine and controller runs through :mod:`pdl.runtime.boot`, so it is pinned
 to its slot and dies with the process that started it. They are all started from one
 thread that lives as long as the process (:func:`on_launcher_thread`): Linux's
 parent-death signal follows the *thread* that forked a child, so engines started
@@ -22,7 +22,6 @@ from a thread that ends (a worker thread, a kernel subshell) would die with it.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import sys
 import threading
 from pathlib import Path
@@ -30,11 +29,12 @@ from pathlib import Path
 import ipyparallel as ipp
 
 from pdl.slots import engine_env
+from pdl_server.contract import ServerContract
 
 #: Seconds to wait for a controller's connection files and for engines to register.
 ENGINE_TIMEOUT_S = 60
 
-_BOOT = [sys.executable, "-m", "pdl.engine_boot"]
+_BOOT = [sys.executable, "-m", "pdl.runtime.boot"]
 #: The thread every engine and controller is started from; idle between starts, it
 #: ends only with the process.
 _LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdl-launcher")
@@ -49,7 +49,7 @@ def on_launcher_thread(fn, *args, **kwargs):
 
 
 def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_atexit=True):
-    """An ipyparallel Cluster on 127.0.0.1 whose processes run through pdl.engine_boot."""
+    """An ipyparallel Cluster on 127.0.0.1 whose processes run through pdl.runtime.boot."""
     kwargs = {"profile_dir": profile_dir} if profile_dir else {}
     cluster = ipp.Cluster(
         cluster_id=cluster_id,
@@ -124,19 +124,18 @@ def restart_slot_engine(cluster, slot: str, pool_size: int) -> None:
 
 def hub_cluster_file() -> str | None:
     """The cluster file exported by ``pdl-singleuser``, if this kernel runs under the hub."""
-    return os.environ.get("PDL_CLUSTER_FILE") or None
+    return ServerContract.from_env().cluster_file or None
 
 
 def hub_slots() -> list[str]:
     """The slots the hub reserved for this user: ``PDL_SLOTS``, or those its engines
-    came back on after an idle release (:func:`pdl.engine_lease.current_slots`)."""
-    from pdl import engine_lease
-    from pdl.slots import parse_slot_list
+    came back on after an idle release (:func:`pdl_server.lease.current_slots`)."""
+    from pdl_server import lease
 
-    return engine_lease.current_slots(engine_lease.lease_dir(), parse_slot_list(os.environ.get("PDL_SLOTS", "")))
+    return lease.current_slots(lease.lease_dir(), list(ServerContract.from_env().slots))
 
 
 def hub_engine_count() -> int:
     """How many engines the hub started for this user: ``$PDL_ENGINES`` (Swarm),
     else one per reserved slot; 0 when unknown."""
-    return int(os.environ.get("PDL_ENGINES") or 0) or len(hub_slots())
+    return ServerContract.from_env().engines or len(hub_slots())

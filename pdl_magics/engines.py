@@ -6,7 +6,7 @@ Two kinds of cluster, one interface:
 - under the hub (``cluster_file`` given, see :mod:`pdl_magics.clusters`), the
   engines were started by the user's server on the slots the hub reserved;
   after an idle release, :meth:`Engines.world` asks the hub for them again
-  (:mod:`pdl.engine_lease`);
+  (:mod:`pdl_server.lease`);
 - otherwise a local cluster is started on first use over ``local_slots``
   (default: this machine's GPUs, else CPU slots), one engine per slot, and dead
   engines are restarted on their slot before the next cell.
@@ -25,7 +25,7 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
-from pdl import engine_lease
+from pdl_server import lease as engine_lease
 from pdl.slots import default_pool
 
 from . import clusters, status_file
@@ -50,7 +50,7 @@ class Engines:
         self._name = name
         self._client: ipp.Client | None = None
         self._cluster = None
-        self._info: dict[int, dict] = {}  # engine id -> pdl.engine.describe() of a live engine
+        self._info: dict[int, dict] = {}  # engine id -> pdl.runtime.engine.describe() of a live engine
         self._replaced: set[int] = set()  # killed engines the controller may still list
         self._views: dict[int, ipp.DirectView] = {}
 
@@ -153,7 +153,7 @@ class Engines:
 
     def _bring_back(self) -> None:
         """Under the hub: if the engines were stopped for idleness, ask for slots again and
-        wait until they run (:mod:`pdl.engine_lease`); DistributedUsageError if none are free."""
+        wait until they run (:mod:`pdl_server.lease`); DistributedUsageError if none are free."""
         lease = engine_lease.lease_dir()
         released = engine_lease.read(lease, engine_lease.RELEASED) if lease is not None else None
         if released is None:
@@ -214,18 +214,18 @@ class Engines:
     # -- calling and signalling ------------------------------------------------------
 
     def call_async(self, engine_id: int, fname: str, *args) -> ipp.AsyncResult:
-        """Start ``pdl.engine.<fname>(*args)`` on one engine; its AsyncResult."""
+        """Start ``pdl.runtime.engine.<fname>(*args)`` on one engine; its AsyncResult."""
         view = self._views.get(engine_id)
         if view is None:  # kept: making a view per call costs time
             view = self._views[engine_id] = self.connect()[engine_id]
         return view.apply_async(call_engine, fname, *args)
 
     def call(self, engine_id: int, fname: str, *args):
-        """``pdl.engine.<fname>(*args)`` on one engine, waited for; raises what it raised."""
+        """``pdl.runtime.engine.<fname>(*args)`` on one engine, waited for; raises what it raised."""
         return self.call_async(engine_id, fname, *args).get()
 
     def call_all(self, engine_ids: list[int], fname: str, *args) -> list:
-        """``pdl.engine.<fname>(*args)`` on several engines at once, waited for, in order."""
+        """``pdl.runtime.engine.<fname>(*args)`` on several engines at once, waited for, in order."""
         return self.connect()[engine_ids].apply_sync(call_engine, fname, *args)
 
     def interrupt(self, ranks: list[Rank]) -> None:

@@ -4,7 +4,7 @@ tearing it down.
 
 An engine is in one group at a time. Each group formed gets a fresh key, so an
 engine left out of the last world, still holding the group before, never mistakes
-it for the new one (see :func:`pdl.engine.init_torch`).
+it for the new one (see :func:`pdl.runtime.engine.init_torch`).
 
 Rendezvous:
 

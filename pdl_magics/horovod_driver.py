@@ -4,7 +4,7 @@ This is what ``horovodrun --gloo``, horovod.ray and horovod.spark do, without
 ssh or new processes: the notebook kernel runs Horovod's gloo rendezvous server
 (:class:`horovod.runner.http.http_server.RendezvousHTTPServer`), and each
 engine, already running, gets the ``HOROVOD_*`` environment of its rank before
-it calls ``hvd.init()`` (see :func:`pdl.engine.init_horovod`).
+it calls ``hvd.init()`` (see :func:`pdl.runtime.engine.init_horovod`).
 
 Horovod is optional. :func:`require` raises a one-line
 :class:`~pdl_magics.errors.DistributedUsageError` saying how to install it.

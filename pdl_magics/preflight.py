@@ -1,9 +1,9 @@
 """Preflight, notebook side: check every rank of the world before cells run on it.
 
-Each rank answers :func:`pdl.preflight.probe` (its GPU, versions and network
+Each rank answers :func:`pdl.runtime.preflight.probe` (its GPU, versions and network
 interface); the answers are compared here. When nothing is wrong, a small
 all-reduce runs over the process group the cells will use
-(:func:`pdl.preflight.all_reduce_smoke`), and its bandwidth is reported.
+(:func:`pdl.runtime.preflight.all_reduce_smoke`), and its bandwidth is reported.
 
 - :func:`find_problems`, :func:`table_rows`, :func:`render_text` and
   :func:`render_html` are pure: they take the ranks' answers (a list indexed by
@@ -173,7 +173,7 @@ def skipped_checks(environ=os.environ) -> set[str]:
 
 
 def find_problems(probes: list[dict], smoke: list[dict] | None = None, skip: set[str] | None = None) -> list[Problem]:
-    """Every problem, by rank: ``probes[r]`` is rank r's :func:`pdl.preflight.probe`
+    """Every problem, by rank: ``probes[r]`` is rank r's :func:`pdl.runtime.preflight.probe`
     answer (or ``{"host", "error"}`` when it gave none), ``smoke[r]`` its smoke result.
     ``skip``: checks left out (default :func:`skipped_checks`)."""
     skip = skipped_checks() if skip is None else skip
@@ -307,7 +307,7 @@ class PreflightFailed(RuntimeError):
 
 
 def _on_ranks(engines, world, step: str, *args) -> list:
-    """Start ``pdl.preflight.<step>(*args)`` on every rank; their AsyncResults."""
+    """Start ``pdl.runtime.preflight.<step>(*args)`` on every rank; their AsyncResults."""
     return [engines.call_async(r.engine_id, "preflight", step, *args) for r in world]
 
 

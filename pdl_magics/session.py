@@ -34,7 +34,7 @@ Contract of :meth:`DistributedSession.run`:
   same reserved slot before the next cell, so the next cell runs;
 - the hang watchdog: when no rank has made progress (new output, a ``pdl.log``
   call, a rank finishing) for ``hang_timeout_s``, the cell says so once and shows
-  every running rank's Python stack (:mod:`pdl.stacks`), then keeps waiting.
+  every running rank's Python stack (:mod:`pdl.runtime.stacks`), then keeps waiting.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ from pdl.slots import slot_index
 
 
 def call_engine(fname, *args):
-    """Call ``pdl.engine.<fname>`` on an engine (imported there, not pickled)."""
-    import pdl.engine
+    """Call ``pdl.runtime.engine.<fname>`` on an engine (imported there, not pickled)."""
+    import pdl.runtime.engine
 
-    return getattr(pdl.engine, fname)(*args)
+    return getattr(pdl.runtime.engine, fname)(*args)
 
 
 @dataclass

@@ -1,13 +1,21 @@
 """PDL hub side: spawners that reserve GPU (or CPU) slots and start a user's engines.
 
 - :mod:`pdl_spawner.local`: the embedded default, local processes on one machine.
-- :mod:`pdl_spawner.accounts`: each user's own login (jupyterhub-nativeauthenticator).
+- :mod:`pdl_spawner.swarm`: Docker Swarm, with :mod:`pdl_spawner.swarm_specs` (the
+  services' specs), :mod:`pdl_spawner.swarm_state` (what PDL reads from the Swarm),
+  :mod:`pdl_spawner.swarm_holdings` (who holds which GPU) and
+  :mod:`pdl_spawner.swarm_networks` (each server's private network).
+- :mod:`pdl_spawner.queueing` and :mod:`pdl_spawner.wait_queue`: the fair queue for
+  busy workers; :mod:`pdl_spawner.idle_engines`: idle engines giving them back.
+- :mod:`pdl_spawner.reservations`: the persistent slot ledger (one machine).
+- :mod:`pdl_spawner.form`: the spawn form and its messages (pure functions).
+- :mod:`pdl_spawner.accounts`: each user's own login (jupyterhub-nativeauthenticator),
+  and :mod:`pdl_spawner.credentials`: the admin's first password.
 - :mod:`pdl_spawner.unix_accounts`: one Unix account per hub user (as root).
 - :mod:`pdl_spawner.device_cgroup`: per-server GPU device isolation and process tracking.
-- :mod:`pdl_spawner.reservations`: the persistent slot ledger.
+- :mod:`pdl_spawner.admin_view`: the admin's page of holdings, queue and reclaims.
 - :mod:`pdl_spawner.sqlite_file` and :mod:`pdl_spawner.db_thread`: the hub's SQLite
   files, and the one thread that calls them off the event loop.
-- :mod:`pdl_spawner.form`: the spawn form and its messages (pure functions).
 """
 
 

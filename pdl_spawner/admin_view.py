@@ -74,7 +74,7 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuth
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from pdl.engine_boot import die_with_parent
+from pdl.runtime.boot import die_with_parent
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, slot_index
 
 from .reservations import Holding, Reclaim, SlotLedger

@@ -1,7 +1,7 @@
 """Idle engines give their workers back: the hub's side, shared by both PDL spawners.
 
 The user's server stops counting on its engines after ``engine_idle_timeout``
-seconds without a task and says so in its engine lease (:mod:`pdl.engine_lease`);
+seconds without a task and says so in its engine lease (:mod:`pdl_server.lease`);
 a kernel that needs engines again asks in the same lease. While a server runs, the
 hub looks at its lease every :data:`LEASE_TICK_S` seconds (:meth:`IdleEngines.tend_lease`,
 the spawner's own: the local spawner frees ledger slots, the Swarm spawner scales the

@@ -50,6 +50,7 @@ from tornado import web
 from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
+from pdl_server.contract import ServerContract, cluster_dir_in
 
 from . import device_cgroup, form, unix_accounts
 from .db_thread import off_loop, submit
@@ -177,7 +178,7 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
     @default("cmd")
     def _default_cmd(self):
-        return [sys.executable, "-m", "pdl_magics.singleuser"]
+        return [sys.executable, "-m", "pdl_server.singleuser"]
 
     @default("options_form")
     def _default_options_form(self):
@@ -435,14 +436,12 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
     def cluster_dir(self) -> Path:
         """Where the user's server keeps its cluster (and the engine lease files); the
         hub never reads or writes there."""
-        return Path(self.home_dir) / ".pdl" / "cluster"
+        return Path(cluster_dir_in(self.home_dir))
 
     def get_env(self):
         env = super().get_env()
-        env["PDL_SLOTS"] = ",".join(self.slots)
-        env["PDL_CLUSTER_DIR"] = str(self.cluster_dir)
-        if self.engine_idle_timeout:
-            env["PDL_ENGINE_IDLE_TIMEOUT"] = str(self.engine_idle_timeout)
+        env.update(ServerContract(slots=tuple(self.slots), cluster_dir=str(self.cluster_dir),
+                                  idle_timeout_s=self.engine_idle_timeout).env())
         return env
 
     # -- idle engines ----------------------------------------------------------

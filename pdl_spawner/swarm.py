@@ -37,7 +37,7 @@ Contract:
 - With ``engine_idle_timeout``, engines idle that long are scaled to 0 (their GPUs go
   back to the swarm, the reclaim is logged in ``state_db``) and back to 1 when a cell
   asks, if the GPUs are free and nobody waits in the queue
-  (:meth:`PDLSwarmSpawner.tend_lease`; :mod:`pdl.engine_lease`).
+  (:meth:`PDLSwarmSpawner.tend_lease`; :mod:`pdl_server.lease`).
 - ``poll()`` watches the notebook task (SwarmSpawner's); the state
   (:class:`~pdl_spawner.swarm_state.SwarmServer`: ports, node, keys, service and
   secret ids) survives hub restarts, and ``poll()`` works after ``load_state``.
@@ -56,6 +56,7 @@ from tornado import web
 from traitlets import Dict, Float, Instance, Integer, List, Tuple, Unicode, Union, default, validate
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
+from pdl_server.contract import ServerContract
 
 from . import form, swarm_specs
 from .db_thread import off_loop
@@ -375,8 +376,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         env = super().get_env()
         for name in swarm_specs.SECRET_ENV:
             env.pop(name, None)
-        if self.engine_idle_timeout:
-            env["PDL_ENGINE_IDLE_TIMEOUT"] = str(self.engine_idle_timeout)
+        env.update(ServerContract(idle_timeout_s=self.engine_idle_timeout).env())
         return env
 
     def user_environment(self) -> dict[str, str]:

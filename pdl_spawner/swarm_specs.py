@@ -48,6 +48,8 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 
+from pdl_server.contract import ServerContract
+
 #: Prefix of every label PDL puts on services and secrets.
 LABEL_PREFIX = "pdl."
 #: Where Docker mounts secrets in a container.
@@ -229,13 +231,9 @@ def notebook_service(
     (recorded in the ``pdl.network`` label: it is taken while the service exists).
     """
     labels = owner.labels("notebook", ports=",".join(map(str, ports)), gpus=str(gpus), network=network)
-    env = {
-        **env,
-        "HOME": home,
-        "PDL_CLUSTER_DIR": CLUSTER_DIR,
-        "PDL_CONTROLLER_SECRET": posixpath.join(SECRETS_DIR, NOTEBOOK_SECRET_FILE),
-        "PDL_ENGINES": str(gpus),
-    }
+    contract = ServerContract(cluster_dir=CLUSTER_DIR, engines=gpus,
+                              controller_secret=posixpath.join(SECRETS_DIR, NOTEBOOK_SECRET_FILE))
+    env = {**env, "HOME": home, **contract.env()}
     ref = secret_ref(secret_id=secret_id, secret_name=secret_name, filename=NOTEBOOK_SECRET_FILE, user=user)
     container = container_spec(image=image, command=command, env=env, labels=labels, user=user,
                                workdir=home, secrets=[ref], mounts=mounts)

@@ -508,7 +508,7 @@ def process_env(pid: int) -> dict[str, str] | None:
 def engine_processes(root: Path) -> dict[int, dict[str, str]]:
     """Engine processes started under ``root`` -> their PDL_*, CUDA_VISIBLE_DEVICES and HOME."""
     result = {}
-    for pid in pids_matching(lambda cmd, cwd: "pdl.engine_boot engine" in cmd and cwd.startswith(str(root))):
+    for pid in pids_matching(lambda cmd, cwd: "pdl.runtime.boot engine" in cmd and cwd.startswith(str(root))):
         env = process_env(pid)
         if env is not None:
             result[pid] = {k: v for k, v in env.items()
@@ -518,10 +518,10 @@ def engine_processes(root: Path) -> dict[int, dict[str, str]]:
 
 #: Command-line marks of the processes of one user's server, and their role.
 ROLES = (
-    ("pdl_magics.singleuser", "pdl-singleuser"),
+    ("pdl_server.singleuser", "pdl-singleuser"),
     ("jupyterhub.singleuser", "server"),
-    ("pdl.engine_boot controller", "controller"),
-    ("pdl.engine_boot engine", "engine"),
+    ("pdl.runtime.boot controller", "controller"),
+    ("pdl.runtime.boot engine", "engine"),
     ("ipykernel", "kernel"),
 )
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import requests
 
 from hub_harness import free_port, wait_until
-from pdl_magics import clusters, singleuser
+from pdl_magics import clusters
+from pdl_server import singleuser
 
 
 class LabServer:

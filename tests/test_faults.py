@@ -105,7 +105,7 @@ else:
     assert "dist.barrier()  # the others never arrive" in stacks["0"] and "in barrier" in stacks["0"]
     for rank in "12":
         assert "time.sleep(600)" in stacks[rank] and "barrier" not in stacks[rank]
-    assert "pdl/engine.py" not in report and "ipyparallel" not in report  # the user's frames only
+    assert "pdl/runtime/engine.py" not in report and "ipyparallel" not in report  # the user's frames only
     assert "Interrupted: all 3 ranks stopped." in text
 
     # no kernel restart: the same engines, their variables, and working collectives

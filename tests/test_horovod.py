@@ -241,7 +241,7 @@ def test_an_engine_without_horovod_is_a_one_line_usage_error(pdl_session):
 @pytest.mark.unit
 @needs_horovod
 def test_the_installed_horovod_has_the_fix_for_ranks_on_several_hosts(monkeypatch):
-    from pdl import engine, horovod_engine
+    from pdl.runtime import engine, horovod_group as horovod_engine
 
     # what scripts/setup --horovod installed: the patched build, usable across hosts
     assert horovod_engine.fixed_for_hosts(), horovod_engine.installed_version()

@@ -236,7 +236,7 @@ print("joined")
 
 
 def test_ben_cannot_join_anns_process_group(hub, ann, ben):
-    """Guards the one-host rendezvous in a private file (``pdl/engine.py`` ``init_torch``
+    """Guards the one-host rendezvous in a private file (``pdl/runtime/engine.py`` ``init_torch``
     with a FileStore in the user's 0700 folder, not a TCPStore on 127.0.0.1): while
     ann's group exists, ben tries every port her engines listen on as a torch TCPStore
     client (each try in a process of its own, bounded in time)."""
@@ -295,7 +295,7 @@ def test_bens_lease_files_get_him_no_more_than_his_limit_nor_anns_slot(hub, devi
         run_as_ben(ben, f"""
 import json
 from pathlib import Path
-from pdl import engine_lease
+from pdl_server import lease as engine_lease
 engine_lease.write(Path({str(lease)!r}), {name!r}, {data!r})
 print(json.dumps({{}}))
 """)
@@ -304,7 +304,7 @@ print(json.dumps({{}}))
         return run_as_ben(ben, f"""
 import json
 from pathlib import Path
-from pdl import engine_lease
+from pdl_server import lease as engine_lease
 d = Path({str(lease)!r})
 print(json.dumps({{k: engine_lease.read(d, n) for k, n in (("released", engine_lease.RELEASED),
       ("want", engine_lease.WANT), ("grant", engine_lease.GRANT))}}))

@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pdl", "pdl_magics", "pdl_spawner", "pdl_lab", "pdl_cinic10")
+PACKAGES = ("pdl", "pdl_server", "pdl_magics", "pdl_spawner", "pdl_lab", "pdl_cinic10")
 
 
 def modules() -> dict[str, Path]:
@@ -43,7 +45,7 @@ def imports(name: str, path: Path) -> list[tuple[str, str]]:
 
 def test_the_layout_rules_see_every_package():
     assert {name.split(".")[0] for name in MODULES} == set(PACKAGES)
-    assert "pdl_magics.session" in MODULES and "pdl.engine" in MODULES
+    assert "pdl_magics.session" in MODULES and "pdl.runtime.engine" in MODULES
 
 
 def test_no_product_module_imports_a_private_name_of_another():
@@ -76,3 +78,13 @@ def test_there_is_no_import_circle_among_the_product_modules():
     for name in sorted(graph):
         visit(name, [])
     assert circles == []
+
+
+SUBPACKAGES = sorted(name for name, path in MODULES.items() if path.name == "__init__.py")
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_each_package_docstring_names_every_module_it_holds(package):
+    doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    held = [name for name in MODULES if name.rpartition(".")[0] == package]
+    assert held and [name for name in held if name not in doc] == [], f"{package}/__init__.py does not say what these hold"

@@ -20,7 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from _engines import SLOTS, pdl_session, strip_ansi  # noqa: F401
-from pdl import preflight as engine_side
+from pdl.runtime import preflight as engine_side
 from pdl_magics import DistributedSession, PreflightFailed
 from pdl_magics.magics import DistributedMagics
 from pdl_magics.preflight import (
@@ -43,7 +43,7 @@ UUIDS = {0: "GPU-0000aaaa-1111-2222-3333-444455556666", 1: "GPU-1111bbbb-1111-22
 
 
 def gpu_probe(host: str, **changes) -> dict:
-    """What :func:`pdl.preflight.probe` answers on a healthy GPU slot (gpu:0 of ``host``)."""
+    """What :func:`pdl.runtime.preflight.probe` answers on a healthy GPU slot (gpu:0 of ``host``)."""
     probe = {
         "host": host, "pid": 100, "slot": "gpu:0", "reserved_gpu": "0",
         "gpus_seen": [{"name": "NVIDIA H100 80GB HBM3", "uuid": UUIDS[0]}], "host_gpus": dict(UUIDS),

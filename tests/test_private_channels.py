@@ -35,7 +35,7 @@ import pytest
 from _engines import pdl_session  # noqa: F401
 from hub_harness import Kernel, listening_tcp, open_path_to, pids_matching, wait_until
 from lab_harness import LabServer
-from pdl import engine
+from pdl.runtime import engine
 
 pytestmark = pytest.mark.integration
 
@@ -220,7 +220,7 @@ def test_a_runtime_dir_too_deep_for_socket_paths_falls_back_to_a_private_folder(
 # -- the torch group ---------------------------------------------------------------------
 
 ALL_REDUCE = "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nint(t.item())"
-STORE_FILE = "import pdl.engine\npdl.engine.group_store_file()"
+STORE_FILE = "import pdl.runtime.engine\npdl.runtime.engine.group_store_file()"
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +262,7 @@ def store_folders(root: Path) -> list[Path]:
 
 
 def test_one_host_group_has_no_store_port_another_account_could_join(engine_tmp, pdl_session):
-    """Guards ``DistributedSession._torch_calls`` and ``pdl.engine.init_torch``: ranks on
+    """Guards ``DistributedSession._torch_calls`` and ``pdl.runtime.engine.init_torch``: ranks on
     one host meet on a FileStore in a fresh 0700 folder, not on a TCPStore on 127.0.0.1.
     Another account tries every TCP port the ranks listen on as a TCPStore client (and
     claims a key), and opens the store file."""
@@ -292,7 +292,7 @@ print(json.dumps(opened))
 
 
 def test_re_formed_groups_leave_no_store_files_behind(engine_tmp, pdl_session):
-    """Guards ``pdl.engine.abort_group`` removing the store folder of the group it leaves:
+    """Guards ``pdl.runtime.engine.abort_group`` removing the store folder of the group it leaves:
     after many re-formations (each change of ``n`` forms a new group), only the current
     group's folder is left."""
     seen = set()
@@ -306,7 +306,7 @@ def test_re_formed_groups_leave_no_store_files_behind(engine_tmp, pdl_session):
 
 
 def test_store_folder_goes_in_the_cluster_dir_when_set(tmp_path, monkeypatch):
-    """Guards ``pdl.engine.new_store_file``: under a hub, the rendezvous folder is made in
+    """Guards ``pdl.runtime.engine.new_store_file``: under a hub, the rendezvous folder is made in
     the user's ``$PDL_CLUSTER_DIR``, 0700, and the file is left for torch to create."""
     monkeypatch.setenv("PDL_CLUSTER_DIR", str(tmp_path))
     path = engine.new_store_file()
@@ -317,7 +317,7 @@ def test_store_folder_goes_in_the_cluster_dir_when_set(tmp_path, monkeypatch):
 
 
 def test_a_killed_groups_store_folder_is_swept_by_the_next_formation(tmp_path, monkeypatch):
-    """Guards the sweep in ``pdl.engine.new_store_file``: engines killed with SIGKILL (as
+    """Guards the sweep in ``pdl.runtime.engine.new_store_file``: engines killed with SIGKILL (as
     a local cluster's are when its kernel dies) run no cleanup. A store folder that no
     live process holds and older than ``STORE_GRACE_S`` is removed; one that a live
     process holds, or one just made, is kept."""
@@ -348,7 +348,7 @@ def test_a_killed_groups_store_folder_is_swept_by_the_next_formation(tmp_path, m
 
 def test_closing_the_session_leaves_no_store_files(tmp_path):
     """Guards the engines removing their store folder when they exit (``atexit`` in
-    ``pdl.engine``): a local cluster stopped with its session leaves nothing behind."""
+    ``pdl.runtime.engine``): a local cluster stopped with its session leaves nothing behind."""
     from pdl_magics import DistributedSession
 
     with pytest.MonkeyPatch.context() as mp:

@@ -108,7 +108,7 @@ def test_a_failing_rank_raises_rank_failed_with_its_traceback(pdl_session):
     assert (e.rank, e.host, e.ename, e.evalue) == (1, socket.gethostname(), "ValueError", "bad shard")
     tb = strip_ansi("\n".join(e.remote_traceback))
     assert "raise ValueError('bad shard')" in tb
-    assert "pdl/engine.py" not in tb and "run_cell" not in tb  # starts at the user's cell
+    assert "pdl/runtime/engine.py" not in tb and "run_cell" not in tb  # starts at the user's cell
     shown = strip_ansi("\n".join(e._render_traceback_()))
     assert shown.splitlines()[0] == f"Rank 1 on host {socket.gethostname()} raised ValueError:"
     assert "raise ValueError('bad shard')" in shown
@@ -296,7 +296,7 @@ def test_engines_survive_everything_and_close_stops_them(pdl_session):
 
 
 def test_engines_outlive_the_thread_that_ran_the_first_cell():
-    """Guards clusters.on_launcher_thread: the parent-death signal of pdl.engine_boot
+    """Guards clusters.on_launcher_thread: the parent-death signal of pdl.runtime.boot
     follows the thread that forked an engine, so engines started from a thread that
     then ended died with it, losing the variables, and the next cell hung."""
     import threading

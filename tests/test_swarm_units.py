@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 import pytest
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, controller_files, engine_file
-from pdl.swarm_engine import gpu_slot_env
+from pdl.runtime.swarm_boot import gpu_slot_env
 from pdl_spawner import form
 from pdl_spawner.swarm_state import (
     OTHER_SERVICES, SwarmServer, gpu_usage, network_address, node_address, pick_ports, starved_tasks, task_error,

@@ -3,7 +3,7 @@
 The kernel runs Horovod's rendezvous server (:mod:`pdl_magics.horovod_driver`)
 and sends each engine the ``HOROVOD_*`` environment of its rank; :func:`start`
 applies it and calls ``hvd.init()``. The group bookkeeping (one group per
-engine, torch or Horovod, and cutting its sockets) lives in :mod:`pdl.engine`.
+engine, torch or Horovod, and cutting its sockets) lives in :mod:`pdl.runtime.engine`.
 
 Horovod is optional: nothing here imports it until a Horovod group is formed.
 """

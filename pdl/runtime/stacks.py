@@ -31,7 +31,7 @@ DATA_KEY = "pdl.stacks"
 #: Seconds of silence on the pipe that end one dump.
 _DUMP_GAP_S = 0.2
 #: A frame of PDL's own cell runner: frames from here down are not the user's.
-_RUNNER = re.compile(r'File ".*[/\\]pdl[/\\]engine\.py", line \d+ in _run_cell')
+_RUNNER = re.compile(r'File ".*[/\\]pdl[/\\]runtime[/\\]engine\.py", line \d+ in _run_cell')
 #: One frame as faulthandler writes it.
 _FRAME = re.compile(r'File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)')
 

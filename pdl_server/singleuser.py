@@ -11,7 +11,7 @@ The PDL spawner runs ``pdl-singleuser <jupyterhub-singleuser args>`` with
    dies, so the reservation always has its engines; with ``PDL_ENGINE_IDLE_TIMEOUT``
    set, stops them after that many seconds without a task, giving the slots back,
    and starts them again on the slots the hub grants when a cell asks
-   (:mod:`pdl.engine_lease`);
+   (:mod:`pdl_server.lease`);
 4. on SIGINT/SIGTERM, or when the server exits, stops the server and the cluster.
 
 Every engine and the controller get SIGKILL if this process dies, even by SIGKILL.
@@ -39,17 +39,14 @@ import threading
 import time
 from pathlib import Path
 
-from pdl import engine_lease
-from pdl.slots import parse_slot_list
 
-from . import clusters
+from pdl_magics import clusters
+
+from . import lease as engine_lease
+from .contract import ServerContract
 
 #: Seconds between checks that every slot's engine is alive.
 SUPERVISE_PERIOD_S = 2.0
-
-
-def cluster_dir() -> Path:
-    return Path(os.environ.get("PDL_CLUSTER_DIR") or Path.home() / ".pdl" / "cluster")
 
 
 class IdleTracker:
@@ -81,7 +78,7 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
 
     With ``idle_timeout_s`` and a ``lease`` directory: stop every engine once none has
     had a task for that long and record the release, then, once the hub grants slots
-    again, start one engine on each (see :mod:`pdl.engine_lease`). With
+    again, start one engine on each (see :mod:`pdl_server.lease`). With
     ``remote_engines`` (the hub runs that many engines elsewhere, on Docker Swarm),
     record the release only, and forget it once the hub grants ``{"engines": n}``: the
     hub stops and starts those engines.
@@ -143,13 +140,13 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
                 print(f"pdl-singleuser: could not restart {slot}: {e}", file=sys.stderr, flush=True)
 
 
-def remote_engines_secret() -> dict | None:
+def remote_engines_secret(contract: ServerContract) -> dict | None:
     """The notebook secret in controller-only mode (``$PDL_CONTROLLER_SECRET``), else None."""
-    path = os.environ.get("PDL_CONTROLLER_SECRET")
+    path = contract.controller_secret
     if not path:
         return None
     from pdl.connection import read_secret
-    from pdl.engine_boot import no_new_privileges
+    from pdl.runtime.boot import no_new_privileges
 
     no_new_privileges()
     return read_secret(path)
@@ -158,15 +155,17 @@ def remote_engines_secret() -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.umask(0o077)
-    remote = remote_engines_secret()
-    slots = [] if remote else parse_slot_list(os.environ.get("PDL_SLOTS", ""))
-    profile_dir = cluster_dir() / "profile"
+    contract = ServerContract.from_env()
+    remote = remote_engines_secret(contract)
+    slots = [] if remote else list(contract.slots)
+    cluster_dir = contract.cluster_path
+    profile_dir = cluster_dir / "profile"
     profile_dir.mkdir(parents=True, exist_ok=True)
     # a new server starts its engines on the slots of this spawn: forget an earlier release
-    engine_lease.remove(cluster_dir(), engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT,
+    engine_lease.remove(cluster_dir, engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT,
                         engine_lease.SLOTS)
     cluster = clusters.new_cluster(cluster_id="pdl", profile_dir=str(profile_dir), shutdown_atexit=False)
-    env = dict(os.environ, PDL_CLUSTER_FILE=cluster.cluster_file, PDL_CLUSTER_DIR=str(cluster_dir()))
+    env = dict(os.environ, **ServerContract(cluster_dir=str(cluster_dir), cluster_file=cluster.cluster_file).env())
     if remote:
         env["JUPYTERHUB_API_TOKEN"] = env["JPY_API_TOKEN"] = remote["api_token"]
 
@@ -186,10 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         server = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *argv], env=env)
         clusters.start_controller(cluster, remote_engines=remote)
         clusters.start_slot_engines(cluster, slots, len(slots))
-        idle_timeout_s = float(os.environ.get("PDL_ENGINE_IDLE_TIMEOUT") or 0)
-        remote_engines = int(os.environ.get("PDL_ENGINES") or 0) if remote else 0
-        watcher = threading.Thread(target=supervise, args=(cluster, slots, stop, idle_timeout_s, cluster_dir(),
-                                                           remote_engines), daemon=True)
+        remote_engines = contract.engines if remote else 0
+        watcher = threading.Thread(target=supervise, args=(cluster, slots, stop, contract.idle_timeout_s,
+                                                           cluster_dir, remote_engines), daemon=True)
         watcher.start()
         if not stop.is_set():
             while server.poll() is None:

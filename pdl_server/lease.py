@@ -23,11 +23,12 @@ back on other slots, else ``$PDL_SLOTS`` from the spawn.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from pdl.atomic_file import write_atomic
+
+from .contract import ServerContract
 
 RELEASED = "engines-released.json"
 WANT = "engines-wanted.json"
@@ -37,7 +38,7 @@ SLOTS = "engines-slots.json"
 
 def lease_dir() -> Path | None:
     """The user's cluster directory, where the files live (None outside a hub server)."""
-    path = os.environ.get("PDL_CLUSTER_DIR")
+    path = ServerContract.from_env().cluster_dir
     return Path(path) if path else None
 
 

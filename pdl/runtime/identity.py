@@ -1,7 +1,7 @@
 """Who an engine is: :func:`describe` (host, address, pid, slot, visible GPUs).
 
 A leaf module (it imports only :mod:`pdl.netaddr`): the engine's call facade
-(:mod:`pdl.engine`), the preflight's probe (:mod:`pdl.preflight`) and the Cluster
+(:mod:`pdl.runtime.engine`), the preflight's probe (:mod:`pdl.runtime.preflight`) and the Cluster
 panel all read an engine's identity from here.
 """
 

@@ -61,11 +61,11 @@ def collective_iface_env(addr: str, environ) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     from pdl.connection import read_secret
-    from pdl.engine_boot import no_new_privileges, pin_cpus
+    from pdl.runtime.boot import no_new_privileges, pin_cpus
 
     argv = list(sys.argv[1:] if argv is None else argv)
     no_new_privileges()
-    os.umask(0o077)  # what the engine writes is the user's alone (see pdl.engine_boot)
+    os.umask(0o077)  # what the engine writes is the user's alone (see pdl.runtime.boot)
     path = os.environ.get("PDL_ENGINE_CONNECTION", "/run/secrets/pdl-engine.json")
     controller = read_secret(path)["location"]
     resource = os.environ.get("PDL_GPU_RESOURCE") or DEFAULT_GPU_RESOURCE

@@ -19,9 +19,10 @@ import tempfile
 import time
 import traceback
 
-from pdl import horovod_engine
-from pdl.engine_identity import describe  # noqa: F401 - called by name (pdl_magics.world.call_engine)
-from pdl.group_sockets import GroupSockets
+from pdl.runtime import horovod_group as horovod_engine
+from pdl.runtime.identity import describe  # noqa: F401 - called by name (pdl_magics.world.call_engine)
+from pdl.runtime.group_sockets import GroupSockets
+from pdl_server.contract import ServerContract
 from pdl.netaddr import free_port  # noqa: F401 - called by name, as describe
 
 #: Key of the process group this engine belongs to, or None. One group at a
@@ -42,8 +43,8 @@ def _shell():
 
 
 def preflight(step: str, *args):
-    """Run ``pdl.preflight.<step>`` (``probe`` or ``all_reduce_smoke``) here: see :mod:`pdl.preflight`."""
-    from pdl import preflight as checks
+    """Run ``pdl.runtime.preflight.<step>`` (``probe`` or ``all_reduce_smoke``) here: see :mod:`pdl.runtime.preflight`."""
+    from pdl.runtime import preflight as checks
 
     if step not in checks.__all__:
         raise ValueError(f"unknown preflight step {step!r}")
@@ -73,7 +74,7 @@ def new_store_file() -> str:
     are removed by the next call here (no live process holds them, see
     :data:`STORE_GRACE_S`).
     """
-    base = os.environ.get("PDL_CLUSTER_DIR")
+    base = ServerContract.from_env().cluster_dir
     base = base if base and os.path.isdir(base) else tempfile.gettempdir()
     _sweep_store_folders(base)
     folder = tempfile.mkdtemp(prefix=STORE_FOLDER_PREFIX, dir=base)
@@ -232,7 +233,7 @@ def horovod_problem(across_hosts: bool = False) -> str | None:
     """Why this engine cannot use Horovod (one line), or None if it can.
 
     ``across_hosts``: the world spans machines, which needs a Horovod built with
-    PDL's process-set interface fix (:func:`pdl.horovod_engine.fixed_for_hosts`).
+    PDL's process-set interface fix (:func:`pdl.runtime.horovod_group.fixed_for_hosts`).
     """
     try:
         import horovod.torch  # noqa: F401
@@ -283,7 +284,7 @@ def abort_group() -> bool:
             _abort_process_group()
     except Exception:
         pass  # a group that is already broken may refuse to abort; destroy it anyway
-    _group_sockets.cut()  # releases the peers: see pdl.group_sockets
+    _group_sockets.cut()  # releases the peers: see pdl.runtime.group_sockets
     try:
         dist.destroy_process_group()
     except Exception:
@@ -335,11 +336,12 @@ def run_cell(code: str, cell_number: int) -> dict:
     "evalue", "traceback": [ANSI lines], "comm_error": bool, "time": epoch s}``.
     The traceback starts at the user's cell, not at PDL's frames. ``pdl.log``
     calls made by the cell are published to the notebook (:mod:`pdl.metrics`), and
-    so is the rank's stack when the notebook asks for it (:mod:`pdl.stacks`).
+    so is the rank's stack when the notebook asks for it (:mod:`pdl.runtime.stacks`).
     """
     from ipyparallel.datapub import publish_data
 
-    from pdl import metrics, stacks
+    from pdl import metrics
+    from pdl.runtime import stacks
 
     stacks.install()  # the hang watchdog can then ask for this rank's stack
     metrics.begin_cell(publish_data)

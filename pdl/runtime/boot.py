@@ -1,6 +1,6 @@
 """Entry point for PDL's engine and controller processes.
 
-``python -m pdl.engine_boot engine|controller [ipyparallel args...]``
+``python -m pdl.runtime.boot engine|controller [ipyparallel args...]``
 
 Before handing over to ipyparallel it
 - sets the umask to 077, so the connection files and keys it writes (and any file
@@ -82,7 +82,7 @@ def main() -> None:
 
         kwargs = controller_kwargs()
     else:
-        sys.exit(f"pdl.engine_boot: unknown role {role!r}; use 'engine' or 'controller'")
+        sys.exit(f"pdl.runtime.boot: unknown role {role!r}; use 'engine' or 'controller'")
     sys.argv = [f"pdl-{role}", *args]
     run(**kwargs)
 

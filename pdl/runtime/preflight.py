@@ -1,7 +1,7 @@
 """Preflight, engine side: what this rank runs on, and an all-reduce smoke test.
 
 The notebook (:mod:`pdl_magics.preflight`) calls these through
-:func:`pdl.engine.preflight` on every rank and compares the answers. Both
+:func:`pdl.runtime.engine.preflight` on every rank and compares the answers. Both
 return plain data (dicts of str, int, float, bool, None, lists) and never raise
 for what they find: a missing interface or a failed all-reduce is data.
 
@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import time
 
-from pdl.engine_identity import describe
+from pdl.runtime.identity import describe
 from pdl.netaddr import iface_for
 
 #: Seconds ``nvidia-smi`` may take before the driver version is reported as unknown.

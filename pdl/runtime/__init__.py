@@ -1,0 +1,15 @@
+"""The engine runtime: the code that runs inside each ipyparallel engine (and its
+controller), never in the hub or the notebook's kernel.
+
+- :mod:`pdl.runtime.engine`: the functions the notebook calls by name
+  (:func:`pdl_magics.world.call_engine`): forming the process group, running a cell,
+  aborting a group.
+- :mod:`pdl.runtime.identity`: who this engine is (host, address, pid, slot).
+- :mod:`pdl.runtime.group_sockets`: the sockets of the process group, cut on demand.
+- :mod:`pdl.runtime.horovod_group`: joining a Horovod world the kernel set up.
+- :mod:`pdl.runtime.preflight`: what this rank runs on, and the all-reduce smoke test.
+- :mod:`pdl.runtime.stacks`: this rank's Python stack on request (the hang watchdog).
+- :mod:`pdl.runtime.boot`: the engine and controller process entry point (pinned to
+  its slot, dies with its parent, no new privileges).
+- :mod:`pdl.runtime.swarm_boot`: ``pdl-engine``, an engine in a Docker Swarm task.
+"""

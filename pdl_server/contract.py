@@ -1,0 +1,122 @@
+"""The server contract: everything a spawner tells a user's server, and the server
+its kernels, as environment variables. One builder (:meth:`ServerContract.env`) and
+one parser (:meth:`ServerContract.from_env`); every spawner writes it, and the server
+supervisor (:mod:`pdl_server.singleuser`), the kernels (:mod:`pdl_magics.clusters`)
+and the engines read it, through here only.
+
+=========================== ====================== =====================================
+variable                    field                  meaning
+=========================== ====================== =====================================
+``PDL_SLOTS``               ``slots``              the slots reserved on this machine
+                                                   (``gpu:0,gpu:1`` or ``cpu:0``; local
+                                                   spawner), one engine each
+``PDL_ENGINES``             ``engines``            how many engines the hub runs
+                                                   elsewhere for this server (Swarm)
+``PDL_CLUSTER_DIR``         ``cluster_dir``        the folder of the server's cluster
+                                                   and engine lease (default
+                                                   ``~/.pdl/cluster``)
+``PDL_CONTROLLER_SECRET``   ``controller_secret``  the notebook secret's file (Swarm:
+                                                   controller only, engines elsewhere)
+``PDL_ENGINE_IDLE_TIMEOUT`` ``idle_timeout_s``     seconds without a task before the
+                                                   engines give their GPUs back (0: never)
+``PDL_CLUSTER_FILE``        ``cluster_file``       set by the server for its kernels:
+                                                   the ipyparallel cluster file
+=========================== ====================== =====================================
+
+The hub writes these into the server's environment; nothing a user writes reaches
+the hub through them (the hub reads none of them back).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdl.slots import parse_slot_list
+
+#: The cluster folder, relative to the user's home, when ``PDL_CLUSTER_DIR`` is not set.
+CLUSTER_DIR_IN_HOME = ".pdl/cluster"
+
+#: Field name -> environment variable, in the table's order.
+VARIABLES = {
+    "slots": "PDL_SLOTS",
+    "engines": "PDL_ENGINES",
+    "cluster_dir": "PDL_CLUSTER_DIR",
+    "controller_secret": "PDL_CONTROLLER_SECRET",
+    "idle_timeout_s": "PDL_ENGINE_IDLE_TIMEOUT",
+    "cluster_file": "PDL_CLUSTER_FILE",
+}
+
+
+def cluster_dir_in(home: str | os.PathLike) -> str:
+    """The cluster folder of a user whose home is ``home``."""
+    return str(Path(home) / CLUSTER_DIR_IN_HOME)
+
+
+@dataclass(frozen=True)
+class ServerContract:
+    """What a user's server is told. Empty values are left out of :meth:`env`."""
+
+    #: local slots reserved for this server (one engine each)
+    slots: tuple[str, ...] = field(default=())
+    #: engines the hub runs elsewhere for this server (Docker Swarm); 0: none
+    engines: int = 0
+    #: the server's cluster folder ("" : ``~/.pdl/cluster``)
+    cluster_dir: str = ""
+    #: the file of the notebook secret (Docker Swarm); "": engines run here
+    controller_secret: str = ""
+    #: seconds without a task before idle engines give their GPUs back; 0: never
+    idle_timeout_s: float = 0.0
+    #: the ipyparallel cluster file (set by the server for its kernels)
+    cluster_file: str = ""
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that carry this contract (empty fields left out)."""
+        values = {
+            "slots": ",".join(self.slots),
+            "engines": str(self.engines) if self.engines else "",
+            "cluster_dir": self.cluster_dir,
+            "controller_secret": self.controller_secret,
+            "idle_timeout_s": f"{self.idle_timeout_s:g}" if self.idle_timeout_s else "",
+            "cluster_file": self.cluster_file,
+        }
+        return {VARIABLES[name]: value for name, value in values.items() if value}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServerContract:
+        """The contract in ``env`` (default: this process's environment).
+
+        ValueError, naming the variable and what is valid, for a malformed value.
+        """
+        env = os.environ if env is None else env
+
+        def number(name: str, kind):
+            text = env.get(VARIABLES[name]) or "0"
+            try:
+                value = kind(text)
+            except ValueError:
+                value = -1
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{VARIABLES[name]}={text!r} is not valid: expected a number >= 0")
+            return value
+
+        return cls(
+            slots=tuple(parse_slot_list(env.get(VARIABLES["slots"], ""))),
+            engines=number("engines", int),
+            cluster_dir=env.get(VARIABLES["cluster_dir"], ""),
+            controller_secret=env.get(VARIABLES["controller_secret"], ""),
+            idle_timeout_s=number("idle_timeout_s", float),
+            cluster_file=env.get(VARIABLES["cluster_file"], ""),
+        )
+
+    @property
+    def cluster_path(self) -> Path:
+        """The cluster folder: ``cluster_dir``, else ``~/.pdl/cluster``."""
+        return Path(self.cluster_dir) if self.cluster_dir else Path(cluster_dir_in(Path.home()))
+
+    @property
+    def engine_count(self) -> int:
+        """How many engines this server has: ``engines`` (elsewhere), else one per slot."""
+        return self.engines or len(self.slots)

@@ -1,0 +1,57 @@
+"""The server contract (pdl_server/contract.py): what a spawner tells a user's server,
+as environment variables, built and parsed in one place. Golden values: a change here
+is a change of what running servers and images expect."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdl_server.contract import ServerContract, cluster_dir_in
+
+
+def test_a_local_servers_contract_is_exactly_these_variables():
+    contract = ServerContract(slots=("gpu:0", "gpu:2"), cluster_dir="/home/ann/.pdl/cluster", idle_timeout_s=600)
+    assert contract.env() == {
+        "PDL_SLOTS": "gpu:0,gpu:2",
+        "PDL_CLUSTER_DIR": "/home/ann/.pdl/cluster",
+        "PDL_ENGINE_IDLE_TIMEOUT": "600",
+    }
+
+
+def test_a_swarm_servers_contract_is_exactly_these_variables():
+    contract = ServerContract(engines=3, cluster_dir="/tmp/pdl-cluster",
+                              controller_secret="/run/secrets/pdl-notebook.json")
+    assert contract.env() == {
+        "PDL_ENGINES": "3",
+        "PDL_CLUSTER_DIR": "/tmp/pdl-cluster",
+        "PDL_CONTROLLER_SECRET": "/run/secrets/pdl-notebook.json",
+    }
+
+
+@pytest.mark.parametrize("contract", [
+    ServerContract(),
+    ServerContract(slots=("cpu:0",), cluster_dir="/c", idle_timeout_s=2.5, cluster_file="/c/f.json"),
+    ServerContract(engines=8, controller_secret="/run/secrets/x", cluster_dir="/tmp/pdl-cluster"),
+])
+def test_what_the_builder_writes_the_parser_reads_back(contract):
+    assert ServerContract.from_env(contract.env()) == contract
+
+
+def test_the_counts_and_the_default_cluster_folder():
+    assert ServerContract(slots=("gpu:0", "gpu:1")).engine_count == 2
+    assert ServerContract(slots=("gpu:0",), engines=3).engine_count == 3
+    assert ServerContract().cluster_path.as_posix().endswith("/.pdl/cluster")
+    assert cluster_dir_in("/home/ann") == "/home/ann/.pdl/cluster"
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"PDL_ENGINES": "-1"}, ["PDL_ENGINES='-1'", ">= 0"]),
+    ({"PDL_ENGINES": "three"}, ["PDL_ENGINES='three'", ">= 0"]),
+    ({"PDL_ENGINE_IDLE_TIMEOUT": "inf"}, ["PDL_ENGINE_IDLE_TIMEOUT='inf'", ">= 0"]),
+    ({"PDL_ENGINE_IDLE_TIMEOUT": "nan"}, ["PDL_ENGINE_IDLE_TIMEOUT='nan'", ">= 0"]),
+    ({"PDL_SLOTS": "gpu:0,tpu:1"}, ["tpu:1"]),
+])
+def test_a_malformed_value_is_one_line_naming_the_variable(env, words):
+    with pytest.raises(ValueError) as info:
+        ServerContract.from_env(env)
+    assert all(w in str(info.value) for w in words) and "\n" not in str(info.value), info.value
