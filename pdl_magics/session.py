@@ -125,11 +125,8 @@ class DistributedSession:
         """The ipyparallel client of this session's engines; None until the first cell connects."""
         return self.engines.client
 
-    def world(self, n: int | None = None, backend: str = "torch", timeout_s: float = COLLECTIVE_TIMEOUT_S,
-              hang_timeout_s: float = HANG_TIMEOUT_S) -> list[Rank]:
-        """Check the options (:func:`check_options`), then the first ``n`` workers in rank
-        order (default: all of them); see :meth:`Engines.world`."""
-        check_options(backend, timeout_s, hang_timeout_s)
+    def world(self, n: int | None = None) -> list[Rank]:
+        """The first ``n`` workers in rank order (default: all of them); see :meth:`Engines.world`."""
         return self.engines.world(n)
 
     # -- running ---------------------------------------------------------------
@@ -155,7 +152,8 @@ class DistributedSession:
         """
         out = out or sys.stdout
         err = err or sys.stderr
-        world = self.world(n, backend, timeout_s, hang_timeout_s)
+        check_options(backend, timeout_s, hang_timeout_s)
+        world = self.world(n)
         if preflight and self.preflight:
             self._preflight_once(world, backend, timeout_s)  # raises PreflightFailed: nothing runs
         self.group.ensure(world, backend, timeout_s)
@@ -189,7 +187,8 @@ class DistributedSession:
         """``%pdl check``: the preflight on the first ``n`` ranks (default: all), as a cell
         with ``-n n --backend backend`` would run on them. Returns the report; raises only
         :class:`~pdl_magics.errors.DistributedUsageError` for bad arguments."""
-        world = self.world(n, backend, timeout_s)
+        check_options(backend, timeout_s)
+        world = self.world(n)
         return preflight.run_checks(self.engines, self.group, world, backend, timeout_s)
 
     def _preflight_once(self, world: list[Rank], backend: str, timeout_s: float) -> None:

@@ -115,8 +115,3 @@ class ServerContract:
     def cluster_path(self) -> Path:
         """The cluster folder: ``cluster_dir``, else ``~/.pdl/cluster``."""
         return Path(self.cluster_dir) if self.cluster_dir else Path(cluster_dir_in(Path.home()))
-
-    @property
-    def engine_count(self) -> int:
-        """How many engines this server has: ``engines`` (elsewhere), else one per slot."""
-        return self.engines or len(self.slots)
