@@ -10,7 +10,7 @@ says why in one line. The exit status is 1 when a step failed, else 0.
 
 Steps: the bundle's install (``OUT/install.json``, from ``scripts/gpu-check``);
 ``%%distributed`` outside the hub (a DDP cell on every slot of this machine: its GPUs,
-or CPU slots); ``pytest -m gpu`` (tests/test_gpu.py); the training throughput
+or CPU slots); ``pytest -m gpu`` (tests/engines/test_gpu.py); the training throughput
 benchmark on CINIC-10-sized data (GPU only); Horovod built with NCCL and its GPU test
 (GPU with CUDA's compiler only).
 """
@@ -122,7 +122,7 @@ def step_distributed(out: Path) -> Result:
 
 def step_gpu_tests(out: Path) -> Result:
     xml = out / "gpu-tests.xml"
-    rc, _ = run_logged(out, "gpu-tests", [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py",
+    rc, _ = run_logged(out, "gpu-tests", [sys.executable, "-m", "pytest", "-m", "gpu", "tests/engines/test_gpu.py",
                                           "-p", "no:cacheprovider", "-q", "-rs", f"--junitxml={xml}"])
     if rc is None or not xml.exists():
         return Result("failed", f"over {LIMITS_S['gpu-tests']} s" if rc is None else "see gpu-tests.log")
@@ -156,7 +156,7 @@ def step_horovod(out: Path) -> Result:
         return Result("skipped", "no CUDA compiler (nvcc) to build Horovod's NCCL operations")
     rc, text = run_logged(out, "horovod", ["bash", "-c",
                                            f"HOROVOD_GPU_OPERATIONS=NCCL scripts/build-horovod {sys.executable} && "
-                                           f"{sys.executable} -m pytest -m gpu -k horovod tests/test_gpu.py "
+                                           f"{sys.executable} -m pytest -m gpu -k horovod tests/engines/test_gpu.py "
                                            "-p no:cacheprovider -q -rs"])
     if rc != 0:
         return Result("failed", "see horovod.log" if rc is not None else f"over {LIMITS_S['horovod']} s")

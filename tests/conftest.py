@@ -1,41 +1,49 @@
-"""Shared fixtures. ``swarm``: the simulated 3-node Docker Swarm (tests/swarm_harness.py)."""
+"""What the tests of every side share.
+
+The tests are in one folder per side of the code: ``hub/``, ``notebook/``,
+``engines/``, ``training/``, ``swarm/`` and ``browser/`` (tests/test_layout.py keeps it
+so); fixtures that only one side uses are in that folder's ``conftest.py``. The tiers
+are markers (pyproject.toml). The harness modules in ``harness/`` are importable from
+every folder (``pythonpath`` in pyproject.toml).
+
+Here: ``pdl_session``, a local cluster of three CPU-slot engines for a module; and
+the services' logs added to a failing test's report: the hub's and its servers' for a
+test that uses a hub fixture, the node daemons' for one on the simulated swarm.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-import swarm_harness
 
-#: The first test that uses the swarm also builds the images and starts the nodes.
-SWARM_TEST_TIMEOUT = 1800
+@pytest.fixture(scope="module")
+def pdl_session(tmp_path_factory):
+    """A DistributedSession over three local CPU slots (``engines_harness.SLOTS``),
+    engines already started, for one test module (``engines_harness.local_session``)."""
+    import engines_harness
 
-
-@pytest.fixture(scope="session")
-def swarm():
-    """A running :class:`swarm_harness.SwarmSim` with pdl-notebook:test and pdl-hub:test
-    loaded on every node. Skips when this machine can't run it (not root, no Docker),
-    except with $CI set, where that fails. Tests clean up their own services (or use
-    ``clean_swarm``)."""
-    yield from swarm_harness.swarm_session()
+    yield from engines_harness.local_session(tmp_path_factory)
 
 
-@pytest.fixture
-def clean_swarm(swarm):
-    """``swarm``, with every service, container and network removed after the test."""
-    yield swarm
-    swarm.reset()
+def service_logs(funcargs: dict) -> list[tuple[str, str]]:
+    """(title, text) for each service log a failing test's report shows: those of every
+    simulated swarm and every hub among the fixtures it used (``failure_sections()``)."""
+    from hub_harness import Hub
+    from swarm_harness import SwarmSim
 
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "swarm" in item.fixturenames and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(SWARM_TEST_TIMEOUT))
+    sections = []
+    for name, service in funcargs.items():
+        if isinstance(service, (SwarmSim, Hub)):
+            try:
+                sections += service.failure_sections()
+            except Exception as e:  # noqa: BLE001 - a log that cannot be read must not hide the failure
+                sections.append((f"{name} logs", f"could not read them: {type(e).__name__}: {e}"))
+    return sections
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    sim = item.funcargs.get("swarm") if hasattr(item, "funcargs") else None
-    if report.failed and isinstance(sim, swarm_harness.SwarmSim):
-        report.sections.append(("swarm node daemons", sim.logs(tail=40)))
+    if report.failed and hasattr(item, "funcargs"):
+        report.sections.extend(service_logs(item.funcargs))

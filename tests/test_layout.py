@@ -1,6 +1,7 @@
 """The product's packages keep their layout rules: no import circle, and no module
 imports another module's ``_private`` name (each concept is used through its owner's
-public API). Read from the source with :mod:`ast`, imports inside functions included."""
+public API). Read from the source with :mod:`ast`, imports inside functions included.
+The tests mirror the code: one folder per side (this file, about the whole tree, aside)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pdl", "pdl_server", "pdl_magics", "pdl_spawner", "pdl_lab", "pdl_cinic10")
+#: tests/<side>/: the tests of one side of the code; tests/harness/: what they share.
+TEST_SIDES = ("hub", "notebook", "engines", "training", "swarm", "browser")
 
 
 def modules() -> dict[str, Path]:
@@ -88,3 +91,17 @@ def test_each_package_docstring_names_every_module_it_holds(package):
     doc = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
     held = [name for name in MODULES if name.rpartition(".")[0] == package]
     assert held and [name for name in held if name not in doc] == [], f"{package}/__init__.py does not say what these hold"
+
+
+def test_every_test_file_lives_in_the_folder_of_its_side():
+    tests = ROOT / "tests"
+    files = sorted(path.relative_to(tests) for path in tests.rglob("test_*.py"))
+    astray = [str(path) for path in files
+              if path != Path(__file__).relative_to(tests) and (len(path.parts) != 2 or path.parts[0] not in TEST_SIDES)]
+    assert astray == [], f"test files outside tests/<side>/ ({', '.join(TEST_SIDES)})"
+    # pytest imports them by basename (no __init__.py, its default import mode): one name, one file
+    names = [path.name for path in files]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
+    assert not list(tests.rglob("__init__.py"))
+    folders = [path.name for path in tests.iterdir() if path.is_dir() and not path.name.startswith((".", "__"))]
+    assert sorted(folders) == sorted([*TEST_SIDES, "harness"])

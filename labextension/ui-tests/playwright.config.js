@@ -1,5 +1,5 @@
 /**
- * Galata tests of the Cluster panel. tests/test_lab_panel_ui.py starts JupyterLab
+ * Galata tests of the Cluster panel. tests/browser/test_lab_panel_ui.py starts JupyterLab
  * (with the galata helper extension and expose_app_in_browser) and a cluster, then
  * runs `npx playwright test` with:
  *   PDL_LAB_URL      the server's URL

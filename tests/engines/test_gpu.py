@@ -1,0 +1,222 @@
+"""PDL's GPU paths on this machine's CUDA GPUs (marker ``gpu``; skipped without one).
+
+``scripts/gpu-check`` runs them on a GPU machine (``pytest -m gpu``); elsewhere they
+skip with the reason. Engines are real: one per GPU of this machine (``nvidia-smi``'s
+order), started by a :class:`~pdl_magics.DistributedSession` over ``gpu:<i>`` slots.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from engines_harness import interrupt_running_loop
+from pdl.slots import detect_gpus
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+]
+
+#: bf16 + channels_last + compile may differ from fp32 by this much (relative) in an
+#: epoch's mean training loss over the same data and seed.
+RECIPE_LOSS_TOLERANCE = 0.10
+MIB = 1 << 20
+
+
+def nvidia_smi(*fields: str) -> list[list[str]]:
+    """One row per GPU of ``nvidia-smi --query-gpu=<fields>``."""
+    out = subprocess.run([shutil.which("nvidia-smi") or "nvidia-smi", f"--query-gpu={','.join(fields)}",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True)
+    return [[v.strip() for v in line.split(",")] for line in out.stdout.strip().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def gpus() -> list[str]:
+    slots = detect_gpus()
+    assert slots, "torch sees a GPU but nvidia-smi lists none"
+    return slots
+
+
+@pytest.fixture(scope="module")
+def session(gpus):
+    from pdl_magics import DistributedSession
+
+    s = DistributedSession(local_slots=gpus)
+    yield s
+    s.close()
+
+
+def run_json(session, cell: str, n: int, **kwargs) -> list[dict]:
+    """Run ``cell`` on ``n`` ranks; the JSON object each rank printed, in output order."""
+    out = io.StringIO()
+    session.run(cell, n, all_output=True, out=out, **kwargs)
+    return [json.loads(m) for m in re.findall(r"\{.*\}", out.getvalue())]
+
+
+def test_each_engine_sees_exactly_its_reserved_gpu(session, gpus):
+    cell = """
+import json, os, torch
+props = torch.cuda.get_device_properties(0)
+print(json.dumps({"rank": rank, "slot": os.environ["PDL_SLOT"], "visible": os.environ["CUDA_VISIBLE_DEVICES"],
+                  "count": torch.cuda.device_count(), "device": str(device), "uuid": str(props.uuid)}))
+"""
+    seen = run_json(session, cell, len(gpus))
+    uuids = {int(index): uuid.removeprefix("GPU-") for index, uuid in nvidia_smi("index", "uuid")}
+    assert sorted(s["slot"] for s in seen) == sorted(gpus)
+    for s in seen:
+        index = int(s["slot"].split(":")[1])
+        assert s["visible"] == str(index) and s["count"] == 1 and s["device"] == "cuda:0", s
+        assert s["uuid"] == uuids[index], (s, uuids)
+
+
+def test_an_nccl_group_all_reduces_on_every_gpu(session, gpus):
+    cell = """
+import json, torch, torch.distributed as dist
+t = torch.full((1024,), float(rank + 1), device=device)
+dist.all_reduce(t)
+print(json.dumps({"backend": dist.get_backend(), "sum": t[0].item(), "world": world_size}))
+"""
+    seen = run_json(session, cell, len(gpus))
+    n = len(gpus)
+    assert len(seen) == n and all(s == {"backend": "nccl", "sum": n * (n + 1) / 2, "world": n} for s in seen), seen
+
+
+def test_ddp_trains_a_few_steps_on_the_gpu(session, gpus):
+    cell = """
+import json, torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(rank)
+model = DDP(torch.nn.Linear(256, 1).to(device), device_ids=[device.index])
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+w = torch.linspace(-1, 1, 256, device=device)[:, None]
+losses = []
+for step in range(100):
+    x = torch.randn(512, 256, device=device)
+    loss = ((model(x) - x @ w) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    losses.append(loss.item())
+print(json.dumps({"first": losses[0], "last": losses[-1], "weights": model.module.weight.sum().item()}))
+"""
+    seen = run_json(session, cell, len(gpus))
+    assert all(s["last"] < 0.1 * s["first"] for s in seen), seen
+    assert len({round(s["weights"], 4) for s in seen}) == 1, "DDP replicas diverged"
+
+
+def test_the_bf16_channels_last_compile_recipe_tracks_fp32(tmp_path):
+    from pdl_cinic10.cache import load
+    from pdl_cinic10.model import ResNet18
+    from pdl_cinic10.sample import make_sample
+    from pdl_cinic10.train import Hyper, fit
+
+    make_sample(tmp_path, train_per_class=200, test_per_class=40, valid_per_class=1)
+    device = torch.device("cuda")
+    train, test = load(tmp_path, "train", device=device), load(tmp_path, "test", device=device)
+    losses = {}
+    for name, fast in (("recipe", True), ("fp32", False)):
+        torch.manual_seed(0)
+        hp = Hyper(epochs=2, width=32, bf16=fast, channels_last=fast, compile=fast)
+        losses[name] = [h["train_loss"] for h in fit(ResNet18(width=32), train, test, hp, device=device)["history"]]
+    for recipe, fp32 in zip(losses["recipe"], losses["fp32"]):
+        assert math.isfinite(recipe) and abs(recipe - fp32) <= RECIPE_LOSS_TOLERANCE * fp32, losses
+
+
+def test_a_checkpoint_saves_and_resumes_on_the_gpu(tmp_path):
+    from pdl import checkpoint
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 8).to(device)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 32, device=device)).sum().backward()
+    opt.step()
+    checkpoint.save(tmp_path / "ckpt.pt", model=model, optimizer=opt, step=1)
+    again = torch.nn.Linear(32, 8).to(device)
+    again_opt = torch.optim.Adam(again.parameters())
+    rest = checkpoint.load(tmp_path / "ckpt.pt", model=again, optimizer=again_opt)
+    assert rest == {"step": 1}
+    assert again.weight.device.type == "cuda" and torch.equal(again.weight, model.weight)
+    state = next(iter(again_opt.state.values()))
+    assert state["exp_avg"].device.type == "cuda"
+
+
+def test_after_ctrl_c_the_engines_gpu_memory_is_reused_not_leaked(session, gpus):
+    body = "b = torch.empty(512 << 20, dtype=torch.uint8, device=device); b.fill_(1); torch.cuda.synchronize()"
+    report = ("import json, torch\nprint(json.dumps({'reserved': torch.cuda.memory_reserved(), "
+              "'allocated': torch.cuda.memory_allocated()}))")
+    reserved = []
+    for _ in range(2):
+        interrupt_running_loop(session, body, n=len(gpus))
+        reserved.append([s["reserved"] for s in run_json(session, report, len(gpus))])
+    for first, second in zip(*reserved):
+        assert second <= first + 64 * MIB, f"GPU memory grew from {first // MIB} to {second // MIB} MiB"
+
+
+def test_the_preflight_shows_the_real_gpu_driver_and_cuda(session, gpus):
+
+    text = session.check(len(gpus)).text()
+    name, driver = nvidia_smi("name", "driver_version")[0]
+    assert name in text and driver in text and torch.version.cuda in text, text
+
+
+def test_the_cluster_panel_reads_the_real_nvidia_smi():
+    from pdl_lab.resources import gpu_stats
+
+    stats = gpu_stats()
+    rows = nvidia_smi("index", "uuid", "name", "memory.total")
+    assert [(s["index"], s["uuid"], s["name"]) for s in stats] == [(i, u, n) for i, u, n, _ in rows]
+    assert all(s["mem_total_bytes"] == int(total) * MIB for s, (*_, total) in zip(stats, rows)), stats
+
+
+def test_horovod_all_reduces_with_nccl(session, gpus):
+    hvd = pytest.importorskip("horovod.torch")
+    if not hvd.nccl_built():
+        pytest.skip("this Horovod was built without NCCL (scripts/build-horovod with HOROVOD_GPU_OPERATIONS=NCCL)")
+    cell = """
+import json, torch
+t = hvd.allreduce(torch.full((1024,), float(rank + 1), device=device), op=hvd.Sum)
+print(json.dumps({"sum": t[0].item(), "size": hvd.size(), "device": str(t.device)}))
+"""
+    seen = run_json(session, cell, len(gpus), backend="horovod")
+    n = len(gpus)
+    assert len(seen) == n and all(s == {"sum": n * (n + 1) / 2, "size": n, "device": "cuda:0"} for s in seen), seen
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """A hub whose pool is what nvidia-smi reports (no PDL_POOL)."""
+    from hub_harness import hub_fixture
+
+    yield from hub_fixture(tmp_path, ["gpuadmin"], pool=[])
+
+
+def test_a_real_hub_gives_a_user_an_engine_on_every_gpu(hub, gpus):
+    """The local spawner's pool comes from nvidia-smi (no PDL_POOL): a user asking for
+    every GPU gets one engine on each, in an NCCL group, through the hub and its proxy."""
+    from hub_harness import Kernel
+
+    kernel = None
+    try:
+        r = hub.spawn("gpuadmin", len(gpus))
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready("gpuadmin")
+        kernel = Kernel(hub, "gpuadmin")
+        kernel.execute_ok("%load_ext pdl_magics")
+        cell = (f"%%distributed -n {len(gpus)} --all-output\nimport json, os, torch, torch.distributed as dist\n"
+                "t = torch.ones(1, device=device); dist.all_reduce(t)\n"
+                "print(json.dumps({'slot': os.environ['PDL_SLOT'], 'backend': dist.get_backend(), "
+                "'sum': t.item()}))")
+        out = kernel.execute_ok(cell, timeout=300)
+        seen = [json.loads(m) for m in re.findall(r"\{.*\}", out["stdout"])]
+        assert sorted(s["slot"] for s in seen) == sorted(gpus), out
+        assert all(s["backend"] == "nccl" and s["sum"] == len(gpus) for s in seen), seen
+    finally:
+        if kernel is not None:
+            kernel.close()

@@ -1,0 +1,594 @@
+"""A real JupyterHub (with configurable-http-proxy) for tests, on 127.0.0.1 only.
+
+:class:`Hub` runs ``jupyterhub`` with the project's ``jupyterhub_config.py`` in a
+temporary state directory, plus a test service token with admin scopes.
+:class:`Kernel` talks to a kernel on a spawned server through the proxy, over the
+real websocket protocol. Everything a test starts is stopped by PID, and stray
+processes under the temporary directory are killed at the end.
+
+Every ``hub`` fixture, local or on the simulated Swarm, goes through :func:`running`
+(mostly by way of :func:`hub_fixture`); when a test that uses one fails,
+tests/conftest.py adds the hub's log and its servers' logs to the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import requests
+import websocket
+
+from pdl.process import pid_alive
+from pdl_server.contract import cluster_dir_in
+from waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def runs_as_root() -> bool:
+    """Whether the hub (started by these tests) runs as root: each user then has their own account."""
+    return os.geteuid() == 0
+
+
+def open_path_to(path: Path) -> None:
+    """Let other accounts pass through every folder down to ``path`` (search, not list:
+    mode o+x), so that users' homes under a test's temporary folder can be entered by
+    their owners; files the harness writes stay private (it writes them 0600)."""
+    for part in [*reversed(Path(path).parents), Path(path)]:
+        if part.stat().st_mode & 0o001 == 0:
+            part.chmod(part.stat().st_mode | 0o011)
+
+
+class Hub:
+    """A JupyterHub process for one test module.
+
+    As root (CI), users' servers run as their own Unix accounts, ``<prefix><name>`` with
+    a prefix unique to this hub, and homes in ``root/homes``; :meth:`close` deletes them.
+    """
+
+    def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
+                 hub_env: dict | None = None, extra_config: str = ""):
+        self.root = Path(root)
+        self.users = users
+        self.pool = pool
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # fixed for the hub's lifetime: running servers keep talking to these after a restart
+        self.internal_port, self.proxy_api_port = free_port(), free_port()
+        self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin_view.py)
+        self.state_dir = self.root / "state"
+        self.log_path = self.root / "hub.log"
+        self.spawner_env = spawner_env or {}
+        self.hub_env = hub_env or {}  # extra environment of the hub process (PDL_* settings)
+        self.proc: subprocess.Popen | None = None
+        self.account_prefix = f"t{secrets.token_hex(2)}-"  # this hub's users' Unix accounts
+        self.homes_root = self.root / "homes"
+        self.extra_config = extra_config  # lines appended to the config (a fault injected at its seam)
+        self.passwords: dict[str, str] = {}  # each listed user's own, as they signed up (not the admin's)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def _write_config(self) -> Path:
+        config = self.root / "test_config.py"
+        config.touch(mode=0o600)  # holds an admin token: the users' accounts must not read it
+        config.write_text(
+            f"""
+load_subconfig({str(REPO / 'jupyterhub_config.py')!r})
+c.JupyterHub.services.append({{"name": "pdl-tests", "api_token": {self.token!r}}})
+c.JupyterHub.load_roles.append({{
+    "name": "pdl-tests",
+    "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users", "read:users"],
+    "services": ["pdl-tests"],
+}})
+c.PDLLocalSpawner.home_dir_template = {str(self.root / 'home' / '{username}')!r}
+c.PDLLocalSpawner.account_prefix = {self.account_prefix!r}
+c.PDLLocalSpawner.homes_root = {str(self.homes_root)!r}
+c.PDLLocalSpawner.default_workers = 1
+c.Spawner.environment = {json.dumps(self.spawner_env)}
+c.JupyterHub.log_level = "INFO"
+{self.extra_config}
+"""
+        )
+        return config
+
+    def start(self) -> Hub:
+        if len(self.users) > 1 and not runs_as_root() and not os.environ.get("CI"):
+            import pytest
+
+            pytest.skip("a hub with several users needs root (each gets a Unix account); it refuses to start")
+        if runs_as_root():
+            self.homes_root.mkdir(parents=True, exist_ok=True)
+            open_path_to(self.homes_root)
+        config = self._write_config()
+        env = dict(
+            os.environ,
+            PDL_STATE_DIR=str(self.state_dir),
+            PDL_USERS=",".join(self.users),
+            PDL_HUB_PORT=str(self.port),
+            PDL_HUB_INTERNAL_PORT=str(self.internal_port),
+            PDL_PROXY_API_PORT=str(self.proxy_api_port),
+            PDL_ADMIN_VIEW_PORT=str(self.admin_view_port),
+            PDL_POOL=",".join(self.pool),
+            PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+            **self.hub_env,
+        )
+        log = open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+            cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_until(self._up, 60, what="the hub to answer")
+        self.sign_up_listed_users()
+        return self
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def stop_hub(self, sig=signal.SIGTERM) -> None:
+        """Stop the hub process only (user servers keep running: cleanup_servers is off)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        # the proxy is the hub's child; with SIGKILL it may be left behind
+        for pid in pids_matching(lambda cmd, cwd: "configurable-http-proxy" in cmd and str(self.port) in cmd):
+            _kill(pid)
+
+    def close(self) -> None:
+        """Stop every user's server, the hub, and anything left under the temp dir."""
+        try:
+            if self.proc and self.proc.poll() is None:
+                for user in self.users:
+                    self.api("DELETE", f"/users/{user}/server", timeout=30)
+                wait_until(lambda: not self.running_servers(), 60, what="servers to stop")
+        except Exception:
+            pass
+        self.stop_hub()
+        for pid in pids_matching(lambda cmd, cwd: str(self.root) in cmd or cwd.startswith(str(self.root))):
+            _kill(pid)
+        for user in self.users:
+            self.delete_account(user)
+
+    def account(self, user: str) -> str:
+        """The Unix account ``user``'s server runs as (the hub's own user without root)."""
+        return f"{self.account_prefix}{user}" if runs_as_root() else pwd.getpwuid(os.geteuid()).pw_name
+
+    def delete_account(self, user: str) -> None:
+        """Delete ``user``'s Unix account and home, once no process of theirs is left."""
+        if not runs_as_root():
+            return
+        name = self.account(user)
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            return
+        wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
+        subprocess.run(["userdel", "--remove", name], capture_output=True)
+        shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)  # its runtime folder (the spawner's)
+        from pdl_spawner import device_cgroup
+
+        if device_cgroup.support():  # its cgroup, left behind when the hub was killed
+            device_cgroup.DeviceCgroup(name).remove()
+
+    def log_tail(self, n: int = 80) -> str:
+        """The last ``n`` lines of the hub's log, which also holds what users' servers print
+        (a local spawner's servers write to the hub's stdout and stderr)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def server_logs(self, tail: int = 40) -> dict[str, str]:
+        """The last ``tail`` lines of each log the users' servers keep apart from the hub's:
+        their controller's and engines' (ipyparallel's, in the cluster folder's profile),
+        by file."""
+        logs = {}
+        for user in self.users:
+            folder = Path(cluster_dir_in(self.home(user))) / "profile" / "log"
+            for path in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+                try:
+                    logs[str(path)] = "\n".join(path.read_text(errors="replace").splitlines()[-tail:])
+                except OSError:
+                    continue
+        return logs
+
+    def failure_sections(self) -> list[tuple[str, str]]:
+        """What a failing test's report shows of this hub (tests/conftest.py): the hub's
+        log, then each server log, as (title, text)."""
+        sections = [(f"hub log ({self.log_path})", self.log_tail(200))]
+        sections += [(f"server log ({path})", text) for path, text in self.server_logs().items()]
+        return sections
+
+    def check_nothing_left(self) -> None:
+        """After :meth:`close`: fail if an engine outlived the hub."""
+        assert not engine_processes(self.root), "engines left running after the hub was closed"
+
+    # -- REST ------------------------------------------------------------------
+
+    def api(self, method: str, path: str, token: str | None = None, **kwargs) -> requests.Response:
+        """A hub REST call, with the tests' admin service token unless ``token`` is given."""
+        headers = {"Authorization": f"token {token or self.token}"}
+        kwargs.setdefault("timeout", 60)
+        return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, **kwargs)
+
+    def server_api(self, user: str, path: str, token: str | None = None) -> dict:
+        """GET ``/user/<user><path>`` from the user's own server (with a token of theirs)."""
+        r = requests.get(f"{self.url}/user/{user}{path}", timeout=30,
+                         headers={"Authorization": f"token {token or self.user_token(user)}"})
+        r.raise_for_status()
+        return r.json()
+
+    def spawn(self, user: str, workers: int | None) -> requests.Response:
+        body = {} if workers is None else {"workers": workers}
+        return self.api("POST", f"/users/{user}/server", json=body)
+
+    def user_model(self, user: str) -> dict:
+        r = self.api("GET", f"/users/{user}")
+        r.raise_for_status()
+        return r.json()
+
+    def server_ready(self, user: str) -> bool:
+        server = self.user_model(user).get("servers", {}).get("")
+        return bool(server and server.get("ready"))
+
+    def wait_ready(self, user: str, timeout: float = 90) -> None:
+        try:
+            wait_until(lambda: self.server_ready(user), timeout, what=f"{user}'s server")
+        except TimeoutError:
+            raise TimeoutError(f"{user}'s server not ready:\n{self.log_tail()}") from None
+
+    def wait_spawned(self, user: str, timeout: float = 120) -> tuple[bool, str]:
+        """Follow the spawn's progress events: (True, "") once ready, (False, message) if it failed."""
+        with self.api("GET", f"/users/{user}/server/progress", stream=True, timeout=timeout) as r:
+            r.raise_for_status()
+            for line in r.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data:"):
+                    continue
+                event = json.loads(line[len("data:"):])
+                if event.get("ready"):
+                    return True, ""
+                if event.get("failed"):
+                    return False, event.get("message", "")
+        return self.server_ready(user), "the progress stream ended"
+
+    def home(self, user: str) -> Path:
+        """The user's home: their account's (as root), else ``PDLLocalSpawner.home_dir_template``'s."""
+        return self.homes_root / self.account(user) if runs_as_root() else self.root / "home" / user
+
+    def processes_of(self, user: str) -> dict[int, str]:
+        """``user``'s processes (server, controller, engines, kernels) -> their role."""
+        return user_processes(self.home(user))
+
+    def rss_kib(self) -> int:
+        """The hub process's resident memory (VmRSS), in KiB."""
+        return proc_status_kib(self.proc.pid, "VmRSS")
+
+    def running_servers(self) -> list[str]:
+        r = self.api("GET", "/users")
+        return [u["name"] for u in r.json() if u.get("servers")]
+
+    def user_token(self, user: str) -> str:
+        r = self.api("POST", f"/users/{user}/tokens", json={"note": "tests"})
+        r.raise_for_status()
+        return r.json()["token"]
+
+    def password(self, user: str) -> str:
+        """``user``'s own password: the admin's as ``scripts/serve`` prints it (the state
+        folder's ``password``), anyone else's as :meth:`sign_up_listed_users` chose it."""
+        if user == self.users[0]:
+            return (self.state_dir / "password").read_text().strip()
+        return self.passwords[user]
+
+    def sign_up_listed_users(self) -> None:
+        """Every listed user but the admin signs up through the form, with a random
+        password of their own, and is approved at once; once (a restarted hub keeps them)."""
+        for user in self.users[1:]:
+            if user not in self.passwords:
+                password = secrets.token_urlsafe(12)
+                answer = self.signup(user, password)
+                if "approved" not in answer:
+                    raise RuntimeError(f"{user} could not sign up: {answer}\n{self.log_tail()}")
+                self.passwords[user] = password
+
+    def signup(self, user: str, password: str, confirmation: str | None = None) -> str:
+        """Sign up through ``/hub/signup``, as a browser does; the page's one-line answer."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/signup", timeout=10).raise_for_status()
+        form = {
+            "_xsrf": s.cookies.get("_xsrf", ""),
+            "username": user,
+            "signup_password": password,
+            "signup_password_confirmation": password if confirmation is None else confirmation,
+        }
+        r = s.post(f"{self.url}/hub/signup", data=form, timeout=30)
+        r.raise_for_status()
+        return page_alert(r.text)
+
+    def login(self, user: str, password: str | None = None) -> requests.Session:
+        """Log in through the login form, as a browser does; returns the cookie session."""
+        return self.try_login(user, password)[0]
+
+    def try_login(self, user: str, password: str | None = None) -> tuple[requests.Session, str]:
+        """:meth:`login`, and the login page's message when it refused ("" when it let in)."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=10).raise_for_status()
+        form = {
+            "_xsrf": s.cookies.get("_xsrf", ""),
+            "username": user,
+            "password": self.password(user) if password is None else password,
+        }
+        r = s.post(f"{self.url}/hub/login", data=form, timeout=30, allow_redirects=False)
+        return s, "" if r.status_code == 302 else page_alert(r.text)
+
+    def reservations(self) -> dict[str, str]:
+        """slot -> owner, read from the ledger file."""
+        from pdl_spawner.reservations import SlotLedger
+
+        return {h.slot: h.owner for h in SlotLedger(self.state_dir / "reservations.sqlite").holdings()}
+
+
+@contextlib.contextmanager
+def running(hub: Hub, start: bool = True):
+    """The lifecycle every ``hub`` fixture shares: ``hub`` started (unless ``start`` is
+    false, for tests that start it themselves), then closed, failing if anything it made
+    outlived it (:meth:`Hub.check_nothing_left`), also when it failed to start."""
+    try:
+        yield hub.start() if start else hub
+    finally:
+        hub.close()
+        hub.check_nothing_left()
+
+
+def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
+                hub_env: dict | None = None, extra_config: str = "", start: bool = True):
+    """For a ``hub`` fixture (``yield from``): a :class:`Hub` :func:`running` in ``root``.
+    The Swarm's is ``swarm_hub_harness.swarm_hub_fixture``; a fixture that prepares more
+    before its tests (spawns servers) uses ``with running(Hub(...)) as hub:``."""
+    with running(Hub(root, users, pool, spawner_env=spawner_env, hub_env=hub_env, extra_config=extra_config),
+                 start=start) as hub:
+        yield hub
+
+
+def page_alert(page: str) -> str:
+    """The text of a hub page's alert (the sign-up form's answer) or login error, on one line."""
+    found = re.search(r'class="(?:alert [^"]*|login_error)"[^>]*>(.*?)</(?:div|p)>', page, re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", found.group(1))).split()) if found else ""
+
+
+def queue_up(hub, user: str, workers: int = 1):
+    """Ask for ``workers`` with ``queue: true``: the spawn waits (202) instead of failing."""
+    r = hub.api("POST", f"/users/{user}/server", json={"workers": workers, "queue": True})
+    assert r.status_code == 202, r.text  # pending: waiting in the queue, the request returns
+    return r
+
+
+class Progress(threading.Thread):
+    """Follows a user's spawn progress stream: the messages, and how it ended."""
+
+    def __init__(self, hub, user):
+        super().__init__(daemon=True)
+        self.hub, self.user = hub, user
+        self.messages: list[str] = []
+        self.ended: dict | None = None
+        self.start()
+
+    def run(self):
+        with self.hub.api("GET", f"/users/{self.user}/server/progress", stream=True, timeout=300) as r:
+            for line in r.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    event = json.loads(line[len("data:"):])
+                    self.messages.append(event.get("message", ""))
+                    if event.get("ready") or event.get("failed"):
+                        self.ended = event
+                        return
+
+    def saw(self, text: str) -> bool:
+        return any(text in m for m in self.messages)
+
+
+class Kernel:
+    """A kernel on a user's server, driven over the Jupyter websocket protocol."""
+
+    def __init__(self, hub: Hub, user: str):
+        self.base = f"{hub.url}/user/{user}/api"
+        self.headers = {"Authorization": f"token {hub.user_token(user)}"}
+        r = requests.post(f"{self.base}/kernels", json={"name": "python3"}, headers=self.headers, timeout=60)
+        r.raise_for_status()
+        self.id = r.json()["id"]
+        ws_url = f"{self.base}/kernels/{self.id}/channels".replace("http://", "ws://")
+        self.ws = websocket.create_connection(ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()], timeout=5)
+        self.session = uuid.uuid4().hex
+
+    def send(self, code: str) -> str:
+        """Ask the kernel to run ``code`` without waiting for it; returns the request's id
+        (the ``msg_id`` its output messages name as their parent)."""
+        msg_id = uuid.uuid4().hex
+        self.ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": self.session,
+                       "username": "tests", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": True,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        }))
+        return msg_id
+
+    def execute(self, code: str, timeout: float = 300, on_output=None) -> dict:
+        """Run ``code``; returns {"stdout", "stderr", "error": {ename, evalue, traceback} | None, "seconds"}."""
+        msg_id = self.send(code)
+        out = {"stdout": "", "stderr": "", "error": None}
+        start = time.monotonic()
+        while True:
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"cell did not finish within {timeout} s; output so far: {out}")
+            try:
+                msg = json.loads(self.ws.recv())
+            except websocket.WebSocketTimeoutException:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id or msg["channel"] != "iopub":
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out[content["name"]] += content["text"]
+                if on_output:
+                    on_output(time.monotonic() - start, content["text"])
+            elif kind == "error":
+                out["error"] = content
+            elif kind == "status" and content["execution_state"] == "idle":
+                out["seconds"] = time.monotonic() - start
+                return out
+
+    def execute_ok(self, code: str, **kwargs) -> dict:
+        """:meth:`execute`, asserting that the cell raised nothing."""
+        out = self.execute(code, **kwargs)
+        assert out["error"] is None, out
+        return out
+
+    def interrupt(self) -> None:
+        requests.post(f"{self.base}/kernels/{self.id}/interrupt", headers=self.headers, timeout=30).raise_for_status()
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+            requests.delete(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30)
+        except Exception:
+            pass
+
+
+def pids_matching(predicate) -> list[int]:
+    """PIDs whose command line / working directory satisfy ``predicate(cmd, cwd)``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if predicate(cmd, cwd):
+            found.append(int(entry.name))
+    return found
+
+
+def listening_tcp(pids) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket that one of ``pids`` listens on (as root: any user's)."""
+    import psutil
+
+    found = []
+    for pid in pids:
+        for c in psutil.Process(pid).net_connections("inet"):
+            if c.status == psutil.CONN_LISTEN:
+                found.append((c.laddr.ip, c.laddr.port))
+    return found
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Processes (zombies aside) whose real user id is ``uid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            real_uid = int(proc_status(int(entry.name), "Uid").split()[0])
+        except (OSError, KeyError, ValueError):
+            continue
+        if real_uid == uid and pid_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def process_env(pid: int) -> dict[str, str] | None:
+    """The environment ``pid`` started with; None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def engine_processes(root: Path) -> dict[int, dict[str, str]]:
+    """Engine processes started under ``root`` -> their PDL_*, CUDA_VISIBLE_DEVICES and HOME."""
+    result = {}
+    for pid in pids_matching(lambda cmd, cwd: "pdl.runtime.boot engine" in cmd and cwd.startswith(str(root))):
+        env = process_env(pid)
+        if env is not None:
+            result[pid] = {k: v for k, v in env.items()
+                           if k.startswith("PDL_") or k in ("HOME", "CUDA_VISIBLE_DEVICES")}
+    return result
+
+
+#: Command-line marks of the processes of one user's server, and their role.
+ROLES = (
+    ("pdl_server.singleuser", "pdl-singleuser"),
+    ("jupyterhub.singleuser", "server"),
+    ("pdl.runtime.boot controller", "controller"),
+    ("pdl.runtime.boot engine", "engine"),
+    ("ipykernel", "kernel"),
+)
+
+
+def user_processes(home: Path) -> dict[int, str]:
+    """Every process running with ``HOME=home`` (one user's server tree) -> its role
+    (see :data:`ROLES`; ``"other"`` for anything else, e.g. a controller's scheduler)."""
+    result = {}
+    for pid in pids_matching(lambda cmd, cwd: True):
+        env = process_env(pid)
+        if env is None or env.get("HOME") != str(home):
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        result[pid] = next((role for mark, role in ROLES if mark in cmd), "other")
+    return result
+
+
+def proc_status(pid: int, field: str) -> str:
+    """A field of /proc/<pid>/status, e.g. ``Umask`` -> ``"0077"``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            return value.strip()
+    raise KeyError(f"no {field} in /proc/{pid}/status")
+
+
+def proc_status_kib(pid: int, field: str) -> int:
+    """A memory field of /proc/<pid>/status (``"123456 kB"``) in KiB."""
+    return int(proc_status(pid, field).split()[0])
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

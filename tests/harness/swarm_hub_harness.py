@@ -1,0 +1,118 @@
+"""A real JupyterHub driving PDLSwarmSpawner on the simulated swarm, and ways to look
+at what it made there (services, secrets, how a task's process runs)."""
+
+from __future__ import annotations
+
+import json
+
+import requests
+from docker.errors import DockerException
+
+from hub_harness import Hub, running
+from waiting import wait_until
+
+IMAGE = "pdl-notebook:test"
+
+
+class SwarmHub(Hub):
+    """The project's hub config in its swarm mode (``PDL_SPAWNER=swarm``), on the simulated swarm."""
+
+    def __init__(self, root, swarm, users: list[str], extra_config: str = "", hub_env: dict | None = None):
+        """``extra_config``: lines appended to the hub's config, e.g. PDLSwarmSpawner settings;
+        ``hub_env``: more of the hub's environment (e.g. ``PDL_ENGINE_IDLE_TIMEOUT``)."""
+        # appended to the config by Hub._write_config, the caller's lines last
+        config = f"""
+c.JupyterHub.hub_ip = {swarm.host_addr!r}   # the hub API listens on the sim's bridge only
+# the simulated nodes declare fake GPUs that torch cannot see: the preflight's GPU check is off
+c.Spawner.environment = {{"PDL_PREFLIGHT_SKIP": "gpu"}}
+c.Spawner.start_timeout = 180
+c.Spawner.http_timeout = 120
+{extra_config}
+"""
+        super().__init__(root, users, pool=["cpu:0"], hub_env={
+            "PDL_SPAWNER": "swarm",
+            "PDL_HUB_IP": "127.0.0.1",                # the proxy, for the tests' browser and API calls
+            "PDL_HUB_CONNECT_IP": swarm.host_addr,    # containers on the nodes reach the hub API here
+            "DOCKER_HOST": swarm.docker_host(1),      # the manager's engine
+            "PDL_NOTEBOOK_IMAGE": IMAGE,
+            "PDL_DEFAULT_GPUS": "1",
+            **(hub_env or {}),
+        }, extra_config=config)
+        self.swarm = swarm
+
+    def server_logs(self, tail: int = 40) -> dict[str, str]:
+        """The last ``tail`` lines of the logs of every service PDL made (a server's notebook,
+        controller included, and its engines), by service."""
+        logs = {}
+        try:
+            services = self.swarm.manager.services.list(filters={"label": "pdl.owner"})
+        except (DockerException, requests.RequestException) as e:  # a report shows what it can
+            return {"(services)": f"could not list PDL's services: {e}"}
+        for service in services:
+            try:
+                lines = b"".join(service.logs(stdout=True, stderr=True, tail=tail, timestamps=False))
+                logs[service.name] = lines.decode(errors="replace").rstrip()
+            except (DockerException, requests.RequestException) as e:
+                logs[service.name] = f"(no log: {e})"
+        return logs
+
+    def check_nothing_left(self) -> None:
+        """After :meth:`close`: fail unless every service and secret PDL made is gone, and
+        remove what is left of its services either way."""
+        try:
+            wait_until(lambda: pdl_objects(self.swarm) == ([], []), 60, what="PDL's services and secrets to go")
+        finally:
+            for svc in self.swarm.manager.services.list(filters={"label": "pdl.owner"}):
+                svc.remove()
+
+
+# Run in a task's container: how the PDL process (pdl-singleuser / pdl-engine) runs.
+INSPECT = """
+import json, os, stat, sys
+pid = min(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()
+          and any(a.endswith(sys.argv[1].encode())
+                  for a in open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")[:2]))
+status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
+secret = os.stat(sys.argv[2])
+print(json.dumps({
+    "uid": status["Uid"].split()[0], "cap_eff": status["CapEff"].strip(), "no_new_privs": status["NoNewPrivs"].strip(),
+    "secret_mode": oct(stat.S_IMODE(secret.st_mode)), "secret_uid": secret.st_uid,
+    "docker_socket": any(os.path.exists(p) for p in ("/var/run/docker.sock", "/run/docker.sock")),
+    "environ": open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace"),
+}))
+"""
+
+
+def inspect_task(swarm, service: str, program: str, secret: str) -> dict:
+    """How ``program`` runs in the container of ``service`` (on whichever node has it)."""
+    for i in swarm.node_ids():
+        found = swarm.client(i).containers.list(filters={"label": f"com.docker.swarm.service.name={service}"})
+        if found:
+            out = found[0].exec_run(["python", "-c", INSPECT, program, secret])
+            assert out.exit_code == 0, out.output.decode()
+            return json.loads(out.output.decode().strip().splitlines()[-1])
+    raise AssertionError(f"no container of {service} on any node")
+
+
+def pdl_objects(swarm, user=None):
+    """Services and secrets PDL made (of ``user``), by name."""
+    label = f"pdl.user={user}" if user else "pdl.owner"
+    m = swarm.manager
+    return (sorted(s.name for s in m.services.list(filters={"label": label})),
+            sorted(s.name for s in m.secrets.list(filters={"label": label})))
+
+
+def swarm_hub_fixture(root, swarm, users: list[str], extra_config: str = "", hub_env: dict | None = None):
+    """For a ``hub`` fixture on the simulated swarm (``yield from``): a :class:`SwarmHub`
+    :func:`~hub_harness.running` in ``root``; afterwards the hub is closed and every service
+    and secret PDL made is gone."""
+    with running(SwarmHub(root, swarm, users, extra_config=extra_config, hub_env=hub_env)) as hub:
+        yield hub
+
+
+def admin_status(hub) -> dict:
+    """The admin view's JSON (``/services/pdl-admin/api/status``), as the admin sees it."""
+    r = requests.get(f"{hub.url}/services/pdl-admin/api/status",
+                     headers={"Authorization": f"token {hub.user_token('admin')}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -1,0 +1,257 @@
+"""End to end through a real JupyterHub and configurable-http-proxy.
+
+Login through the form, spawn through the REST API, run the CINIC-10 notebook on
+the spawned server's engines, and check reservations across stops, failures,
+concurrent users and a hub restart.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import signal
+import time
+
+import nbformat
+import pytest
+
+from hub_harness import REPO, Kernel, engine_processes, hub_fixture
+from pdl.process import pid_alive
+from waiting import wait_until
+
+pytestmark = pytest.mark.hub
+
+POOL = ["cpu:0", "cpu:1", "cpu:2", "cpu:3", "cpu:4", "cpu:5"]
+USERS = ["admin", "alice", "bob", "carol", "dave", "erin"]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    # A small, fast run of the notebook: a width-16 ResNet-18 on the generated sample.
+    env = {"CINIC10_DIR": str(root / "no-cinic10-here"), "CINIC10_EPOCHS": "6", "CINIC10_WIDTH": "16",
+           "CINIC10_BATCH": "32"}
+    yield from hub_fixture(root, USERS, POOL, spawner_env=env)
+
+
+@pytest.fixture
+def clean(hub):
+    """Every test starts and ends with no servers and no reservations."""
+    yield hub
+    for user in USERS:
+        hub.api("DELETE", f"/users/{user}/server")
+    wait_until(lambda: not hub.running_servers(), 60, what="servers to stop")
+    assert hub.reservations() == {}
+
+
+def notebook_cells() -> list[str]:
+    nb = nbformat.read(REPO / "notebooks" / "cinic10_distributed.ipynb", as_version=4)
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def test_login_form_admits_listed_users_only(hub):
+    home = hub.login("alice").get(f"{hub.url}/hub/home")
+    assert home.url.endswith("/hub/home") and "alice" in home.text
+    refused = hub.login("alice", password="wrong-password")
+    assert "/hub/login" in refused.get(f"{hub.url}/hub/home").url
+    stranger = hub.login("mallory", password=hub.password("alice"))
+    assert "/hub/login" in stranger.get(f"{hub.url}/hub/home").url
+
+
+def test_spawn_form_shows_free_slots_and_names_only_to_admins(clean):
+    hub = clean
+    assert hub.spawn("bob", 2).status_code in (201, 202)
+    hub.wait_ready("bob")
+    alice_page = hub.login("alice").get(f"{hub.url}/hub/spawn").text
+    assert 'name="workers"' in alice_page
+    assert "4 of 6 CPU workers free" in alice_page
+    assert "2 held by other users" in alice_page and "bob" not in alice_page
+    admin_page = hub.login("admin").get(f"{hub.url}/hub/spawn").text
+    assert "bob (2)" in admin_page
+
+
+def test_form_spawn_reserves_what_the_form_asked(clean):
+    hub = clean
+    s = hub.login("carol")
+    bad = s.post(f"{hub.url}/hub/spawn", data={"_xsrf": s.cookies.get("_xsrf"), "workers": "99"})
+    assert "workers must be a whole number from 1 to 6, got 99" in bad.text
+    assert hub.reservations() == {}
+    r = s.post(f"{hub.url}/hub/spawn", data={"_xsrf": s.cookies.get("_xsrf"), "workers": "2"},
+               allow_redirects=False)
+    assert r.status_code == 302
+    hub.wait_ready("carol")
+    assert sorted(o for o in hub.reservations().values()) == ["carol", "carol"]
+
+
+def test_notebook_trains_on_three_engines_and_recovers_from_failures(clean):
+    hub = clean
+    assert hub.spawn("alice", 3).status_code in (201, 202)
+    hub.wait_ready("alice")
+    engines = engine_processes(hub.root)
+    assert sorted(e["PDL_SLOT"] for e in engines.values()) == ["cpu:0", "cpu:1", "cpu:2"]
+
+    kernel = Kernel(hub, "alice")
+    try:
+        outputs = []
+        for source in notebook_cells():
+            out = kernel.execute(source, timeout=400)
+            assert out["error"] is None, f"cell failed:\n{source}\n{out}"
+            outputs.append(out["stdout"])
+        log = "".join(outputs)
+        assert "synthetic sample" in log and "3 ranks on cpu" in log
+        assert re.search(r"epoch\s+6/6", log), log
+        accuracy = float(re.search(r"test accuracy: ([\d.]+)%", log).group(1))
+        assert accuracy >= 50.0, f"the model did not learn (chance is 10%): {log}"
+
+        # a rank's exception comes back with its traceback, rank and host
+        out = kernel.execute("%%distributed -n 3\nif rank == 1:\n    raise ValueError('bad shard on purpose')\n")
+        assert out["error"] is not None
+        shown = ANSI.sub("", "\n".join(out["error"]["traceback"]))
+        assert "Rank 1 on host" in shown and "bad shard on purpose" in shown
+        assert "raise ValueError('bad shard on purpose')" in shown
+
+        # the stop button interrupts every rank in the middle of training
+        seen = []
+        kernel.ws.settimeout(1)
+        loop = ("%%distributed -n 3\nimport torch.distributed as dist\n"
+                "for step in range(10**6):\n    loss = model(torch.randn(8, 3, 32, 32)).sum()\n"
+                "    loss.backward()\n    if step == 0 and rank == 0: print('training', flush=True)\n")
+        started = time.monotonic()
+        import threading
+
+        def interrupt_when_training():
+            wait_until(lambda: seen, 60, what="training output")
+            time.sleep(1)
+            kernel.interrupt()
+
+        t = threading.Thread(target=interrupt_when_training)
+        t.start()
+        out = kernel.execute(loop, timeout=120, on_output=lambda at, text: seen.append(text))
+        t.join()
+        assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt"
+        assert out["error"]["traceback"] == ["KeyboardInterrupt"], out  # not PDL's own frames
+        assert "all 3 ranks stopped" in out["stderr"]
+        assert time.monotonic() - started < 90
+
+        # and the engines are usable afterwards, with their state
+        out = kernel.execute("%%distributed -n 3 --all-output\nx = torch.ones(1)\ndist.all_reduce(x)\n"
+                             "print('sum', int(x.item()), 'model', type(model).__name__)")
+        assert out["error"] is None, out
+        assert out["stdout"].count("sum 3 model ResNet18") == 3
+    finally:
+        kernel.close()
+
+
+def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):
+    hub = clean
+    assert hub.spawn("alice", 5).status_code in (201, 202)
+    hub.wait_ready("alice")
+    before = engine_processes(hub.root)
+    started = time.monotonic()
+    r = hub.spawn("bob", 2)
+    assert time.monotonic() - started < 5
+    assert r.status_code == 409
+    assert "you asked for 2, 1 of 6 are free (5 held by other users)" in r.json()["message"]
+    assert "bob" not in hub.reservations().values()
+    assert engine_processes(hub.root).keys() == before.keys()
+    assert not hub.server_ready("bob")
+
+
+def wait_for_tree(hub, user: str, engines: int) -> dict[int, str]:
+    """``user``'s processes once their server, controller and ``engines`` engines all run."""
+    def tree():
+        procs = hub.processes_of(user)
+        roles = list(procs.values())
+        complete = all(roles.count(r) == 1 for r in ("pdl-singleuser", "server")) and "controller" in roles
+        return procs if complete and roles.count("engine") == engines else None
+
+    return wait_until(tree, 60, what=f"{user}'s server, controller and {engines} engines")
+
+
+def lasting(procs: dict[int, str]) -> dict[int, str]:
+    """The processes that live as long as the server (its own, the controller's, the
+    engines', kernels'), without short-lived helpers ("other": a child the Jupyter
+    server runs for a moment while it starts, for example)."""
+    return {pid: role for pid, role in procs.items() if role != "other"}
+
+
+def stop_and_count(hub, user: str) -> None:
+    """Stop ``user``'s server; once the hub says it stopped, no reservation is left,
+    and none of their processes within a few seconds (engines die with their parent)."""
+    procs = hub.processes_of(user)
+    assert hub.api("DELETE", f"/users/{user}/server").status_code in (202, 204)
+    wait_until(lambda: user not in hub.running_servers(), 60, what=f"{user}'s server to stop")
+    assert user not in hub.reservations().values()
+    # A process counts until it is gone or a zombie: one still exiting has no
+    # readable environment any more (so processes_of no longer lists it) but runs.
+    left = lambda: {**hub.processes_of(user), **{pid: role for pid, role in procs.items() if pid_alive(pid)}}  # noqa: E731
+    try:
+        wait_until(lambda: not left(), 10, what=f"{user}'s processes to exit")
+    except TimeoutError:
+        raise AssertionError(f"left running after the stop: {left()}") from None
+
+
+def test_stop_releases_slots_and_processes(clean):
+    hub = clean
+    hub.spawn("dave", 2)
+    hub.wait_ready("dave")
+    procs = wait_for_tree(hub, "dave", engines=2)
+    assert sorted(engine_processes(hub.root)) == sorted(p for p, role in procs.items() if role == "engine")
+    stop_and_count(hub, "dave")
+    assert not engine_processes(hub.root)
+
+
+def test_many_users_at_once_never_share_a_slot(clean):
+    hub = clean
+    users = ["alice", "bob", "carol", "dave", "erin"]
+    with concurrent.futures.ThreadPoolExecutor(len(users)) as pool:
+        codes = dict(zip(users, pool.map(lambda u: hub.spawn(u, 2).status_code, users)))
+    granted = [u for u, code in codes.items() if code in (201, 202)]
+    refused = [u for u, code in codes.items() if code == 409]
+    assert len(granted) == 3 and len(refused) == 2, codes
+    for user in granted:
+        hub.wait_ready(user)
+    owners = hub.reservations()
+    assert sorted(owners.values()) == sorted(granted * 2)
+    engines = wait_until(lambda: e if len(e := engine_processes(hub.root)) == 6 else None, 60,
+                         what="six engines")
+    slots = [e["PDL_SLOT"] for e in engines.values()]
+    assert sorted(slots) == sorted(POOL), "a slot is used by two engines"
+    for e in engines.values():  # each engine runs in the home of the user holding its slot
+        assert e["HOME"] == str(hub.home(owners[e["PDL_SLOT"]]))
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["restart", "crash"])
+def test_hub_restart_keeps_servers_and_reservations(clean, how):
+    hub = clean
+    hub.spawn("erin", 4)
+    hub.wait_ready("erin")
+    erin = wait_for_tree(hub, "erin", engines=4)
+    held = hub.reservations()
+    hub.stop_hub(how)
+    hub.start()
+    hub.wait_ready("erin", timeout=30)
+    assert hub.reservations() == held
+    assert lasting(hub.processes_of("erin")) == lasting(erin), "erin's server, controller or engines were restarted"
+    r = hub.spawn("bob", 3)
+    assert r.status_code == 409 and "2 of 6 are free" in r.json()["message"]
+    # bob gets exactly the two free slots, never one of erin's
+    assert hub.spawn("bob", 2).status_code in (201, 202)
+    hub.wait_ready("bob")
+    bob = wait_for_tree(hub, "bob", engines=2)
+    free = sorted(set(POOL) - set(held))
+    assert sorted(s for s, owner in hub.reservations().items() if owner == "bob") == free
+    assert sorted(e["PDL_SLOT"] for pid, e in engine_processes(hub.root).items() if pid in bob) == free
+    kernel = Kernel(hub, "erin")
+    try:
+        kernel.execute("%load_ext pdl_magics")
+        out = kernel.execute("%%distributed -n 4\nprint('world', world_size)")
+        assert out["error"] is None and "world 4" in out["stdout"], out
+    finally:
+        kernel.close()
+    # the restarted hub stops erin's server completely, and bob's keeps running
+    wait_until(lambda: "kernel" not in hub.processes_of("erin").values(), 30, what="erin's kernel to exit")
+    stop_and_count(hub, "erin")
+    assert hub.reservations() == dict.fromkeys(free, "bob")
+    assert lasting(hub.processes_of("bob")) == lasting(bob)

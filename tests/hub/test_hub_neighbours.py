@@ -1,0 +1,373 @@
+"""The hostile neighbour: ben, from his own kernel and terminal, goes after ann's work.
+
+A real JupyterHub, run as root as the README's default is, with ann and ben each
+holding one GPU of a pool of four. The GPUs are stand-in device nodes made for the test
+(character devices with a major of Linux's local-use range, mode 0666, so that file
+permissions protect nothing): opening one gets ENXIO ("no such device") when the
+device cgroup lets it through, and EPERM when it does not. Every attack must fail;
+each test's docstring names the line of the product it guards.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pwd
+import time
+
+import pytest
+import requests
+import websocket
+
+from hub_harness import Hub, Kernel, listening_tcp, open_path_to, running, runs_as_root
+from waiting import wait_until
+
+pytestmark = [
+    pytest.mark.hub,
+    pytest.mark.skipif(not runs_as_root() and not os.environ.get("CI"),
+                       reason="users get their own accounts only when the hub runs as root"),
+]
+
+POOL = ["gpu:0", "gpu:1", "gpu:2", "gpu:3"]
+USERS = ["admin", "ann", "ben"]
+#: A major number of Linux's "local/experimental use" range: no driver behind it.
+STAND_IN_MAJOR = 240
+MAX_WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def devices(tmp_path_factory):
+    """Stand-in GPU device nodes /…/nvidia0..3, mode 0666."""
+    folder = tmp_path_factory.mktemp("devices")
+    for index in range(len(POOL)):
+        node = folder / f"nvidia{index}"
+        os.mknod(node, 0o666 | 0o020000, os.makedev(STAND_IN_MAJOR, index))
+        node.chmod(0o666)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, devices):
+    open_path_to(devices)
+    config = f"""
+c.PDLLocalSpawner.gpu_device_template = {str(devices / 'nvidia{index}')!r}
+c.PDLLocalSpawner.max_workers = {MAX_WORKERS}
+"""
+    # the stand-in GPUs are no GPUs to torch: the preflight would stop every cell
+    hub = Hub(tmp_path_factory.mktemp("neighbours-hub"), USERS, POOL, spawner_env={"PDL_PREFLIGHT_SKIP": "gpu"},
+              hub_env={"PDL_ENGINE_IDLE_TIMEOUT": "3600"}, extra_config=config)
+    with running(hub):
+        for user in ("ann", "ben"):
+            r = hub.spawn(user, 1)
+            assert r.status_code in (201, 202), r.text
+            hub.wait_ready(user)
+        yield hub
+
+
+@pytest.fixture(scope="module")
+def ann(hub):
+    """ann's kernel, with a checkpoint saved in her home and a process group formed."""
+    kernel = Kernel(hub, "ann")
+    kernel.execute_ok("%load_ext pdl_magics")
+    kernel.execute_ok("""%%distributed -n 1
+import pdl, torch
+pdl.save_checkpoint("ckpt.pt", model=torch.nn.Linear(2, 2), epoch=1)
+""")
+    yield kernel
+    kernel.close()
+
+
+@pytest.fixture(scope="module")
+def ben(hub):
+    kernel = Kernel(hub, "ben")
+    yield kernel
+    kernel.close()
+
+
+def run_as_ben(ben: Kernel, code: str) -> dict:
+    """Run ``code`` in ben's kernel; it must print one JSON line: its findings."""
+    out = ben.execute_ok(code, timeout=120)
+    return json.loads(out["stdout"].strip().splitlines()[-1])
+
+
+def account_of(hub, user: str) -> pwd.struct_passwd:
+    return pwd.getpwnam(hub.account(user))
+
+
+def test_ben_cannot_log_in_as_ann_with_his_own_password(hub):
+    """Guards the per-user credential (pdl_spawner/accounts.py): no password is shared."""
+    session = hub.login("ann", password=hub.password("ben"))
+    assert "jupyterhub-hub-login" not in session.cookies
+    assert hub.login("ann").cookies.get("jupyterhub-hub-login")  # her own password does
+
+
+def test_nothing_of_a_user_runs_as_root_and_each_runs_as_their_own_account(hub, ann):
+    """Guards ``PDLLocalSpawner.make_preexec_fn`` (setuid to the user's account) and
+    ``PDLLocalSpawner.start`` refusing to run servers as root."""
+    for user in ("ann", "ben"):
+        processes = hub.processes_of(user)
+        assert {"pdl-singleuser", "server", "controller", "engine"} <= set(processes.values()), processes
+        uids = {pid: os.stat(f"/proc/{pid}").st_uid for pid in processes}
+        assert set(uids.values()) == {account_of(hub, user).pw_uid}, (user, uids)
+    home = hub.home("ann")
+    assert home.stat().st_uid == account_of(hub, "ann").pw_uid and home.stat().st_mode & 0o777 == 0o700
+
+
+def test_ben_cannot_read_anns_home_keys_or_checkpoints_nor_the_hubs_secrets(hub, ann, ben):
+    """Guards ``unix_accounts.ensure_account`` (home 0700) and the config's ``state_dir.chmod(0o700)``."""
+    home = hub.home("ann")
+    targets = {
+        "home": str(home),
+        "checkpoint": str(home / "ckpt.pt"),
+        "controller key": str(home / ".pdl/cluster/profile/security/ipcontroller-pdl-client.json"),
+        "hub password": str(hub.state_dir / "password"),
+        "cookie secret": str(hub.state_dir / "jupyterhub_cookie_secret"),
+        "hub database": str(hub.state_dir / "jupyterhub.sqlite"),
+        "slot ledger": str(hub.state_dir / "reservations.sqlite"),
+    }
+    assert (home / "ckpt.pt").exists() and (hub.state_dir / "jupyterhub.sqlite").exists()
+    found = run_as_ben(ben, f"""
+import json, os
+found = {{}}
+for what, path in {targets!r}.items():
+    try:
+        found[what] = os.listdir(path) if os.path.isdir(path) else open(path, "rb").read(16).hex()
+    except OSError as e:
+        found[what] = e.errno
+print(json.dumps(found))
+""")
+    assert found == {what: errno.EACCES for what in targets}
+
+
+def test_ben_cannot_signal_trace_or_read_the_environment_of_anns_processes(hub, ann, ben):
+    """Guards the uid separation of ``PDLLocalSpawner.make_preexec_fn``: signals, ptrace
+    and /proc/<pid>/environ (which holds ann's API token) need the same uid."""
+    victims = {pid: role for pid, role in hub.processes_of("ann").items() if role in ("engine", "kernel", "server")}
+    found = run_as_ben(ben, f"""
+import ctypes, json, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+found = {{}}
+for pid in {sorted(victims)!r}:
+    r = {{}}
+    try:
+        os.kill(pid, signal.SIGKILL); r["kill"] = "sent"
+    except OSError as e:
+        r["kill"] = e.errno
+    PTRACE_ATTACH = 16
+    r["ptrace"] = ctypes.get_errno() if libc.ptrace(PTRACE_ATTACH, pid, None, None) == -1 else "attached"
+    try:
+        r["environ"] = open(f"/proc/{{pid}}/environ", "rb").read(64).hex()
+    except OSError as e:
+        r["environ"] = e.errno
+    found[str(pid)] = r
+print(json.dumps(found))
+""")
+    assert found == {str(pid): {"kill": errno.EPERM, "ptrace": errno.EPERM, "environ": errno.EACCES}
+                     for pid in victims}
+    assert all(os.path.exists(f"/proc/{pid}") for pid in victims)
+
+
+def test_ben_cannot_subscribe_to_anns_kernel_or_reach_her_controller_and_engines(hub, ann, ben):
+    """Guards the kernels' IPC transport (jupyter-config/jupyter_server_config.py) in ann's
+    0700 runtime folder (``PDLLocalSpawner.user_env``: ``JUPYTER_RUNTIME_DIR``), and the
+    cluster's private connection files (CurveZMQ): while ann's kernel prints a marker,
+    ben subscribes to every TCP port listening on this machine and to her kernel's IPC
+    sockets (their paths follow from her kernel's command line, which anyone can read);
+    he hears nothing, although she was printing all along."""
+    marker = f"ann-secret-{os.getpid()}"
+    loop = ann.send(f"import time\nfor _ in range(480):\n    print({marker!r}, flush=True); time.sleep(0.25)")
+    kernels = [pid for pid, role in hub.processes_of("ann").items() if role == "kernel"]
+    found = run_as_ben(ben, f"""
+import json, os, time, zmq
+endpoints = []
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A":  # LISTEN
+            endpoints.append(f"tcp://127.0.0.1:{{int(fields[1].rsplit(':', 1)[1], 16)}}")
+for pid in {kernels!r}:  # ann's kernels: "... -f <runtime>/kernel-<id>.json"
+    args = open(f"/proc/{{pid}}/cmdline", "rb").read().split(b"\\0")
+    connection = args[args.index(b"-f") + 1].decode()
+    endpoints += [f"ipc://{{connection[:-len('.json')]}}-ipc-{{n}}" for n in range(1, 6)]
+ctx = zmq.Context()
+poller = zmq.Poller()
+for endpoint in endpoints:
+    s = ctx.socket(zmq.SUB); s.setsockopt(zmq.SUBSCRIBE, b""); s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint); poller.register(s, zmq.POLLIN)
+heard = []
+deadline = time.monotonic() + 4
+while time.monotonic() < deadline:
+    for s, _ in poller.poll(200):
+        heard.append(b"".join(s.recv_multipart()).decode(errors="replace"))
+print(json.dumps({{"ipc": sum(e.startswith("ipc://") for e in endpoints), "tcp": sum(e.startswith("tcp://") for e in endpoints),
+                  "heard": [h[-300:] for h in heard if {marker!r} in h][:3]}}))
+""")
+    ann.interrupt()
+    printed = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            msg = json.loads(ann.ws.recv())
+        except websocket.WebSocketTimeoutException:
+            continue
+        if msg.get("parent_header", {}).get("msg_id") != loop:
+            continue
+        printed += msg["msg_type"] == "stream" and marker in msg["content"]["text"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert found["tcp"] > 0 and found["ipc"] == 5 * len(kernels) > 0 and found["heard"] == []
+    assert printed > 0, "ann's kernel printed nothing: the attack proved nothing"
+
+
+#: ben's attack on one port: join the TCP store there as a client and add a key.
+JOIN_STORE = """
+import datetime, sys
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=2))
+store.add("pdl-intruder", 1)
+print("joined")
+"""
+
+
+def test_ben_cannot_join_anns_process_group(hub, ann, ben):
+    """Guards the one-host rendezvous in a private file (``pdl/runtime/engine.py`` ``init_torch``
+    with a FileStore in the user's 0700 folder, not a TCPStore on 127.0.0.1): while
+    ann's group exists, ben tries every port her engines listen on as a torch TCPStore
+    client (each try in a process of its own, bounded in time)."""
+    ann.execute_ok("%%distributed -n 1\nimport torch.distributed as dist\nassert dist.is_initialized()")
+    engines = [pid for pid, role in hub.processes_of("ann").items() if role == "engine"]
+    ports = sorted({port for _, port in listening_tcp(engines)})
+    found = run_as_ben(ben, f"""
+import json, subprocess, sys
+joined = []
+for port in {ports!r}:
+    try:
+        done = subprocess.run([sys.executable, "-c", {JOIN_STORE!r}, str(port)], capture_output=True, text=True,
+                              timeout=15, env={{"TORCH_CPP_LOG_LEVEL": "FATAL", "PATH": "/usr/bin:/bin"}})
+        if "joined" in done.stdout:
+            joined.append(port)
+    except subprocess.TimeoutExpired:
+        pass
+print(json.dumps({{"joined": joined}}))
+""")
+    assert found == {"joined": []}
+
+
+def test_ben_cannot_open_anns_gpu_only_his_own(hub, devices, ben):
+    """Guards ``PDLLocalSpawner.restrict_devices`` (the device cgroup follows the ledger):
+    file permissions allow everyone; only the cgroup stops ben."""
+    owners = hub.reservations()
+    anns = next(int(slot.split(":")[1]) for slot, owner in owners.items() if owner == "ann")
+    bens = next(int(slot.split(":")[1]) for slot, owner in owners.items() if owner == "ben")
+    free = next(i for i in range(len(POOL)) if f"gpu:{i}" not in owners)
+    found = run_as_ben(ben, f"""
+import json, os
+found = {{}}
+for name, index in (("ann", {anns}), ("ben", {bens}), ("free", {free})):
+    try:
+        os.close(os.open({str(devices)!r} + f"/nvidia{{index}}", os.O_RDWR))
+        found[name] = "opened"
+    except OSError as e:
+        found[name] = e.errno
+from pathlib import Path
+path = Path({str(devices)!r})
+blocked = [str(p) for p in [*path.parents, path] if not os.access(p, os.X_OK)]
+print(json.dumps({{"opened": found, "blocked": blocked, "id": os.getuid()}}))
+""")
+    assert found["opened"] == {"ann": errno.EPERM, "ben": errno.ENXIO, "free": errno.EPERM}, found
+
+
+def test_bens_lease_files_get_him_no_more_than_his_limit_nor_anns_slot(hub, devices, ben):
+    """Guards ``PDLLocalSpawner.tend_lease`` (counts through ``checked_workers``, slots
+    from the ledger, read over the server's HTTP API) and the device cgroup following
+    the ledger: ben writes his own lease files to ask for 4 workers (past
+    max_workers=2), then -1, then grants himself ann's slot."""
+    lease = hub.home("ben") / ".pdl" / "cluster"
+    anns = next(slot for slot, owner in hub.reservations().items() if owner == "ann")
+
+    def write(name, data):
+        run_as_ben(ben, f"""
+import json
+from pathlib import Path
+from pdl_server import lease as engine_lease
+engine_lease.write(Path({str(lease)!r}), {name!r}, {data!r})
+print(json.dumps({{}}))
+""")
+
+    def lease_now():
+        return run_as_ben(ben, f"""
+import json
+from pathlib import Path
+from pdl_server import lease as engine_lease
+d = Path({str(lease)!r})
+print(json.dumps({{k: engine_lease.read(d, n) for k, n in (("released", engine_lease.RELEASED),
+      ("want", engine_lease.WANT), ("grant", engine_lease.GRANT))}}))
+""")
+
+    write("engines-released.json", {"reason": "forged\n[I hub] admin logged in", "slots": []})
+    wait_until(lambda: "ben" not in hub.reservations().values(), 30, what="the hub to take ben's slot back")
+    for wanted in (4, -1):
+        write("engines-wanted.json", {"workers": wanted})
+        grant = wait_until(lambda: lease_now()["grant"], 30, what="the hub's answer")
+        assert grant["refused"] == f"workers must be a whole number from 1 to {MAX_WORKERS}, got {wanted}"
+        assert "ben" not in hub.reservations().values()
+        run_as_ben(ben, f"import json, os\nos.remove({str(lease / 'engines-granted.json')!r})\nprint('{{}}')")
+    assert "admin logged in" not in hub.log_tail(400)
+
+    # ben grants himself ann's slot: the ledger and the device cgroup do not follow his file
+    write("engines-granted.json", {"slots": [anns]})
+    index = int(anns.split(":")[1])
+    found = run_as_ben(ben, f"""
+import json, os
+try:
+    os.close(os.open({str(devices)!r} + "/nvidia{index}", os.O_RDWR)); found = "opened"
+except OSError as e:
+    found = e.errno
+print(json.dumps({{"anns": found}}))
+""")
+    assert found == {"anns": errno.EPERM}
+    assert hub.reservations()[anns] == "ann"
+
+
+def test_bens_terminal_runs_as_ben_and_cannot_read_the_hubs_password(hub):
+    """Guards the terminal's process, a child of ben's server, running as his account."""
+    token = hub.user_token("ben")
+    base = f"{hub.url}/user/ben/api/terminals"
+    r = requests.post(base, headers={"Authorization": f"token {token}"}, timeout=30)
+    r.raise_for_status()
+    name = r.json()["name"]
+    ws = websocket.create_connection(f"{hub.url.replace('http', 'ws')}/user/ben/terminals/websocket/{name}",
+                                     header=[f"Authorization: token {token}"], timeout=5)
+    try:
+        # $((6*7)) and $(id -u) appear expanded only in the output, not in the echoed command line
+        ws.send(json.dumps(["stdin", f"echo uid=$(id -u); cat {hub.state_dir / 'password'}; echo end-$((6*7))\r"]))
+        seen = ""
+        deadline = time.monotonic() + 30
+        while "end-42" not in seen and time.monotonic() < deadline:
+            try:
+                kind, *data = json.loads(ws.recv())
+            except websocket.WebSocketTimeoutException:
+                continue
+            if kind == "stdout":
+                seen += data[0]
+    finally:
+        ws.close()
+        requests.delete(f"{base}/{name}", headers={"Authorization": f"token {token}"}, timeout=30)
+    assert f"uid={account_of(hub, 'ben').pw_uid}" in seen
+    assert "Permission denied" in seen and hub.password("admin") not in seen
+
+
+def test_stopping_a_server_leaves_no_process_of_its_account(hub):
+    """Guards ``PDLLocalSpawner.stop`` killing whatever is left in the server's cgroup:
+    ben starts a process that leaves his server's process tree (a double fork)."""
+    token = hub.user_token("ben")
+    Kernel(hub, "ben").execute_ok("import subprocess\nsubprocess.Popen(['setsid', 'sleep', '600'])")
+    uid = account_of(hub, "ben").pw_uid
+    from hub_harness import pids_of_uid
+
+    assert any("sleep" in open(f"/proc/{p}/cmdline").read() for p in pids_of_uid(uid))
+    assert hub.api("DELETE", "/users/ben/server", token=token).status_code in (202, 204)
+    wait_until(lambda: "ben" not in hub.running_servers(), 60, what="ben's server to stop")
+    wait_until(lambda: not pids_of_uid(uid), 15, what="every process of ben's account to end")
+    assert "ben" not in hub.reservations().values()

@@ -1,0 +1,282 @@
+"""Hub-side pieces without a hub: the slot ledger, the spawn form, slot pinning, the local
+spawner (the Swarm spawner's: tests/swarm/test_swarm_spawner.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from importlib.metadata import entry_points
+from types import SimpleNamespace
+
+import pytest
+from tornado import web
+
+from pdl.slots import cpus_for_slot, engine_env, parse_slot
+from pdl_spawner import form
+from pdl_spawner.reservations import NotEnoughSlots, SlotLedger
+
+pytestmark = pytest.mark.unit
+
+POOL = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+
+
+def test_ledger_reserves_all_or_nothing_and_says_who_holds_the_rest(tmp_path):
+    ledger = SlotLedger(tmp_path / "r.sqlite")
+    assert ledger.reserve("alice", 3, POOL) == ["cpu:0", "cpu:1", "cpu:2"]
+    with pytest.raises(NotEnoughSlots) as e:
+        ledger.reserve("bob", 2, POOL)
+    assert (e.value.wanted, e.value.free, e.value.holders) == (2, 1, {"alice": 3})
+    assert ledger.held_by("bob") == []
+    assert ledger.reserve("bob", 1, POOL) == ["cpu:3"]
+    assert sorted(ledger.release("alice")) == ["cpu:0", "cpu:1", "cpu:2"]
+    assert ledger.reserve("carol", 3, POOL) == ["cpu:0", "cpu:1", "cpu:2"]
+
+
+def test_ledger_survives_reopening(tmp_path):
+    SlotLedger(tmp_path / "r.sqlite").reserve("alice", 2, POOL)
+    reopened = SlotLedger(tmp_path / "r.sqlite")
+    assert reopened.held_by("alice") == ["cpu:0", "cpu:1"]
+    with pytest.raises(NotEnoughSlots):
+        reopened.reserve("bob", 3, POOL)
+
+
+def _grab(args):
+    path, owner = args
+    try:
+        return owner, SlotLedger(path).reserve(owner, 1, POOL)
+    except NotEnoughSlots:
+        return owner, []
+
+
+def test_concurrent_processes_never_get_the_same_slot(tmp_path):
+    path = str(tmp_path / "r.sqlite")
+    SlotLedger(path)
+    with multiprocessing.get_context("spawn").Pool(8) as pool:
+        results = pool.map(_grab, [(path, f"user{i}") for i in range(12)])
+    granted = [slot for _, slots in results for slot in slots]
+    assert sorted(granted) == POOL  # every slot given once, to one of the 12 users
+    owners = {h.slot: h.owner for h in SlotLedger(path).holdings()}
+    assert all(owners[s] == o for o, slots in results for s in slots)
+
+
+def test_form_names_holders_only_to_admins():
+    kwargs = dict(kind="gpu", pool_size=3, free=1, holders={"bob": 2}, default=3, maximum=3)
+    assert "bob (2)" in form.render_form(show_names=True, **kwargs)
+    user_view = form.render_form(show_names=False, **kwargs)
+    assert "bob" not in user_view and "2 held by other users" in user_view
+    assert "1 of 3 GPUs free" in user_view and 'max="3"' in user_view
+
+
+def test_not_enough_message_is_one_line_with_what_is_free():
+    msg = form.not_enough_message(3, 1, 4, {"alice": 2, "bob": 1}, show_names=False)
+    assert "\n" not in msg
+    assert msg.endswith("you asked for 3, 1 of 4 are free (3 held by other users). "
+                        "Ask for at most 1, or try again when one frees up.")
+    # nothing free: no advice to ask for 0
+    assert form.not_enough_message(1, 0, 4, {"alice": 4}, show_names=False).endswith(
+        "1, 0 of 4 are free (4 held by other users). Try again when one frees up.")
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "7", "abc", "", "2.5"])
+def test_workers_field_rejects_bad_values_naming_the_range(raw):
+    with pytest.raises(ValueError, match="from 1 to 6"):
+        form.parse_workers({"workers": [raw]}, maximum=6)
+    assert form.parse_workers({"workers": ["4"]}, maximum=6) == 4
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"image": "evil", "workers": 1}, "'image'"),
+    ({"volumes": {"/": "/host"}}, "'volumes'"),
+    ({"mounts": [], "env": {}, "cmd": ["sh"]}, "'cmd', 'env', 'mounts'"),
+    ({"workers\nimage": 1}, "'workers\\nimage'"),
+])
+def test_user_options_other_than_workers_are_refused_in_one_line(options, named):
+    with pytest.raises(ValueError) as e:
+        form.requested_workers(options, default=1, maximum=6)
+    message = str(e.value)
+    assert message == f"spawn option not allowed: {named}; the options are 'workers', a whole number from 1 to 6, and 'queue', true or false"
+    assert "\n" not in message
+
+
+def test_user_options_give_workers_or_the_default():
+    assert form.requested_workers({}, default=2, maximum=6) == 2
+    assert form.requested_workers({"workers": 5}, default=2, maximum=6) == 5
+    for bad in ({"workers": 7}, {"workers": "3"}, {"workers": True}):
+        with pytest.raises(ValueError, match="from 1 to 6"):
+            form.requested_workers(bad, default=1, maximum=6)
+    with pytest.raises(ValueError, match="must be a JSON object; the options are 'workers'"):
+        form.requested_workers(["workers"], default=1, maximum=6)
+
+
+def _fake_user(name: str):
+    return SimpleNamespace(name=name, admin=False, url=f"/user/{name}/", escaped_name=name, id=1,
+                           server=None, spawners={}, settings={}, orm_user=None)
+
+
+def test_local_spawner_refuses_an_image_before_reserving_or_starting(tmp_path):
+    from pdl_spawner.local import PDLLocalSpawner
+
+    db = tmp_path / "r.sqlite"
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(db))
+    spawner.user_options = {"image": "evil", "workers": 1}
+    with pytest.raises(web.HTTPError) as e:
+        asyncio.run(spawner.start())
+    assert e.value.status_code == 400 and "the options are 'workers'" in e.value.reason
+    assert SlotLedger(db).holdings() == [] and spawner.pid == 0 and spawner.slots == []
+
+
+def test_local_spawner_gives_each_server_a_port_nothing_else_holds(tmp_path):
+    import socket
+
+    from pdl_spawner.local import PDLLocalSpawner
+
+    low = 29871
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(tmp_path / "r.sqlite"),
+                              port_range=(low, low + 2))
+    PDLLocalSpawner._ports["bob"] = low + 1  # given to bob's server, which may not listen yet
+    try:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", low))  # something else listens here
+            assert spawner.pick_port() == low + 2
+        asyncio.run(spawner.release())
+        assert PDLLocalSpawner._ports == {"bob": low + 1}
+    finally:
+        PDLLocalSpawner._ports.clear()
+    with pytest.raises(Exception, match="port_range must be"):
+        PDLLocalSpawner(user=_fake_user("alice"), port_range=(80, 90))
+
+
+def test_gpu_slot_sees_only_its_gpu_and_cpu_slots_share_the_cores():
+    env = engine_env("gpu:2", pool_size=4, n_cpus=16)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["PDL_CPUS"] == "8,9,10,11"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # slot numbers are nvidia-smi's
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert engine_env("cpu:1", pool_size=4, n_cpus=16)["CUDA_VISIBLE_DEVICES"] == ""
+    assert cpus_for_slot("cpu:3", pool_size=4, n_cpus=2) == [1]
+    with pytest.raises(ValueError, match="'gpu:<index>' or 'cpu:<index>'"):
+        parse_slot("tpu:0")
+
+
+def test_spawner_is_registered_and_documents_its_config():
+    from pdl_spawner.local import PDLLocalSpawner
+
+    assert entry_points(group="jupyterhub.spawners")["pdl-local"].load() is PDLLocalSpawner
+    own = ["pool", "cpu_slots", "default_workers", "max_workers", "reservations_db",
+           "system_users", "account_prefix", "homes_root", "skeleton_dir", "gpu_device_template",
+           "home_dir_template", "port_range"]
+    traits = PDLLocalSpawner.class_traits(config=True)
+    for name in own:
+        assert traits[name].help.strip(), f"{name} has no help text"
+
+
+def test_the_queue_on_the_spawn_form_names_waiters_only_to_admins():
+    kwargs = dict(kind="cpu", pool_size=2, free=0, holders={"alice": 2}, default=1, maximum=2)
+    admin = form.render_form(**kwargs, show_names=True, waiting=[("bob", 1), ("carol", 2)])
+    user = form.render_form(**kwargs, show_names=False, waiting=[("bob", 1), ("carol", 2)])
+    assert "Queue: bob (1), carol (2)." in admin and 'name="queue"' in admin
+    assert "2 users are waiting." in user and "bob" not in user
+    assert 'name="queue"' not in form.render_form(**kwargs, show_names=True)  # a spawner without a queue
+    assert form.wants_queue({"queue": ["on"]}) and not form.wants_queue({})
+    assert form.requested_workers({"workers": 2, "queue": True}, default=1, maximum=2) == 2
+    with pytest.raises(ValueError, match="'queue' must be true or false, got 'yes'"):
+        form.requested_workers({"workers": 1, "queue": "yes"}, default=1, maximum=2)
+    message = form.queue_message(2, 3, 0, 4, {"alice": 4}, show_names=False)
+    assert message == ("Waiting for 2 workers: number 3 in the queue; 0 of 4 are free (4 held by other users). "
+                       "Cancel to leave the queue.")
+    # a spawn may join the queue; a cell asking its engines back may not, and is told what to do
+    assert form.queue_first_message(2).endswith("Tick 'wait in the queue' to join it.")
+    assert form.queue_first_message(1, "GPUs", spawning=False) == (
+        "Not enough free GPUs for you now: 1 user is waiting in the queue, first come, first served. "
+        "Run the cell again once they have been served.")
+
+
+class _LeaseDouble:
+    """The server's lease API (``/pdl/api/lease``) as a spawner sees it: what the user's
+    server says, and the hub's answers. The one seam a lease test replaces."""
+
+    def __init__(self, lease: dict):
+        self.lease, self.answers = lease, []
+
+    async def __call__(self, grant=None):
+        if grant is None:
+            return self.lease
+        self.answers.append(grant)
+        return {"ok": True}
+
+
+def _lease_spawner(tmp_path, lease: dict, **traits):
+    from pdl_spawner.local import PDLLocalSpawner
+
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1", "cpu:2"], system_users=False,
+                              reservations_db=str(tmp_path / "r.sqlite"), engine_idle_timeout=9,
+                              home_dir_template=str(tmp_path / "home" / "{username}"), **traits)
+    spawner.lease = _LeaseDouble(lease)
+    return spawner
+
+
+RELEASED = {"released": {"reason": "engines idle for 9 s"}, "want": None, "grant": None}
+
+
+def test_engines_asked_back_while_others_wait_are_refused_with_advice_for_a_cell(tmp_path):
+    from pdl_spawner.wait_queue import WaitQueue
+
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 1}})
+    WaitQueue(spawner.reservations_db).join("bob", "bob", 2)  # bob waits for two slots, which are free
+
+    asyncio.run(spawner.tend_lease())
+    assert spawner.lease.answers == [{"refused": (
+        "Not enough free workers for you now: 1 user is waiting in the queue, first come, first served. "
+        "Run the cell again once they have been served.")}]
+    assert SlotLedger(spawner.reservations_db).holdings() == []  # nothing was taken ahead of bob
+
+
+@pytest.mark.parametrize("wanted", [3, -1, 0, "2", 1.5, None, True])
+def test_a_lease_request_gets_no_more_workers_than_a_spawn_could(tmp_path, wanted):
+    """Guards ``PDLLocalSpawner.tend_lease`` passing the request through ``checked_workers``
+    (the same limit as the spawn form): a user's server asking back 3 workers past
+    max_workers=2, or -1, gets a one-line refusal and no slot."""
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": wanted}}, max_workers=2)
+    asyncio.run(spawner.tend_lease())
+    assert spawner.lease.answers == [{"refused": f"workers must be a whole number from 1 to 2, got {wanted!r}"}]
+    assert SlotLedger(spawner.reservations_db).holdings() == []
+
+
+def test_a_reclaim_is_logged_in_the_hubs_words_not_the_users(tmp_path):
+    """Guards ``tend_lease`` logging ``idle_reason(...)`` instead of the lease's reason: a
+    reason with a newline would forge a line of the hub's log and of the admin view."""
+    spawner = _lease_spawner(tmp_path, {"released": {"reason": "idle\n[I 2026 JupyterHub] admin logged in"},
+                                        "want": None, "grant": None})
+    SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
+    asyncio.run(spawner.tend_lease())
+    [reclaim] = SlotLedger(spawner.reservations_db).reclaims()
+    assert reclaim.reason == "engines idle for 9 s" and reclaim.slots == ["cpu:0", "cpu:1"]
+
+
+def test_a_granted_request_gets_slots_from_the_ledger(tmp_path):
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 2}})
+    SlotLedger(spawner.reservations_db).reserve("bob", 1, spawner.pool)
+    asyncio.run(spawner.tend_lease())
+    assert spawner.lease.answers == [{"slots": ["cpu:1", "cpu:2"]}] == [{"slots": spawner.slots}]
+
+
+@pytest.mark.parametrize("n", [0, -1, True, 1.0, "1"])
+def test_the_ledger_itself_refuses_counts_below_one(tmp_path, n):
+    """Guards the check at the top of ``SlotLedger.reserve``: whoever calls it."""
+    ledger = SlotLedger(tmp_path / "r.sqlite")
+    with pytest.raises(ValueError, match="at least 1"):
+        ledger.reserve("alice", n, POOL)
+    assert ledger.holdings() == []
+
+
+def test_clear_state_frees_a_reservation_the_state_never_recorded(tmp_path):
+    """Guards ``PDLLocalSpawner.clear_state`` releasing by owner: after a hub crash between
+    the reservation and JupyterHub saving the state, the restarted hub's spawner has no
+    slots in its state, and clearing it must still free what the ledger holds."""
+    from pdl_spawner.db_thread import submit
+
+    spawner = _lease_spawner(tmp_path, {})
+    SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
+    spawner.load_state({})
+    spawner.clear_state()
+    submit(lambda: None).result(timeout=30)  # the release was queued before this
+    assert SlotLedger(spawner.reservations_db).holdings() == []

@@ -1,0 +1,133 @@
+"""End to end on the simulated 3-node swarm: a real JupyterHub with PDLSwarmSpawner.
+
+The hub runs in the root namespace (10.77.0.1 on the sim's bridge) and drives the
+swarm through node1's (the manager's) socket. A user asking for 3 GPUs gets a notebook
+service and 3 engine services, one per node's GPU; ``%%distributed -n 3`` trains a
+small DDP model across the three nodes, and the same engines then run a Horovod
+allreduce (``--backend horovod``). A second user is refused at once while the
+GPUs are held, and spawns once the first user's server (every service and secret of
+it) is gone. All traffic stays on 127.0.0.1 and 10.77.0.0/24.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from hub_harness import Kernel
+from swarm_hub_harness import inspect_task, pdl_objects, swarm_hub_fixture
+from waiting import wait_until
+
+pytestmark = pytest.mark.docker
+
+DDP_CELL = """%%distributed -n 3 --all-output
+import os, torch, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(rank)                      # each rank its own data
+model = DDP(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+w_true = torch.arange(8.0)[:, None]
+for step in range(300):
+    x = torch.randn(32, 8)
+    loss = ((model(x) - x @ w_true) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+w = model.module.weight.detach().flatten()
+print(f"rank {rank}/{world_size} host {os.environ['PDL_ENGINE_HOST']} gpu {os.environ['PDL_GPU']} "
+      f"loss {loss.item():.4f} weights {w.sum().item():.4f}")
+"""
+RESULT = re.compile(r"rank (\d)/3 host (\S+) gpu (\S+) loss ([\d.]+) weights (-?[\d.]+)")
+
+# the same three engines switch to Horovod: one rank per node, gloo between the nodes
+HVD_CELL = """%%distributed -n 3 --backend horovod --all-output
+import os, torch
+total = hvd.allreduce(torch.tensor([rank + 1.0]), op=hvd.Sum)
+print(f"hvd {hvd.rank()}/{hvd.size()} local {hvd.local_rank()}/{hvd.local_size()} "
+      f"cross {hvd.cross_rank()}/{hvd.cross_size()} host {os.environ['PDL_ENGINE_HOST']} sum {int(total.item())}")
+"""
+HVD_RESULT = re.compile(r"hvd (\d)/3 local 0/1 cross (\d)/3 host (\S+) sum 6")
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory):
+    yield from swarm_hub_fixture(tmp_path_factory.mktemp("swarm-hub"), swarm, ["admin", "alice", "bob"])
+
+
+def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, swarm):
+    r = hub.spawn("alice", 3)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("alice", timeout=240)
+
+    services, secrets = pdl_objects(swarm, "alice")
+    assert services == ["pdl-alice", "pdl-alice-engine-0", "pdl-alice-engine-1", "pdl-alice-engine-2"]
+    assert len(secrets) == 2
+    hosts = swarm.hostnames_by_node_id()
+    engines = [t for s in swarm.manager.services.list(filters={"label": "pdl.role=engine"})
+               for t in s.tasks(filters={"desired-state": "running"})]
+    assert sorted(hosts[t["NodeID"]] for t in engines) == [swarm.hostname(i) for i in swarm.node_ids()]
+
+    # secure defaults, as the processes actually run
+    for service, program, secret in (("pdl-alice", "pdl-singleuser", "/run/secrets/pdl-notebook.json"),
+                                     ("pdl-alice-engine-1", "pdl-engine", "/run/secrets/pdl-engine.json")):
+        seen = inspect_task(swarm, service, program, secret)
+        assert seen["uid"] == "1000" and seen["cap_eff"] == "0000000000000000", seen
+        assert seen["no_new_privs"] == "1" and not seen["docker_socket"], seen
+        assert seen["secret_mode"] == "0o400" and seen["secret_uid"] == 1000, seen
+        assert "API_TOKEN" not in seen["environ"] and "SECRETKEY" not in seen["environ"], service
+
+    kernel = Kernel(hub, "alice")
+    try:
+        out = kernel.execute("%load_ext pdl_magics")
+        assert out["error"] is None, out
+        out = kernel.execute(DDP_CELL, timeout=300)
+        assert out["error"] is None, f"{out}\n{hub.log_tail()}"
+        hvd = kernel.execute(HVD_CELL, timeout=300)
+        assert hvd["error"] is None, hvd
+    finally:
+        kernel.close()
+    hvd_ranks = {int(rank): (int(cross), host) for rank, cross, host in HVD_RESULT.findall(hvd["stdout"])}
+    assert sorted(hvd_ranks) == [0, 1, 2], hvd["stdout"]
+    assert sorted(host for _, host in hvd_ranks.values()) == [swarm.hostname(i) for i in swarm.node_ids()]
+    assert all(cross == rank for rank, (cross, _) in hvd_ranks.items()), hvd["stdout"]
+    print(out["stdout"])
+    ranks = {int(m[0]): m[1:] for m in RESULT.findall(out["stdout"])}
+    assert sorted(ranks) == [0, 1, 2], out["stdout"]
+    assert sorted(host for host, *_ in ranks.values()) == [swarm.hostname(i) for i in swarm.node_ids()]
+    assert sorted(gpu for _, gpu, *_ in ranks.values()) == [swarm.gpu(i) for i in swarm.node_ids()]
+    assert len({weights for *_, weights in ranks.values()}) == 1, "DDP replicas diverged"
+    assert all(float(loss) < 0.1 for _, _, loss, _ in ranks.values()), out["stdout"]
+
+    # every GPU is held: another user is refused at once, with who holds them only for admins
+    started = time.monotonic()
+    r = hub.spawn("bob", 1)
+    print(f"409 after {time.monotonic() - started:.2f} s: {r.json().get('message')}")
+    assert time.monotonic() - started < 5
+    assert r.status_code == 409
+    assert "Not enough free GPUs: you asked for 1, 0 of 3 are free (3 held by other users)" in r.json()["message"]
+    assert pdl_objects(swarm, "bob") == ([], [])
+    r = hub.spawn("admin", 1)
+    assert r.status_code == 409 and "0 of 3 are free (alice (3))" in r.json()["message"]
+
+    # a hub restart re-attaches to alice's running server: same services, engines usable
+    before = {s.id: s.attrs["Version"]["Index"] for s in swarm.manager.services.list()}
+    hub.stop_hub()
+    hub.start()
+    hub.wait_ready("alice", timeout=60)
+    assert {s.id: s.attrs["Version"]["Index"] for s in swarm.manager.services.list()} == before
+    kernel = Kernel(hub, "alice")
+    try:
+        kernel.execute("%load_ext pdl_magics")
+        out = kernel.execute("%%distributed -n 3\nimport torch, torch.distributed as dist\n"
+                             "t = torch.ones(1); dist.all_reduce(t); print('sum', int(t.item()))", timeout=300)
+        assert out["error"] is None and "sum 3" in out["stdout"], out
+    finally:
+        kernel.close()
+
+    # stopping removes every service and secret of alice and frees the GPUs
+    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
+    wait_until(lambda: pdl_objects(swarm, "alice") == ([], []), 60, what="alice's services and secrets to go")
+    r = hub.spawn("bob", 2)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("bob", timeout=240)
+    assert pdl_objects(swarm, "bob")[0] == ["pdl-bob", "pdl-bob-engine-0", "pdl-bob-engine-1"]

@@ -1,0 +1,88 @@
+"""Every benchmark in bench/ runs as documented and prints its table and ratio.
+
+Tiny sizes: this checks that the benchmarks work on a fresh setup, not the
+figures (those are in docs/benchmarks.md, with the commands that made them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+TABLE_ROW = re.compile(r"^\|.*\|\s*$", re.M)
+
+
+def run_bench(tmp_path, script: str, *args: str, timeout: float = 300) -> str:
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env.pop("CINIC10_DIR", None)
+    done = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def ratio(out: str, label: str) -> float:
+    match = re.search(rf"^ratio {re.escape(label)}.*?: (\d+\.\d+)", out, re.M)
+    assert match, f"no '{label}' ratio line in:\n{out}"
+    return float(match.group(1))
+
+
+@pytest.mark.timeout(300)
+def test_data_pipeline_bench_prints_both_pipelines_and_the_ratio(tmp_path):
+    out = run_bench(tmp_path, "data_pipeline.py", "--per-class", "60", "--epochs", "1", "--batch", "64")
+    rows = TABLE_ROW.findall(out)
+    assert any("PDL" in r for r in rows) and any("ImageFolder" in r for r in rows), out
+    assert ratio(out, "PDL / ImageFolder") > 0
+    assert re.search(r"PDL cache: built once in [\d.]+ s", out)
+
+
+@pytest.mark.timeout(300)
+def test_train_throughput_bench_prints_both_recipes_and_the_ratio(tmp_path):
+    out = run_bench(tmp_path, "train_throughput.py", "--per-class", "20", "--epochs", "2", "--width", "4")
+    rows = TABLE_ROW.findall(out)
+    assert any("PDL" in r for r in rows) and any("pytorch-cifar" in r for r in rows), out
+    assert ratio(out, "PDL / pytorch-cifar") > 0
+
+
+@pytest.mark.timeout(600)
+def test_time_to_accuracy_bench_runs_both_recipes_in_cells(tmp_path):
+    out = run_bench(tmp_path, "time_to_accuracy.py", "-n", "2", "--per-class", "20", "--epochs", "2",
+                    "--peer-epochs", "1", "--width", "4", "--peer-width", "4", "--target", "0.0", timeout=600)
+    rows = TABLE_ROW.findall(out)
+    assert any("PDL" in r for r in rows) and any("pytorch-cifar" in r for r in rows), out
+    assert ratio(out, "pytorch-cifar / PDL") > 0
+
+
+@pytest.mark.timeout(300)
+def test_dispatch_bench_compares_distributed_with_px_on_the_same_engines(tmp_path):
+    out = run_bench(tmp_path, "dispatch.py", "-n", "2", "--cells", "10", "--warmup", "3")
+    rows = TABLE_ROW.findall(out)
+    assert any("%%distributed" in r for r in rows) and any("%%px" in r for r in rows), out
+    assert re.search(r"p50 \d+\.\d+, p99 \d+\.\d+", out), out
+
+
+@pytest.mark.timeout(400)
+def test_scaling_bench_runs_the_same_script_on_pdl_and_torchrun(tmp_path):
+    out = run_bench(tmp_path, "scaling.py", "--max-n", "2", "--batch", "8", "--width", "4", "--steps", "2",
+                    "--warmup", "1", "--repeats", "1", timeout=400)
+    rows = TABLE_ROW.findall(out)
+    assert any(r.startswith("| 1 |") for r in rows) and any(r.startswith("| 2 |") for r in rows), out
+    assert ratio(out, "E_pdl(2) / E_torchrun(2)") > 0
+
+
+@pytest.mark.timeout(300)
+def test_allreduce_bench_compares_training_with_bare_all_reduce(tmp_path):
+    out = run_bench(tmp_path, "allreduce.py", "-n", "2", "--batch", "8", "--width", "4", "--steps", "2",
+                    "--warmup", "2", "--iters", "3")
+    rows = TABLE_ROW.findall(out)
+    assert any("training" in r for r in rows) and any("bare all_reduce" in r for r in rows), out
+    assert ratio(out, "training busbw / bare busbw") > 0
