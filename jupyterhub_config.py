@@ -18,7 +18,7 @@ Environment variables tune it without editing this file:
   ``swarm`` (a Docker Swarm mini-cluster; then ``PDL_HUB_CONNECT_IP``, this node's
   address as the other nodes reach it, is required, and ``PDL_NODES`` (the swarm
   nodes whose GPUs to use, e.g. ``gpu1,gpu2,gpu3``; default: all), ``PDL_NOTEBOOK_IMAGE``,
-  ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_GPUS`` apply); storage there:
+  ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_WORKERS`` apply); storage there:
   ``PDL_HOME_STORAGE`` (``volume``, the default: a Docker volume ``pdl-home-<user>`` per
   node, or ``path``: a folder every node mounts from shared storage), ``PDL_HOME_PATH``
   (that folder, e.g. ``/srv/pdl/home/{username}``), and the read-only dataset at /data:
@@ -137,7 +137,8 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.JupyterHub.hub_connect_ip = os.environ["PDL_HUB_CONNECT_IP"]  # this node's address
     c.PDLSwarmSpawner.image = os.environ.get("PDL_NOTEBOOK_IMAGE", "pdl-notebook:latest")
     c.PDLSwarmSpawner.client_kwargs = {"base_url": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")}
-    c.PDLSwarmSpawner.default_gpus = int(os.environ.get("PDL_DEFAULT_GPUS", "1"))
+    # a worker on Swarm is one GPU; PDL_DEFAULT_GPUS is its older name
+    c.PDLSwarmSpawner.default_workers = int(os.environ.get("PDL_DEFAULT_WORKERS", os.environ.get("PDL_DEFAULT_GPUS", "1")))
     c.PDLSwarmSpawner.state_db = str(state_dir / "swarm.sqlite")  # the queue and the reclaim log
     c.PDLSwarmSpawner.engine_idle_timeout = c.PDLLocalSpawner.engine_idle_timeout
     c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]

@@ -121,7 +121,7 @@ class Engines:
         if not 1 <= n <= available:
             where = "reserved for you" if self.is_hub else "in the local pool"
             raise DistributedUsageError(
-                f"-n {n} is not available: {available} engine(s) {where}; use -n 1..{available}"
+                f"-n {n} is not available: {available} worker(s) {where}; use -n 1..{available}"
             )
         self._grow(n, available)
         chosen = sorted(self._info.items(), key=lambda item: rank_order(item[1]["host"], item[1]["slot"], item[0]))

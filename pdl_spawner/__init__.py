@@ -1,9 +1,16 @@
 """PDL hub side: spawners that reserve GPU (or CPU) slots and start a user's engines.
 
+- :mod:`pdl_spawner.core`: what every spawner shares (the worker count and its limits,
+  the spawn form, reserving at once or in the queue, the engine lease), in the words
+  of :mod:`pdl_spawner.usage` (workers, who holds them); a spawner adds its own I/O.
 - :mod:`pdl_spawner.local`: the embedded default, local processes on one machine.
-- :mod:`pdl_spawner.swarm`: Docker Swarm, with :mod:`pdl_spawner.swarm_specs` (the
-  services' specs), :mod:`pdl_spawner.swarm_state` (what PDL reads from the Swarm),
-  :mod:`pdl_spawner.swarm_holdings` (who holds which GPU) and
+- :mod:`pdl_spawner.swarm`: Docker Swarm (the services' life), with
+  :mod:`pdl_spawner.swarm_promises` (free GPUs, promises to spawns in progress),
+  :mod:`pdl_spawner.swarm_storage` (homes, data, cache), :mod:`pdl_spawner.swarm_idle`
+  (idle engines scaled to 0 and back), :mod:`pdl_spawner.swarm_teardown` (removal),
+  :mod:`pdl_spawner.swarm_specs` (the services' specs, pure),
+  :mod:`pdl_spawner.swarm_gpus` (the one reader of who holds which GPU, pure),
+  :mod:`pdl_spawner.swarm_state` (the server's state, task facts, ports; pure) and
   :mod:`pdl_spawner.swarm_networks` (each server's private network).
 - :mod:`pdl_spawner.queueing` and :mod:`pdl_spawner.wait_queue`: the fair queue for
   busy workers; :mod:`pdl_spawner.idle_engines`: idle engines giving them back.

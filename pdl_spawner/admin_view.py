@@ -16,7 +16,7 @@ Two sources of holdings, read on every request:
   file (:class:`~pdl_spawner.reservations.SlotLedger`); the node is this machine.
 - **Swarm** (``PDLSwarmSpawner``, when ``PDL_DOCKER_HOST`` is set): the GPUs that
   PDL's engine tasks hold, read from the swarm's manager through the Docker Engine
-  API (:mod:`pdl_spawner.swarm_holdings`), each on its node, since the time its task
+  API (:mod:`pdl_spawner.swarm_gpus`), each on its node, since the time its task
   reached its state. The pool is the GPUs that PDL's nodes declare, as
   ``"<hostname>/<GPU id>"``. When Docker cannot be read the page says so and still
   shows the queue and the reclaims.
@@ -78,7 +78,7 @@ from pdl.runtime.boot import die_with_parent
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, slot_index
 
 from .reservations import Holding, Reclaim, SlotLedger
-from .swarm_holdings import GpuHolding, SwarmSnapshot, swarm_snapshot
+from .swarm_gpus import GpuHolding, SwarmSnapshot, swarm_snapshot
 from .swarm_specs import LABEL_PREFIX
 from .wait_queue import Waiter, WaitQueue
 

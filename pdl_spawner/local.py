@@ -52,16 +52,17 @@ from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
 from pdl_server.contract import ServerContract, cluster_dir_in
 
-from . import device_cgroup, form, unix_accounts
+from . import device_cgroup, unix_accounts
 from .db_thread import off_loop, submit
-from .idle_engines import IdleEngines, idle_reason
-from .queueing import NotFreeYet, QueueingSpawner
+from .core import SpawnerCore
+from .idle_engines import idle_reason
 from .reservations import NotEnoughSlots, SlotLedger
+from .usage import NotEnoughWorkers, WorkerUsage
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
 KILL_WAIT_S = 10.0
 
-class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
+class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
     """Spawn a user's server plus one ipyparallel engine per reserved GPU or CPU slot."""
 
     pool = List(
@@ -90,12 +91,6 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         config=True,
         help="Number of CPU slots in the default pool of a machine without GPUs. "
         "The machine's cores are split evenly between them.",
-    )
-
-    default_workers = Integer(1, config=True, help="Workers pre-filled in the spawn form.")
-
-    max_workers = Integer(
-        0, config=True, help="Most workers one user may reserve; 0 means the whole pool."
     )
 
     reservations_db = Unicode(
@@ -182,7 +177,7 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
 
     @default("options_form")
     def _default_options_form(self):
-        return self._render_options_form
+        return self.render_options_form
 
     # -- reservations ----------------------------------------------------------
 
@@ -208,91 +203,32 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
     def ready_to_start(self) -> bool:
         return bool(self.slots)
 
-    async def describe_free(self) -> tuple[int, int, dict[str, int]]:
-        free, holders = await off_loop(self._free_and_holders)
-        return free, len(self.pool), holders
+    @property
+    def worker_kind(self) -> str:
+        return parse_slot(self.pool[0])[0] if self.pool else "cpu"
 
     @property
-    def workers_limit(self) -> int:
-        return min(self.max_workers or len(self.pool), len(self.pool))
+    def worker_capacity(self) -> int:
+        return len(self.pool)
 
-    def _free_and_holders(self) -> tuple[int, dict[str, int]]:
-        """(free slots, user -> slots held by others); blocks on the ledger."""
+    async def worker_usage(self) -> WorkerUsage:
+        return await off_loop(self._usage)
+
+    def _usage(self) -> WorkerUsage:
+        """The pool, and the users holding its slots other than this server; blocks on the ledger."""
         holders: dict[str, int] = {}
         for h in self.ledger.holdings():
             if h.slot in self.pool and h.owner != self.owner:
                 user = h.owner.split("/", 1)[0]
                 holders[user] = holders.get(user, 0) + 1
-        return len(self.pool) - sum(holders.values()), holders
+        return WorkerUsage(total=len(self.pool), holders=holders)
 
-    async def _render_options_form(self, spawner) -> str:
-        free, holders = await off_loop(self._free_and_holders)
-        return form.render_form(
-            waiting=await self.waiting(),
-            kind=parse_slot(self.pool[0])[0] if self.pool else "cpu",
-            pool_size=len(self.pool),
-            free=free,
-            holders=holders,
-            default=self.default_workers,
-            maximum=self.workers_limit,
-            show_names=bool(self.user.admin),
-        )
-
-    def options_from_form(self, formdata):
-        try:
-            options = {"workers": form.parse_workers(formdata, maximum=self.workers_limit)}
-        except ValueError as e:
-            raise web.HTTPError(400, str(e)) from None
-        if form.wants_queue(formdata):
-            options["queue"] = True
-        return options
-
-    def _requested_workers(self) -> int:
-        """``workers`` from the user options, or HTTPError(400) naming the valid option."""
-        try:
-            return form.requested_workers(self.user_options, default=self.default_workers,
-                                          maximum=self.workers_limit)
-        except ValueError as e:
-            raise web.HTTPError(400, str(e), reason=str(e)) from None
-
-    def checked_workers(self, n) -> int:
-        """``n`` if it is a whole number within :attr:`workers_limit`, else HTTPError(400)
-        naming the valid range: the one check for every source of a count (the form,
-        the REST body, a lease request)."""
-        try:
-            form.check_workers(n, maximum=self.workers_limit)
-        except ValueError as e:
-            raise web.HTTPError(400, str(e), reason=str(e)) from None
-        return n
-
-    async def reserve(self, n: int | None = None, *, spawning: bool = True) -> list[str]:
-        """Reserve ``n`` slots (default: what the spawn asked for), or raise HTTPError(409)
-        saying what is free (400 for a count outside :attr:`workers_limit`).
-
-        Refused too while others wait in the queue: they come first. ``spawning``: for
-        a spawn (else for engines a cell asks back), which the refusal's advice fits.
-        """
-        n = self._requested_workers() if n is None else self.checked_workers(n)
-        await self.refuse_while_others_wait(spawning=spawning)
+    async def take_workers(self, n: int) -> list[str]:
+        """``n`` free slots of the pool from the ledger (all or nothing)."""
         try:
             return await off_loop(self.ledger.reserve, self.owner, n, self.pool)
         except NotEnoughSlots as e:
-            message = form.not_enough_message(
-                e.wanted, e.free, len(self.pool), e.holders, show_names=bool(self.user.admin)
-            )
-            raise web.HTTPError(409, message, reason=message) from None
-
-    async def wait_and_reserve(self) -> list[str]:
-        """Wait in the queue (:meth:`QueueingSpawner.wait_in_queue`) for the slots, then reserve them."""
-        n = self._requested_workers()
-
-        async def take() -> list[str]:
-            try:
-                return await off_loop(self.ledger.reserve, self.owner, n, self.pool)
-            except NotEnoughSlots:
-                raise NotFreeYet() from None
-
-        return await self.wait_in_queue(n, take)
+            raise NotEnoughWorkers(e.wanted, WorkerUsage(total=len(self.pool), holders=e.holders)) from None
 
     def _release_now(self) -> list[str]:
         """Free every slot the ledger holds for this server (blocks on the ledger)."""
@@ -454,31 +390,21 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
     def lease_token(self) -> str | None:
         return self.api_token
 
-    async def tend_lease(self) -> None:
-        """One look at the server's lease: reclaim released slots, grant or refuse a request.
+    async def reclaim_idle_workers(self) -> list[str]:
+        """Free this server's slots in the ledger (logged as a reclaim); its device cgroup
+        then opens no GPU."""
+        if not await off_loop(self.ledger.held_by, self.owner):
+            return []
+        slots = await off_loop(self.ledger.reclaim, self.owner, idle_reason(self.engine_idle_timeout))
+        self.restrict_devices([])
+        return slots
 
-        The request's count is checked like a spawn's; the slots come from the ledger
-        and the device cgroup follows them (none while released).
-        """
-        lease = await self.lease()
-        if not lease or not lease.get("released"):
-            return
-        if await off_loop(self.ledger.held_by, self.owner):
-            reason = idle_reason(self.engine_idle_timeout)
-            slots = await off_loop(self.ledger.reclaim, self.owner, reason)
-            self.restrict_devices([])
-            self.log.info("Reclaimed %s from %s: %s", ",".join(slots), self.owner, reason)
-        want = lease.get("want")
-        if not isinstance(want, dict) or lease.get("grant"):
-            return
-        try:
-            self.slots = await self.reserve(self.checked_workers(want.get("workers")), spawning=False)
-            self.restrict_devices(self.slots)
-            answer = {"slots": self.slots}
-            self.log.info("Granted %s to %s again", ",".join(self.slots), self.owner)
-        except web.HTTPError as e:
-            answer = {"refused": e.reason or e.log_message or str(e)}
-        await self.lease(grant=answer)
+    async def grant_workers_again(self, n: int) -> dict:
+        """Slots from the ledger again (the device cgroup follows them): ``{"slots": [...]}``."""
+        self.slots = await self.reserve_workers(n, spawning=False)
+        self.restrict_devices(self.slots)
+        self.log.info("Granted %s to %s again", ",".join(self.slots), self.owner)
+        return {"slots": self.slots}
 
     def move_certs(self, paths):
         return paths if not self.system_users else super().move_certs(paths)
@@ -487,7 +413,7 @@ class PDLLocalSpawner(QueueingSpawner, IdleEngines, LocalProcessSpawner):
         if os.geteuid() == 0 and not self.system_users:
             message = "PDLLocalSpawner.system_users is off while the hub runs as root: no user's server runs as root"
             raise web.HTTPError(500, message, reason=message)
-        self.slots = await self.wait_and_reserve() if self.wants_queue else await self.reserve()
+        self.slots = await self.claim_workers()
         self.log.info("Reserved %s for %s", ",".join(self.slots), self.owner)
         try:
             if self.system_users:

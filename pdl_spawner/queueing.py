@@ -13,7 +13,8 @@ the queue when the spawn is cancelled or ``queue_timeout`` passes, and
 :meth:`QueueingSpawner.refuse_while_others_wait`.
 
 The spawner provides :attr:`queue_db` (the queue's SQLite file), ``owner_key`` and
-:meth:`QueueingSpawner.describe_free` (free workers, the total, and who holds the rest).
+:meth:`QueueingSpawner.worker_usage` (a :class:`~pdl_spawner.usage.WorkerUsage`: the
+workers, and who holds them). :class:`~pdl_spawner.core.SpawnerCore` builds on it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from traitlets import HasTraits, Integer, observe
 
 from . import form
 from .db_thread import off_loop
+from .usage import WorkerUsage
 from .wait_queue import WaitQueue
 
 #: Seconds between a waiting spawn's looks at the queue and the free workers.
@@ -66,8 +68,8 @@ class QueueingSpawner(HasTraits):
     def owner_key(self) -> str:
         raise NotImplementedError
 
-    async def describe_free(self) -> tuple[int, int, dict[str, int]]:
-        """(free workers, all workers, user -> workers held by others)."""
+    async def worker_usage(self) -> WorkerUsage:
+        """The workers there are, and who holds them (this server's own not counted)."""
         raise NotImplementedError
 
     def ready_to_start(self) -> bool:
@@ -127,9 +129,9 @@ class QueueingSpawner(HasTraits):
                         return await take()
                     except NotFreeYet:
                         pass
-                free, total, holders = await self.describe_free()
-                self._queue_status = form.queue_message(
-                    n, position, free, total, holders, show_names=bool(self.user.admin), unit=self.worker_unit)
+                usage = await self.worker_usage()
+                self._queue_status = form.queue_message(n, position, usage.free, usage.total, usage.holders,
+                                                        show_names=bool(self.user.admin), unit=self.worker_unit)
                 await asyncio.sleep(QUEUE_POLL_S)
                 await off_loop(queue.beat, self.owner_key)
         finally:

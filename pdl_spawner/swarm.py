@@ -3,16 +3,19 @@
 A subclass of dockerspawner's ``SwarmSpawner`` that overrides its hooks; every Docker
 call goes through dockerspawner's one seam, ``self.docker(method, ...)`` (docker-py's
 low-level ``APIClient``, in a worker thread). Specs come from the pure builders in
-:mod:`pdl_spawner.swarm_specs`, swarm bookkeeping from :mod:`pdl_spawner.swarm_state`,
-connection info and keys from :mod:`pdl.connection`.
+:mod:`pdl_spawner.swarm_specs`, the server's state and task facts from
+:mod:`pdl_spawner.swarm_state`, who holds which GPU from :mod:`pdl_spawner.swarm_gpus`,
+connection info and keys from :mod:`pdl.connection`. The worker count, its limits
+(``default_workers``, ``max_workers``; a worker here is one GPU), the form and the
+queue are :mod:`pdl_spawner.core`'s, as for every PDL spawner.
 
 Contract:
 
 - ``start()`` first checks ``user_options``: ``workers`` and ``queue`` are the only
   keys a user may set; any other (``image``, ``mounts``, ``env``, ...) fails with HTTP
   400 naming the valid options, before any Docker call. It then counts free GPUs (what
-  the nodes offer minus what running or pending tasks of services scaled above 0
-  reserve, and GPUs promised to spawns in progress in this hub). If the request can't
+  the nodes offer minus what :func:`~pdl_spawner.swarm_gpus.gpu_usage` counts held,
+  and GPUs promised to spawns in progress in this hub). If the request can't
   be met, or others wait in the queue, it raises HTTP 409 at once, with one line saying
   how many are free of how many and who holds the rest (names only to admins), and
   creates nothing; with ``queue: true`` it waits in the hub's fair queue instead
@@ -37,7 +40,7 @@ Contract:
 - With ``engine_idle_timeout``, engines idle that long are scaled to 0 (their GPUs go
   back to the swarm, the reclaim is logged in ``state_db``) and back to 1 when a cell
   asks, if the GPUs are free and nobody waits in the queue
-  (:meth:`PDLSwarmSpawner.tend_lease`; :mod:`pdl_server.lease`).
+  (:mod:`pdl_spawner.swarm_idle`; :mod:`pdl_server.lease`).
 - ``poll()`` watches the notebook task (SwarmSpawner's); the state
   (:class:`~pdl_spawner.swarm_state.SwarmServer`: ports, node, keys, service and
   secret ids) survives hub restarts, and ``poll()`` works after ``load_state``.
@@ -49,33 +52,26 @@ import asyncio
 import secrets
 import time
 
-from docker.errors import APIError, NotFound
 from dockerspawner import SwarmSpawner
-from jupyterhub.utils import url_path_join
 from tornado import web
-from traitlets import Dict, Float, Instance, Integer, List, Tuple, Unicode, Union, default, validate
+from traitlets import Float, Instance, Integer, Tuple, Unicode, default, observe, validate
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 from pdl_server.contract import ServerContract
 
-from . import form, swarm_specs
-from .db_thread import off_loop
-from .idle_engines import IdleEngines, idle_reason
-from .queueing import NotFreeYet, QueueingSpawner
-from .reservations import SlotLedger
-from .swarm_holdings import gpu_holdings
+from . import swarm_specs
+from .core import SpawnerCore
+from .swarm_idle import SwarmIdleEngines
 from .swarm_networks import NetworkPool, NoFreeNetwork
+from .swarm_promises import SwarmGpuPromises
 from .swarm_specs import LABEL_PREFIX, Owner
 from .swarm_state import (
-    ACTIVE_TASK_STATES, FAILED_TASK_STATES, GpuUsage, SwarmServer, excluded_hostnames, gpu_usage, network_address,
-    node_address, pick_ports, select_nodes, service_replicas, starved_tasks, task_error, used_ports,
+    FAILED_TASK_STATES, SwarmServer, network_address, node_address, pick_ports, starved_tasks, task_error, used_ports,
 )
+from .swarm_storage import SwarmStorage
+from .swarm_teardown import POLL_S, SwarmTeardown
 
-#: Seconds between checks while waiting for tasks.
-POLL_S = 0.25
-#: Seconds stop() waits for removed services' tasks to stop.
-STOP_WAIT_S = 30.0
-#: Upper bound on GPUs per server when ``max_gpus`` is 0 (the real bound is what is free).
+#: Upper bound on workers per server when ``max_workers`` is 0 (the real bound is what is free).
 GPU_REQUEST_CAP = 1024
 
 
@@ -89,28 +85,38 @@ class TaskFailed(web.HTTPError, RuntimeError):
         self.jupyterhub_message = message
 
 
-class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
-    """A user's notebook (with its ipyparallel controller) plus one engine service per GPU."""
+class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmTeardown, SpawnerCore, SwarmSpawner):
+    """A user's notebook (with its ipyparallel controller) plus one engine service per
+    GPU: the worker rules of :class:`~pdl_spawner.core.SpawnerCore`, GPUs counted and
+    promised by :class:`~pdl_spawner.swarm_promises.SwarmGpuPromises`, storage by
+    :class:`~pdl_spawner.swarm_storage.SwarmStorage`, idle engines by
+    :class:`~pdl_spawner.swarm_idle.SwarmIdleEngines`, removal by
+    :class:`~pdl_spawner.swarm_teardown.SwarmTeardown`; here the services' life."""
 
     worker_unit = "GPUs"
+    worker_kind = "gpu"
 
-    default_gpus = Integer(1, config=True, help="GPUs (engines) pre-filled in the spawn form.")
+    default_gpus = Integer(
+        None, allow_none=True, config=True,
+        help="Deprecated name of `default_workers` (a worker on Swarm is one GPU); it sets that.",
+    )
 
     max_gpus = Integer(
-        0, config=True,
-        help="Most GPUs one user may reserve; 0 means as many as the swarm has free.",
+        None, allow_none=True, config=True,
+        help="Deprecated name of `max_workers` (a worker on Swarm is one GPU); it sets that.",
     )
+
+    @observe("default_gpus", "max_gpus")
+    def _set_the_workers_setting(self, change):
+        if change.new is not None:
+            new_name = change.name.replace("gpus", "workers")
+            self.log.warning("PDLSwarmSpawner.%s is deprecated: set %s", change.name, new_name)
+            setattr(self, new_name, change.new)
 
     engine_image = Unicode(
         "", config=True,
         help="Image of the engine services. Empty means the notebook's image (`image`). "
         "It must provide `pdl-engine` (pip install pdl).",
-    )
-
-    gpu_resource = Unicode(
-        "NVIDIA-GPU", config=True,
-        help="""Swarm generic resource one engine reserves one unit of. Each node's daemon.json
-        declares its GPUs under this name (`"node-generic-resources": ["NVIDIA-GPU=GPU-<uuid>"]`).""",
     )
 
     run_as = Unicode(
@@ -143,81 +149,11 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         restarts the GPU tasks running at that moment.""",
     )
 
-    nodes = List(
-        Unicode(), config=True,
-        help="Hostnames of the swarm nodes whose GPUs PDL hands out (engines run only there); "
-        "empty: every node. A name that is not a node of the swarm fails each spawn with a one-line error.",
-    )
-
     starved_timeout = Float(
         5.0, config=True,
         help="Seconds an engine task may wait for a GPU (another spawn took it first) "
         "before the spawn is abandoned with HTTP 409.",
     )
-
-    home_storage = Unicode(
-        "volume", config=True,
-        help="""How each user's home (`container_home`, in the notebook and every engine) is kept.
-        "volume": the Docker named volume `pdl-home-{username}` of `home_volume_driver`. With the
-        default local driver and no options it is a folder on the node the task runs on: it
-        survives server restarts on that node, but not a move to another node (and engines on
-        other nodes see their own). With a shared driver or NFS options it follows the user.
-        "path": a bind mount of `home_path_template`, a folder every node mounts from shared
-        storage (NFS at the same path on every node); the admin creates it, owned by `run_as`.""",
-    )
-
-    home_volume_driver = Unicode(
-        "local", config=True,
-        help="Docker volume driver of the home volume (`home_storage = \"volume\"`), on every node.",
-    )
-
-    home_volume_driver_opts = Dict(
-        value_trait=Unicode(), config=True,
-        help="""Options of the home volume's driver; `{username}` is filled in. NFS with the local
-        driver: {"type": "nfs", "o": "addr=10.0.0.5,rw,nfsvers=4", "device": ":/export/home/{username}"}.
-        Docker keeps a volume's options from its first use on each node.""",
-    )
-
-    home_path_template = Unicode(
-        "", config=True,
-        help="""Host folder of each user's home when `home_storage = "path"`, e.g.
-        `/srv/pdl/home/{username}` ({username}: the escaped user name). The same on every
-        node (shared storage). A missing folder fails the spawn naming it.""",
-    )
-
-    data_storage = Union(
-        [Dict()], default_value=None, allow_none=True, config=True,
-        help="""The dataset, mounted read-only at /data in the notebook and every engine
-        (`CINIC10_DIR=/data/cinic10` unless `environment` sets it). None: no dataset.
-        {"kind": "path", "source": "/srv/pdl/data"}: that host folder on each node.
-        {"kind": "nfs", "addr": "10.0.0.5", "export": "/export/data"} (optional "options",
-        e.g. "nfsvers=4"): an NFS export, mounted by each node.""",
-    )
-
-    cache_volume = Unicode(
-        "pdl-cache-{username}", config=True,
-        help="""Node-local volume (driver local: one per node) at /var/tmp in the notebook and
-        every engine, where datasets are staged once per node (`CINIC10_CACHE=/var/tmp/cinic10`
-        unless `environment` sets it): a user's ranks on one node share it. One per user by
-        default: every user's containers run as the same `run_as`, so in a volume shared by
-        all ("pdl-cache") any user could alter what the others load. "": no cache volume.""",
-    )
-
-    @validate("home_storage")
-    def _validate_home_storage(self, proposal):
-        return swarm_specs.check_home_kind(proposal.value)
-
-    @validate("home_path_template")
-    def _validate_home_path_template(self, proposal):
-        return swarm_specs.check_home_path_template(proposal.value)
-
-    @validate("data_storage")
-    def _validate_data_storage(self, proposal):
-        return swarm_specs.check_data(proposal.value)
-
-    @validate("cache_volume")
-    def _validate_cache_volume(self, proposal):
-        return swarm_specs.check_volume_template(proposal.value, "cache_volume")
 
     state_db = Unicode(
         "pdl-swarm.sqlite", config=True,
@@ -237,9 +173,17 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
 
     @default("options_form")
     def _default_options_form(self):
-        return self._render_options_form
+        return self.render_options_form
 
     # -- whose, and how many ----------------------------------------------------
+
+    @property
+    def worker_capacity(self) -> int:
+        """No bound known without asking the swarm: what is free decides."""
+        return GPU_REQUEST_CAP
+
+    def ready_to_start(self) -> bool:
+        return self.holds_promise() or bool(self.object_id)
 
     @property
     def owner(self) -> Owner:
@@ -253,121 +197,8 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     def queue_db(self) -> str:
         return self.state_db
 
-    def ready_to_start(self) -> bool:
-        return self.owner.key in PDLSwarmSpawner._promised or bool(self.object_id)
-
-    async def describe_free(self) -> tuple[int, int, dict[str, int]]:
-        usage = await self.gpu_usage()
-        return usage.free, usage.total, usage.holders
-
-    def _gpu_limit(self, total: int) -> int:
-        return max(1, min(self.max_gpus or total, total))
-
-    async def _render_options_form(self, spawner) -> str:
-        usage = await self.gpu_usage()
-        return form.render_form(
-            waiting=await self.waiting(), kind="gpu", pool_size=usage.total, free=usage.free, holders=usage.holders,
-            default=self.default_gpus, maximum=self._gpu_limit(usage.total), show_names=bool(self.user.admin),
-        )
-
-    def options_from_form(self, formdata):
-        try:
-            options = {"workers": form.parse_workers(formdata, maximum=self.max_gpus or GPU_REQUEST_CAP)}
-        except ValueError as e:
-            raise web.HTTPError(400, str(e)) from None
-        if form.wants_queue(formdata):
-            options["queue"] = True
-        return options
-
-    def requested_gpus(self) -> int:
-        """``workers`` from the user options, or HTTPError(400) naming the valid option."""
-        try:
-            n = form.requested_workers(self.user_options, default=self.default_gpus,
-                                       maximum=self.max_gpus or GPU_REQUEST_CAP)
-        except ValueError as e:
-            raise web.HTTPError(400, str(e), reason=str(e)) from None
-        return n
-
-    # -- GPUs ----------------------------------------------------------------------
-
-    #: GPUs granted to spawns of this hub whose engine tasks don't exist yet:
-    #: owner -> (user, GPUs). Shared by every spawner of the process.
-    _promised: dict[str, tuple[str, int]] = {}
-    _promise_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
     #: The private networks' claims, shared by every spawner of the process.
     _networks = NetworkPool()
-
-    async def gpu_usage(self) -> GpuUsage:
-        """GPUs of the swarm and their holders, this server's own not counted."""
-        nodes = await self.cluster_nodes()
-        services = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=engine"]})
-        tasks = await self.docker("tasks", filters={"desired-state": ["running"]})
-        if self.nodes:  # tasks placed on the other nodes hold none of these GPUs
-            ids = {n["ID"] for n in nodes}
-            tasks = [t for t in tasks if t.get("NodeID") in ids or not t.get("NodeID")]
-        return gpu_usage(nodes, services, tasks, self.gpu_resource,
-                         promised=PDLSwarmSpawner._promised, exclude_owner=self.owner.key)
-
-    async def cluster_nodes(self) -> list[dict]:
-        """The swarm's nodes that PDL uses (:attr:`nodes`), or HTTP 500 naming the bad names."""
-        try:
-            return select_nodes(await self.docker("nodes"), self.nodes)
-        except ValueError as e:
-            message = f"PDLSwarmSpawner.nodes: {e}"
-            raise web.HTTPError(500, message, reason=message) from None
-
-    def not_enough(self, wanted: int, usage: GpuUsage) -> web.HTTPError:
-        message = form.not_enough_message(wanted, usage.free, usage.total, usage.holders,
-                                          show_names=bool(self.user.admin), unit="GPUs")
-        return web.HTTPError(409, message, reason=message)
-
-    async def promise_gpus(self, n: int, *, spawning: bool = True) -> None:
-        """Grant ``n`` GPUs to this spawn (``spawning``) or to engines a cell asks back,
-        or raise HTTP 409 saying what is free (or that others wait in the queue ahead of it)."""
-        loop = asyncio.get_running_loop()
-        if PDLSwarmSpawner._promise_lock is None or PDLSwarmSpawner._promise_lock[0] is not loop:
-            PDLSwarmSpawner._promise_lock = (loop, asyncio.Lock())
-        async with PDLSwarmSpawner._promise_lock[1]:
-            await self.refuse_while_others_wait(spawning=spawning)
-            usage = await self.gpu_usage()
-            if n > usage.free:
-                raise self.not_enough(n, usage)
-            PDLSwarmSpawner._promised[self.owner.key] = (self.user.name, n)
-
-    def forget_promise(self) -> None:
-        PDLSwarmSpawner._promised.pop(self.owner.key, None)
-
-    async def wait_and_promise(self, n: int) -> None:
-        """Wait in the queue (:meth:`QueueingSpawner.wait_in_queue`) until ``n`` GPUs are promised."""
-
-        async def take() -> None:
-            try:
-                await self.promise_gpus(n)
-            except web.HTTPError as e:
-                if e.status_code != 409:
-                    raise
-                raise NotFreeYet() from None
-
-        await self.wait_in_queue(n, take)
-
-    # -- storage ---------------------------------------------------------------------
-
-    @property
-    def storage(self) -> swarm_specs.Storage:
-        return swarm_specs.Storage(
-            home=self.home_storage, home_volume_driver=self.home_volume_driver,
-            home_volume_driver_opts=dict(self.home_volume_driver_opts), home_path_template=self.home_path_template,
-            data=self.data_storage, cache_volume=self.cache_volume,
-        )
-
-    def storage_mounts(self) -> list[dict]:
-        """This user's storage mounts, then those of ``volumes``; HTTP 500 naming a bad setting."""
-        try:
-            return swarm_specs.check_mounts([*self.storage.mounts(self.escaped_name, self.container_home),
-                                             *self.mounts])
-        except ValueError as e:
-            message = f"PDLSwarmSpawner storage: {e}"
-            raise web.HTTPError(500, message, reason=message) from None
 
     # -- env and secrets -------------------------------------------------------------
 
@@ -394,7 +225,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     # -- dockerspawner hooks -----------------------------------------------------------
 
     async def start(self):
-        self.requested_gpus()  # refuse other options (image, mounts, ...) before any Docker call
+        self.requested_workers()  # refuse other options (image, mounts, ...) before any Docker call
         self.storage_mounts()  # and storage settings that cannot work
         try:
             url = await super().start()
@@ -427,17 +258,14 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     async def create_object(self):
         """Check and promise the GPUs, take a private network, then create the notebook
         secret and service."""
-        n = self.requested_gpus()
+        n = self.requested_workers()
         mounts = self.storage_mounts()
-        if self.wants_queue:
-            await self.wait_and_promise(n)
-        else:
-            await self.promise_gpus(n)
+        await self.claim_workers()
         network = await self.claim_network()
         keys = self.swarm.keys or ClusterKeys.generate()
         notebooks = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=notebook"]})
         ports = pick_ports(1 + PORTS_NEEDED, used_ports(notebooks), *self.port_range)
-        self.swarm = SwarmServer(gpus=n, port=ports[0], controller_ports=ports[1:], keys=keys,
+        self.swarm = SwarmServer(workers=n, port=ports[0], controller_ports=ports[1:], keys=keys,
                                  api_token=self.api_token, network=network)
         self.port = ports[0]
         secret_id, secret_name = await self.create_secret(
@@ -459,9 +287,9 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
         keys, ports = self.swarm.keys, self.swarm.controller_ports
         controller = network_address(task, self.swarm.network)
         secret_id, secret_name = await self.create_secret("engine", engine_file(keys, ports, controller))
-        avoid = excluded_hostnames(await self.docker("nodes"), self.nodes)
+        avoid = await self.avoided_hostnames()
         mounts = self.storage_mounts()
-        for index in range(self.swarm.gpus):
+        for index in range(self.swarm.workers):
             spec = swarm_specs.engine_service(
                 name=f"{self.object_name}-engine-{index}", image=self.engine_image or self.image,
                 owner=self.owner, index=index, env=self.user_environment(), secret_id=secret_id,
@@ -500,7 +328,7 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
             if starved_tasks(list(current.values())):
                 starved_since = starved_since or time.monotonic()
                 if time.monotonic() - starved_since > self.starved_timeout:
-                    raise self.not_enough(self.swarm.gpus, await self.gpu_usage())
+                    raise self.not_enough(self.swarm.workers, await self.worker_usage())
             else:
                 starved_since = None
             if len(current) == len(service_ids) and all(
@@ -521,123 +349,6 @@ class PDLSwarmSpawner(QueueingSpawner, IdleEngines, SwarmSpawner):
     async def stop(self, now=False):
         self.unwatch_lease()
         return await super().stop(now=now)
-
-    # -- idle engines --------------------------------------------------------------
-
-    @property
-    def reclaim_log(self) -> SlotLedger:
-        """Where reclaims are logged (the admin view lists them): :attr:`state_db`."""
-        return SlotLedger(self.state_db)
-
-    def lease_url(self) -> str | None:
-        if self.server is None or not self.swarm.node_addr:
-            return None
-        return f"http://{self.swarm.node_addr}:{self.swarm.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
-
-    def lease_token(self) -> str | None:
-        return self.swarm.api_token
-
-    async def engine_services_now(self) -> list[dict]:
-        return await self.docker("services", filters={"label": [f"{LABEL_PREFIX}owner={self.owner.key}",
-                                                                  f"{LABEL_PREFIX}role=engine"]})
-
-    async def scale_engines(self, services: list[dict], replicas: int) -> None:
-        """Set every engine service of ``services`` to ``replicas`` tasks (0: its GPU is released)."""
-        for svc in services:
-            await self.docker("update_service", svc["ID"], svc["Version"]["Index"],
-                              mode={"Replicated": {"Replicas": replicas}}, fetch_current_spec=True)
-
-    async def tend_lease(self) -> None:
-        """One look at the server's lease: scale engines released for idleness to 0 (their
-        GPUs go back to the swarm; logged), then answer a request to have them again."""
-        if self.server is None or not self.swarm.api_token:
-            return
-        lease = await self.lease()
-        if not lease or not lease.get("released"):
-            return
-        services = await self.engine_services_now()
-        running = [s for s in services if service_replicas(s)]
-        if running:
-            reason = idle_reason(self.engine_idle_timeout)
-            tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
-                                                         "desired-state": ["running"]})
-            gpus = [f"{h.node}/{h.gpu}" for h in gpu_holdings(await self.docker("nodes"), running, tasks,
-                                                               self.gpu_resource)] or [f"{len(running)} GPU(s)"]
-            await self.scale_engines(running, 0)
-            await off_loop(self.reclaim_log.log_reclaim, self.owner.key, gpus, reason)
-            self.log.info("Reclaimed %s from %s: %s", ",".join(gpus), self.owner.key, reason)
-        if not lease.get("want") or lease.get("grant"):
-            return
-        try:
-            await self.bring_back_engines(services)
-            answer = {"engines": len(services)}
-            self.log.info("Granted %d GPU(s) to %s again", len(services), self.owner.key)
-        except web.HTTPError as e:
-            answer = {"refused": e.reason or e.log_message or str(e)}
-        await self.lease(grant=answer)
-
-    async def bring_back_engines(self, services: list[dict]) -> None:
-        """Scale the engine services back to one task each once their GPUs are free, and
-        wait until they run; HTTP 409 (one line, nothing left running) when they are not."""
-        await self.promise_gpus(len(services), spawning=False)
-        try:
-            await self.scale_engines(await self.engine_services_now(), 1)
-            wait = self.wait_tasks([s["ID"] for s in services], "engine", current_only=True, holds_gpus=True)
-            try:
-                await asyncio.wait_for(wait, timeout=self.start_timeout)
-            except asyncio.TimeoutError:
-                message = f"the engines did not start within {self.start_timeout} s"
-                raise web.HTTPError(504, message, reason=message) from None
-        except BaseException:
-            try:
-                await self.scale_engines(await self.engine_services_now(), 0)
-            except (APIError, NotFound):
-                self.log.warning("Could not scale the engines of %s back to 0", self.owner.key)
-            raise
-        finally:
-            self.forget_promise()
-
-    async def remove_object(self):
-        """Remove every service and secret of this server; wait until its tasks stopped."""
-        selector = self.owner.filter()
-        services = [s["ID"] for s in await self.docker("services", filters=selector)]
-        for service_id in services:
-            try:
-                await self.docker("remove_service", service_id)
-            except NotFound:
-                pass
-        if services:
-            await self.wait_stopped(services)
-        for secret in await self.docker("secrets", filters=selector):
-            await self.remove_secret(secret["ID"])
-        if services:
-            self.log.info("Removed %d service(s) of %s", len(services), self.owner.key)
-        self.swarm.engine_services.clear()
-        self.swarm.secrets.clear()
-
-    async def wait_stopped(self, service_ids: list[str]) -> None:
-        deadline = time.monotonic() + STOP_WAIT_S
-        while time.monotonic() < deadline:
-            tasks = await self.docker("tasks")
-            if not any(t.get("ServiceID") in service_ids and t["Status"]["State"] in ACTIVE_TASK_STATES
-                       for t in tasks):
-                return
-            await asyncio.sleep(POLL_S)
-        self.log.warning("Tasks of %s still stopping after %.0f s", self.owner.key, STOP_WAIT_S)
-
-    async def remove_secret(self, secret_id: str) -> None:
-        """Remove a secret, waiting while a removed service's task still uses it."""
-        deadline = time.monotonic() + STOP_WAIT_S
-        while True:
-            try:
-                await self.docker("remove_secret", secret_id)
-                return
-            except NotFound:
-                return
-            except APIError as e:
-                if "in use" not in str(e) or time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(POLL_S)
 
     # -- state -----------------------------------------------------------------
 

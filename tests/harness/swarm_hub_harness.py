@@ -35,7 +35,7 @@ c.Spawner.http_timeout = 120
             "PDL_HUB_CONNECT_IP": swarm.host_addr,    # containers on the nodes reach the hub API here
             "DOCKER_HOST": swarm.docker_host(1),      # the manager's engine
             "PDL_NOTEBOOK_IMAGE": IMAGE,
-            "PDL_DEFAULT_GPUS": "1",
+            "PDL_DEFAULT_WORKERS": "1",
             **(hub_env or {}),
         }, extra_config=config)
         self.swarm = swarm

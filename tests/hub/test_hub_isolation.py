@@ -155,7 +155,7 @@ def test_distributed_asking_beyond_the_reservation_is_a_usage_error(both):
         assert kernel.execute("%load_ext pdl_magics")["error"] is None
         out = kernel.execute("%%distributed -n 2\nprint('ran on', rank)", timeout=60)
         # IPython shows a UsageError as this one line on stderr, without a traceback
-        assert out["stderr"] == "UsageError: -n 2 is not available: 1 engine(s) reserved for you; use -n 1..1\n"
+        assert out["stderr"] == "UsageError: -n 2 is not available: 1 worker(s) reserved for you; use -n 1..1\n"
         assert out["stdout"] == "", out
     finally:
         kernel.close()

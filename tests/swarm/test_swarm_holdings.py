@@ -1,4 +1,4 @@
-"""Who holds which GPU of a swarm (pdl_spawner/swarm_holdings.py) and the admin view's
+"""Who holds which GPU of a swarm (pdl_spawner/swarm_gpus.py) and the admin view's
 Swarm source (pdl_spawner/admin_view.py): pure functions over Engine API objects shaped
 as docker-py's ``APIClient`` returns them; no Docker, no hub."""
 
@@ -9,8 +9,9 @@ import pytest
 from pdl_spawner import admin_view
 from pdl_spawner.admin_view import read_status, read_swarm_status, reader_from_env, render_page, swarm_status_model
 from pdl_spawner.reservations import Reclaim, SlotLedger
-from pdl_spawner.swarm_holdings import (
-    PENDING, GpuHolding, SwarmSnapshot, gpu_holdings, gpu_pool, gpus_in_use, parse_timestamp, swarm_snapshot,
+from pdl_spawner.swarm_gpus import (
+    OTHER_SERVICES, PENDING, GpuHolding, SwarmSnapshot, gpu_holdings, gpu_pool, gpu_usage, gpus_in_use,
+    parse_timestamp, swarm_snapshot,
 )
 from pdl_spawner.wait_queue import Waiter, WaitQueue
 from swarm_doubles import FakeSwarm
@@ -69,7 +70,7 @@ def task(tid, sid, node_host=None, gpu=None, state="running", desired="running",
     return t
 
 
-# -- swarm_holdings -----------------------------------------------------------------
+# -- swarm_gpus ---------------------------------------------------------------------
 
 
 def test_timestamps_parse_to_epoch_seconds_to_the_nanosecond_and_bad_ones_to_none():
@@ -98,7 +99,7 @@ def test_assigned_gpus_are_read_under_either_api_name_and_only_of_the_resource_k
         [("GPU-a", "alice"), (f"{GPU} (1)", "bob")]
 
 
-def test_stopped_tasks_and_services_that_are_not_pdl_engines_hold_nothing():
+def test_stopped_tasks_and_services_that_are_not_pdl_engines_hold_no_gpu_of_theirs():
     nodes = [node("pdl-node1", ["GPU-fake-1"])]
     services = [engine_service("s1", "alice"), engine_service("nb", "alice", role="notebook"),
                 {"ID": "x", "Spec": {"Name": "someone-elses", "Labels": {"team": "vision"}}}]
@@ -111,6 +112,11 @@ def test_stopped_tasks_and_services_that_are_not_pdl_engines_hold_nothing():
         task("t6", "x", "pdl-node1", "GPU-fake-1"),
         task("t7", "gone", "pdl-node1", "GPU-fake-1"),  # its service was removed
     ]
+    # the stopped tasks hold no GPU of their own; the engine service that Swarm will start a
+    # new task for still holds one for its user (pending), as the spawner counts it ...
+    assert [(h.gpu, h.node, h.owner) for h in gpu_holdings(nodes, services, tasks, GPU)] == [(PENDING, "", "alice")]
+    # ... and nothing once it is scaled to 0 (its engines released for idleness)
+    services[0]["Spec"]["Mode"] = {"Replicated": {"Replicas": 0}}
     assert gpu_holdings(nodes, services, tasks, GPU) == []
     # the GPU other services' running tasks hold is in use all the same; stopped ones free theirs
     assert gpus_in_use(nodes, tasks, GPU) == [("pdl-node1", "GPU-fake-1")]
@@ -165,6 +171,23 @@ def test_the_snapshot_pools_only_pdls_nodes_and_names_the_unavailable_ones():
     everything = swarm_snapshot(nodes, services, tasks, GPU, [])
     assert everything.nodes == ["gpu-shared", "pdl-node1", "pdl-node2"] and everything.unavailable == ["pdl-node2"]
     assert everything.pool == [("gpu-shared", "GPU-s"), ("pdl-node1", "GPU-fake-1")]
+
+
+def test_the_free_count_and_the_admin_view_read_the_same_holders():
+    """One definition of held: the spawn form's count (gpu_usage) is the admin view's
+    holdings (gpu_holdings) per user, plus what other services' tasks reserve."""
+    nodes = [node("pdl-node1", ["GPU-fake-1", "GPU-fake-2"]), node("pdl-node2", ["GPU-fake-3", "GPU-fake-4"])]
+    services = [engine_service("s1", "alice/big"), engine_service("s2", "bob"), engine_service("s3", "carol")]
+    tasks = [task("t1", "s1", "pdl-node1", "GPU-fake-1"),
+             task("t2", "s2", "pdl-node2", "GPU-fake-3", state="failed", desired="shutdown"),  # restarting
+             task("t3", "other", "pdl-node2", "GPU-fake-4")]
+    holdings = gpu_holdings(nodes, services, tasks, GPU)
+    per_user = {}
+    for h in holdings:
+        per_user[h.user] = per_user.get(h.user, 0) + 1
+    assert per_user == {"alice": 1, "bob": 1, "carol": 1}
+    usage = gpu_usage(nodes, services, tasks, GPU)
+    assert usage.holders == {**per_user, OTHER_SERVICES: 1} and usage.total == 4 and usage.free == 0
 
 
 def test_the_fake_swarms_placed_engine_reads_as_a_holding_of_its_gpu():

@@ -130,7 +130,7 @@ def test_a_restarted_hub_reattaches_through_the_state():
     alice = make_spawner(swarm, "alice", 2)
     run(alice.start())
     state = json.loads(json.dumps(alice.get_state()))  # as JupyterHub stores it
-    assert state["pdl_swarm"]["gpus"] == 2 and state["pdl_swarm"]["keys"] == alice.swarm.keys.to_dict()
+    assert state["pdl_swarm"]["workers"] == 2 and state["pdl_swarm"]["keys"] == alice.swarm.keys.to_dict()
     again = make_spawner(swarm, "alice", None)
     again.load_state(state)
     assert run(again.poll()) is None
@@ -249,7 +249,7 @@ def test_bad_requests_are_400():
         run(make_spawner(swarm, "alice", 0).start())
     assert e.value.status_code == 400
     with pytest.raises(web.HTTPError) as e:
-        run(make_spawner(swarm, "alice", 3, max_gpus=2).start())
+        run(make_spawner(swarm, "alice", 3, max_workers=2).start())
     assert e.value.status_code == 400 and "from 1 to 2" in e.value.log_message
 
 

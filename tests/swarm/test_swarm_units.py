@@ -11,9 +11,9 @@ import pytest
 from pdl.connection import PORTS_NEEDED, ClusterKeys, controller_files, engine_file
 from pdl.runtime.swarm_boot import gpu_slot_env
 from pdl_spawner import form
+from pdl_spawner.swarm_gpus import OTHER_SERVICES, gpu_usage
 from pdl_spawner.swarm_state import (
-    OTHER_SERVICES, SwarmServer, gpu_usage, network_address, node_address, pick_ports, starved_tasks, task_error,
-    used_ports,
+    SwarmServer, network_address, node_address, pick_ports, starved_tasks, task_error, used_ports,
 )
 
 pytestmark = pytest.mark.unit
@@ -139,7 +139,7 @@ def test_the_controller_address_is_the_notebook_task_s_own_on_its_private_networ
 
 
 def test_state_round_trip_keeps_what_a_restarted_hub_needs():
-    server = SwarmServer(gpus=3, port=20001, controller_ports=PORTS, node_addr="10.77.0.12", keys=KEYS,
+    server = SwarmServer(workers=3, port=20001, controller_ports=PORTS, node_addr="10.77.0.12", keys=KEYS,
                          engine_services=["e0", "e1", "e2"], secrets=["s0", "s1"], network="pdl-private-2")
     state = server.to_state()
     import json
@@ -147,6 +147,9 @@ def test_state_round_trip_keeps_what_a_restarted_hub_needs():
     assert json.loads(json.dumps(state)) == state  # JupyterHub stores it as JSON
     assert SwarmServer.from_state(state) == server
     assert SwarmServer.from_state(None) == SwarmServer()
+    # the state a hub of 0.1.0 saved (the count under "gpus") reads the same after an upgrade
+    older = {k: v for k, v in state.items() if k != "workers"} | {"gpus": 3}
+    assert SwarmServer.from_state(older) == server
     assert "keys" not in SwarmServer().to_state()
 
 
@@ -194,7 +197,7 @@ def test_swarm_spawner_is_registered_and_documents_its_config():
     from pdl_spawner.swarm import PDLSwarmSpawner
 
     assert entry_points(group="jupyterhub.spawners")["pdl-swarm"].load() is PDLSwarmSpawner
-    own = ["default_gpus", "max_gpus", "engine_image", "gpu_resource", "run_as", "container_home",
+    own = ["default_workers", "max_workers", "default_gpus", "max_gpus", "engine_image", "gpu_resource", "run_as", "container_home",
            "port_range", "starved_timeout"]
     traits = PDLSwarmSpawner.class_traits(config=True)
     for name in own:
@@ -209,6 +212,6 @@ def test_the_swarm_spawner_takes_the_queue_option_from_the_api_and_the_form(tmp_
     spawner = PDLSwarmSpawner(user=SimpleNamespace(name="alice", admin=False, url="/user/alice/"),
                               state_db=str(tmp_path / "swarm.sqlite"))
     spawner.user_options = {"workers": 2, "queue": True}
-    assert spawner.requested_gpus() == 2 and spawner.wants_queue
+    assert spawner.requested_workers() == 2 and spawner.wants_queue
     assert spawner.options_from_form({"workers": ["1"], "queue": ["on"]}) == {"workers": 1, "queue": True}
     assert spawner.options_from_form({"workers": ["1"]}) == {"workers": 1}

@@ -1,28 +1,30 @@
-"""Who holds which GPU of a Docker Swarm, on which node, since when: pure functions, no I/O.
+"""Who holds which GPU of a Docker Swarm: the one reader of GPUs, for the spawn form,
+the queue, the spawner's free count and the admin view alike. Pure functions, no I/O.
 
 Inputs are Engine API objects as docker-py's low-level ``APIClient`` returns them:
 ``nodes()``, ``services(filters={"label": ["pdl.role=engine"]})`` and ``tasks()``.
-A GPU is one unit of a Swarm generic resource (``resource``, e.g. ``"NVIDIA-GPU"``)
-that a node's daemon declares as a ``NamedResourceSpec`` (``NVIDIA-GPU=GPU-<uuid>``
-in ``node-generic-resources``); its id is the spec's value. Times are epoch seconds.
+A GPU is one unit of a Swarm generic resource (``resource``, e.g. ``"NVIDIA-GPU"``).
+A node declares its GPUs in ``node-generic-resources``: a ``NamedResourceSpec``
+(``NVIDIA-GPU=GPU-<uuid>``) is one GPU, its id the spec's value; a
+``DiscreteResourceSpec`` is a count, with no ids. Times are epoch seconds.
 
-What counts:
+What is held, counted as Swarm counts it (one definition, :func:`gpu_holdings`):
 
-- **A holding** (:func:`gpu_holdings`): a GPU assigned to an *active* task of a PDL
-  engine service (label ``pdl.role=engine``): the task's ``DesiredState`` is
-  ``running`` and its ``Status.State`` one of
-  :data:`~pdl_spawner.swarm_state.ACTIVE_TASK_STATES`. Tasks that stopped or are
-  being stopped, and services that are not PDL engines, hold nothing here.
-- **A pending holding**: an active PDL engine task that reserves GPUs but has none
-  assigned yet (Swarm has not placed it): one holding per GPU it reserves, with gpu
-  :data:`PENDING` and node ``""`` (or the node's hostname once it has one). These are
-  listed last and never match a GPU of the pool.
-- **The pool** (:func:`gpu_pool`): the named GPUs of nodes that are ``ready`` and
-  ``active`` (as :func:`~pdl_spawner.swarm_state.node_gpus` counts them). A node that
-  is down, paused or drained offers nothing. ``DiscreteResourceSpec`` declarations
-  (a count, no ids) cannot be listed GPU by GPU and are left out of the pool.
-- **In use** (:func:`gpus_in_use`): GPUs assigned to an active task of *any* service,
-  so that a GPU taken by a service that is not PDL's is not shown as free.
+- **A holding**: a GPU of an *active* task of a PDL engine service (label
+  ``pdl.role=engine``): the task's ``DesiredState`` is ``running`` and its
+  ``Status.State`` one of :data:`~pdl_spawner.swarm_state.ACTIVE_TASK_STATES`. Tasks
+  that stopped or are being stopped hold nothing.
+- **A pending holding** (gpu :data:`PENDING`): what an active PDL engine task reserves
+  before Swarm assigned it a GPU; and what a PDL engine service scaled above 0
+  reserves while it has no active task (between a task that died and its
+  replacement), so a restarting engine keeps its user's GPU. A service scaled to 0
+  (engines released for idleness) holds nothing. Pending holdings are listed last and
+  never match a GPU of the pool.
+- **Other services' GPUs**: what active tasks of services that are not PDL engines
+  reserve; the free count (:func:`gpu_usage`) counts them held by
+  :data:`OTHER_SERVICES`, and the admin view lists them as in use (:func:`gpus_in_use`).
+- **The pool** (:func:`gpu_pool`, :func:`node_gpus`): the GPUs of nodes that are
+  ``ready`` and ``active``; a node that is down, paused or drained offers nothing.
 
 Docker names the GPUs Swarm assigned to a task ``GenericResources`` on the task
 object (its API reference calls them ``AssignedGenericResources``); both are read.
@@ -35,10 +37,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from .swarm_specs import LABEL_PREFIX
-from .swarm_state import ACTIVE_TASK_STATES, node_gpus, task_gpus
+from .swarm_state import ACTIVE_TASK_STATES, service_replicas
+from .usage import WorkerUsage
 
 #: The gpu of a holding whose task Swarm has not placed yet.
 PENDING = "(pending)"
+#: Holder name for GPUs reserved by services that are not PDL's engines.
+OTHER_SERVICES = "other services"
 
 _RFC3339 = re.compile(
     r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
@@ -127,14 +132,56 @@ def is_active(task: dict) -> bool:
     return task.get("DesiredState") == "running" and task.get("Status", {}).get("State") in ACTIVE_TASK_STATES
 
 
+def node_gpus(node: dict, resource: str) -> int:
+    """GPUs (units of generic resource ``resource``) a ready, active node offers."""
+    if not is_available(node):
+        return 0
+    return _count(node.get("Description", {}).get("Resources", {}).get("GenericResources") or [], resource)
+
+
+def task_gpus(task: dict, resource: str) -> int:
+    """GPUs a task reserves while it is active (0 once it stopped or is meant to stop)."""
+    if not is_active(task):
+        return 0
+    return _count(task.get("Spec", {}).get("Resources", {}).get("Reservations", {}).get("GenericResources") or [],
+                  resource)
+
+
+def reserved_gpus(service: dict, resource: str) -> int:
+    """GPUs each task of ``service`` reserves (its task template's reservations)."""
+    template = service.get("Spec", {}).get("TaskTemplate", {})
+    return _count(template.get("Resources", {}).get("Reservations", {}).get("GenericResources") or [], resource)
+
+
+def _count(generic_resources: list[dict], resource: str) -> int:
+    n = 0
+    for r in generic_resources:
+        if (r.get("NamedResourceSpec") or {}).get("Kind") == resource:
+            n += 1
+        elif (r.get("DiscreteResourceSpec") or {}).get("Kind") == resource:
+            n += int(r["DiscreteResourceSpec"].get("Value", 0))
+    return n
+
+
+def _labels(service: dict) -> dict:
+    return service.get("Spec", {}).get("Labels") or {}
+
+
+def _owner(service: dict) -> tuple[str, str]:
+    """(owner, user) of a PDL service, from its labels."""
+    labels = _labels(service)
+    owner = labels.get(LABEL_PREFIX + "owner") or labels.get(LABEL_PREFIX + "user") or ""
+    return owner, labels.get(LABEL_PREFIX + "user") or owner.partition("/")[0]
+
+
 def _natural(text: str) -> tuple:
     """A sort key that orders digit runs by value (``GPU-fake-2`` before ``GPU-fake-10``)."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
 
 
 def _task_since(task: dict) -> float:
-    """When ``task`` reached its current state (``Status.Timestamp``), else when it was
-    last updated or created; 0.0 when it carries no time at all."""
+    """When ``task`` reached its current state (``Status.Timestamp``), else when it (or a
+    service) was last updated or created; 0.0 when it carries no time at all."""
     for text in (task.get("Status", {}).get("Timestamp"), task.get("UpdatedAt"), task.get("CreatedAt")):
         since = parse_timestamp(text)
         if since is not None:
@@ -142,29 +189,56 @@ def _task_since(task: dict) -> float:
     return 0.0
 
 
-def gpu_holdings(nodes: list[dict], services: list[dict], tasks: list[dict], resource: str) -> list[GpuHolding]:
-    """One :class:`GpuHolding` per GPU held by an active task of a PDL engine service
-    (see the module docstring for what counts, pending tasks included), sorted by node,
-    then GPU (digit runs by value); pending holdings last."""
+def gpu_holdings(nodes: list[dict], services: list[dict], tasks: list[dict], resource: str, *,
+                 starting: frozenset[str] | set[str] = frozenset()) -> list[GpuHolding]:
+    """One :class:`GpuHolding` per GPU held by a PDL engine service (see the module
+    docstring for what counts), sorted by node, then GPU (digit runs by value);
+    pending holdings last. ``starting``: owners whose spawn is in progress; their
+    services hold only what their tasks do (the spawn's promise counts the rest)."""
     hosts = {n.get("ID"): hostname(n) for n in nodes}
-    engines = {}
-    for svc in services:
-        labels = svc.get("Spec", {}).get("Labels") or {}
-        if labels.get(LABEL_PREFIX + "role") == "engine":
-            engines[svc.get("ID")] = labels
+    engines = {svc.get("ID"): svc for svc in services if _labels(svc).get(LABEL_PREFIX + "role") == "engine"}
     holdings = []
+    by_service: dict[str, int] = {}
     for task in tasks:
-        labels = engines.get(task.get("ServiceID"))
-        if labels is None or not is_active(task):
+        svc = engines.get(task.get("ServiceID"))
+        if svc is None or not is_active(task):
             continue
-        owner = labels.get(LABEL_PREFIX + "owner") or labels.get(LABEL_PREFIX + "user") or ""
-        user = labels.get(LABEL_PREFIX + "user") or owner.partition("/")[0]
+        owner, user = _owner(svc)
         node_id = task.get("NodeID") or ""
-        node = hosts.get(node_id) or node_id
-        since = _task_since(task)
         gpus = assigned_gpus(task, resource) or [PENDING] * task_gpus(task, resource)
-        holdings.extend(GpuHolding(gpu, node, owner, user, since) for gpu in gpus)
+        holdings.extend(GpuHolding(gpu, hosts.get(node_id) or node_id, owner, user, _task_since(task)) for gpu in gpus)
+        by_service[svc["ID"]] = by_service.get(svc["ID"], 0) + len(gpus)
+    for sid, svc in engines.items():
+        owner, user = _owner(svc)
+        if owner in starting or not service_replicas(svc):
+            continue
+        missing = reserved_gpus(svc, resource) * service_replicas(svc) - by_service.get(sid, 0)
+        holdings.extend(GpuHolding(PENDING, "", owner, user, _task_since(svc)) for _ in range(missing))
     return sorted(holdings, key=lambda h: (h.gpu == PENDING, _natural(h.node), _natural(h.gpu), h.owner, h.since))
+
+
+def gpu_usage(
+    nodes: list[dict], services: list[dict], tasks: list[dict], resource: str, *,
+    promised: dict[str, tuple[str, int]] | None = None, exclude_owner: str | None = None,
+) -> WorkerUsage:
+    """How many GPUs the swarm offers and who holds them: each PDL user their
+    :func:`gpu_holdings`, :data:`OTHER_SERVICES` what other services' active tasks
+    reserve, and ``promised`` (owner -> (user, GPUs)) what was granted to spawns whose
+    engine tasks do not all exist yet. ``exclude_owner``'s own GPUs are not counted (a
+    server replacing itself)."""
+    promised = promised or {}
+    holders: dict[str, int] = {}
+    for h in gpu_holdings(nodes, services, tasks, resource, starting=set(promised)):
+        if h.owner != exclude_owner:
+            holders[h.user] = holders.get(h.user, 0) + 1
+    engines = {svc.get("ID") for svc in services if _labels(svc).get(LABEL_PREFIX + "role") == "engine"}
+    others = sum(task_gpus(t, resource) for t in tasks if t.get("ServiceID") not in engines)
+    if others:
+        holders[OTHER_SERVICES] = holders.get(OTHER_SERVICES, 0) + others
+    for owner, (user, n) in promised.items():
+        if owner != exclude_owner:
+            holders[user] = holders.get(user, 0) + n
+    return WorkerUsage(total=sum(node_gpus(n, resource) for n in nodes), holders=holders)
 
 
 def gpu_pool(nodes: list[dict], resource: str) -> list[tuple[str, str]]:
@@ -189,6 +263,29 @@ def gpus_in_use(nodes: list[dict], tasks: list[dict], resource: str) -> list[tup
         for t in tasks if is_active(t) for gpu in assigned_gpus(t, resource)
     }
     return sorted(used, key=lambda p: (_natural(p[0]), _natural(p[1])))
+
+
+def select_nodes(nodes: list[dict], names: list[str]) -> list[dict]:
+    """The nodes whose hostname is in ``names`` (every node when ``names`` is empty).
+
+    Raises ValueError, in one line naming the swarm's nodes, for a name that is not one
+    (the spawner's check; the admin view lists such names as unavailable: :func:`pdl_nodes`).
+    """
+    if not names:
+        return nodes
+    known = {hostname(n): n for n in nodes}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"node(s) {', '.join(unknown)} not in the swarm; its nodes are: "
+                         f"{', '.join(sorted(known)) or 'none'}")
+    return [known[name] for name in names]
+
+
+def excluded_hostnames(nodes: list[dict], names: list[str]) -> list[str]:
+    """Hostnames of the swarm's nodes that ``names`` leaves out (none when it is empty)."""
+    if not names:
+        return []
+    return sorted({hostname(n) for n in nodes} - set(names))
 
 
 def pdl_nodes(nodes: list[dict], names: list[str]) -> list[dict]:

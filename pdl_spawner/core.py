@@ -1,0 +1,192 @@
+"""What every PDL spawner shares: the worker count and its limits, the spawn form,
+reserving workers (at once or in the fair queue), and the hub's side of the engine lease.
+
+:class:`SpawnerCore` is a mixin placed after the spawner's own mixins and before
+JupyterHub's spawner base class (``class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner)``).
+A spawner adds only its own I/O and specs, by providing:
+
+- :attr:`SpawnerCore.worker_kind` (``"gpu"`` or ``"cpu"``, for the form) and
+  :attr:`SpawnerCore.worker_capacity` (the most workers a request could ever get,
+  known without I/O);
+- ``owner_key``, ``queue_db`` and ``ready_to_start()`` (:mod:`~pdl_spawner.queueing`);
+- ``worker_usage()``: the workers and who else holds them (:mod:`~pdl_spawner.queueing`);
+- :meth:`SpawnerCore.take_workers`: take ``n`` free workers, or raise
+  :class:`~pdl_spawner.usage.NotEnoughWorkers`; what it returns is the spawner's (the
+  ledger's slots, or nothing where Swarm assigns the GPUs later);
+- :meth:`SpawnerCore.reclaim_idle_workers` and :meth:`SpawnerCore.grant_workers_again`:
+  the two halves of the engine lease (:mod:`~pdl_spawner.idle_engines`), with
+  ``lease_url()`` and ``lease_token()``.
+
+The core owns the rules: every count, whatever its source (the form, a REST body, a
+lease request), passes :meth:`SpawnerCore.checked_workers` against the same
+:attr:`SpawnerCore.workers_limit`; only ``workers`` and ``queue`` are options a user
+may set; a request is refused (HTTP 409, one line) while others wait in the queue,
+and when it asks for more than are free; takes are serialised within the hub process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tornado import web
+from traitlets import Integer
+
+from . import form
+from .idle_engines import IdleEngines, idle_reason
+from .queueing import NotFreeYet, QueueingSpawner
+from .usage import NotEnoughWorkers, WorkerUsage
+
+
+class SpawnerCore(QueueingSpawner, IdleEngines):
+    """Mixin: the worker rules every PDL spawner shares (see the module docstring)."""
+
+    default_workers = Integer(1, config=True, help="Workers pre-filled in the spawn form.")
+
+    max_workers = Integer(
+        0, config=True,
+        help="Most workers (GPUs, or CPU slots) one user may reserve; 0 means as many as there are.",
+    )
+
+    #: What one worker is, in the spawn form: "gpu" or "cpu".
+    worker_kind = "gpu"
+
+    #: Serialises takes within the hub process: (the loop it belongs to, the lock).
+    _take_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    # -- what the spawner provides ------------------------------------------------------
+
+    @property
+    def worker_capacity(self) -> int:
+        """The most workers one request could get, known without I/O (the pool's size, or a cap)."""
+        raise NotImplementedError
+
+    async def take_workers(self, n: int) -> Any:
+        """Take ``n`` free workers for this server, or raise :class:`NotEnoughWorkers`."""
+        raise NotImplementedError
+
+    async def reclaim_idle_workers(self) -> list[str]:
+        """Give back the workers of engines released for idleness (and log the reclaim
+        where the admin view reads it); returns what was reclaimed, empty when nothing was held."""
+        raise NotImplementedError
+
+    async def grant_workers_again(self, n: int) -> dict:
+        """Bring back engines for a lease request of ``n`` (already checked) workers; the
+        answer for the user's server. HTTPError (one line) when they cannot be had."""
+        raise NotImplementedError
+
+    # -- how many ---------------------------------------------------------------------
+
+    @property
+    def workers_limit(self) -> int:
+        """The most workers one request may ask for: ``max_workers``, within :attr:`worker_capacity`."""
+        return min(self.max_workers or self.worker_capacity, self.worker_capacity)
+
+    def checked_workers(self, n) -> int:
+        """``n`` if it is a whole number within :attr:`workers_limit`, else HTTPError(400)
+        naming the valid range: the one check for every source of a count (the form,
+        the REST body, a lease request)."""
+        try:
+            form.check_workers(n, maximum=self.workers_limit)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
+        return n
+
+    def requested_workers(self) -> int:
+        """``workers`` from the user options (``default_workers`` when absent), or
+        HTTPError(400) naming the valid options: any other key (``image``, ``volumes``,
+        ``env``, ...) is refused."""
+        try:
+            return form.requested_workers(self.user_options, default=self.default_workers,
+                                          maximum=self.workers_limit)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
+
+    # -- the spawn form ---------------------------------------------------------------
+
+    async def render_options_form(self, spawner=None) -> str:
+        """The spawn form: how many workers, what is free, who holds the rest (names
+        only to admins), and the queue when it is on."""
+        usage = await self.worker_usage()
+        return form.render_form(
+            waiting=await self.waiting(), kind=self.worker_kind, pool_size=usage.total, free=usage.free,
+            holders=usage.holders, default=self.default_workers,
+            maximum=max(1, min(self.workers_limit, usage.total)), show_names=bool(self.user.admin),
+        )
+
+    def options_from_form(self, formdata):
+        try:
+            options = {"workers": form.parse_workers(formdata, maximum=self.workers_limit)}
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        if form.wants_queue(formdata):
+            options["queue"] = True
+        return options
+
+    # -- reserving ----------------------------------------------------------------------
+
+    def not_enough(self, wanted: int, usage: WorkerUsage) -> web.HTTPError:
+        """HTTP 409: one line saying what is free, names of holders only to admins."""
+        message = form.not_enough_message(wanted, usage.free, usage.total, usage.holders,
+                                          show_names=bool(self.user.admin), unit=self.worker_unit)
+        return web.HTTPError(409, message, reason=message)
+
+    def take_lock(self) -> asyncio.Lock:
+        """The hub process's lock around a look at what is free and the take."""
+        loop = asyncio.get_running_loop()
+        if SpawnerCore._take_lock is None or SpawnerCore._take_lock[0] is not loop:
+            SpawnerCore._take_lock = (loop, asyncio.Lock())
+        return SpawnerCore._take_lock[1]
+
+    async def reserve_workers(self, n: int | None = None, *, spawning: bool = True) -> Any:
+        """Take ``n`` workers (default: what the spawn asked for) at once, or raise
+        HTTPError: 400 for a count outside :attr:`workers_limit`, 409 (one line) when
+        others wait in the queue or not enough are free. ``spawning``: for a spawn
+        (else for engines a cell asks back), which the refusal's advice fits."""
+        n = self.requested_workers() if n is None else self.checked_workers(n)
+        async with self.take_lock():
+            await self.refuse_while_others_wait(spawning=spawning)
+            try:
+                return await self.take_workers(n)
+            except NotEnoughWorkers as e:
+                raise self.not_enough(e.wanted, e.usage) from None
+
+    async def wait_for_workers(self) -> Any:
+        """Wait in the queue (:meth:`QueueingSpawner.wait_in_queue`) for the workers the
+        spawn asked for, then take them."""
+        n = self.requested_workers()
+
+        async def take():
+            async with self.take_lock():
+                try:
+                    return await self.take_workers(n)
+                except NotEnoughWorkers:
+                    raise NotFreeYet() from None
+
+        return await self.wait_in_queue(n, take)
+
+    async def claim_workers(self) -> Any:
+        """The spawn's workers: waiting in the queue when it asked to, else at once."""
+        return await (self.wait_for_workers() if self.wants_queue else self.reserve_workers())
+
+    # -- the engine lease ------------------------------------------------------------------
+
+    async def tend_lease(self) -> None:
+        """One look at the server's lease: reclaim the workers of engines released for
+        idleness, then answer a request to have them again (its count checked like a
+        spawn's). Nothing of the lease's text reaches the hub's log."""
+        lease = await self.lease()
+        if not lease or not lease.get("released"):
+            return
+        reclaimed = await self.reclaim_idle_workers()
+        if reclaimed:
+            self.log.info("Reclaimed %s from %s: %s", ",".join(reclaimed), self.owner_key,
+                          idle_reason(self.engine_idle_timeout))
+        want = lease.get("want")
+        if not isinstance(want, dict) or lease.get("grant"):
+            return
+        try:
+            answer = await self.grant_workers_again(self.checked_workers(want.get("workers")))
+        except web.HTTPError as e:
+            answer = {"refused": e.reason or e.log_message or str(e)}
+        await self.lease(grant=answer)

@@ -1,0 +1,94 @@
+"""Idle engines on Docker Swarm: the Swarm spawner's half of the engine lease.
+
+:class:`SwarmIdleEngines` is a mixin of :class:`~pdl_spawner.swarm.PDLSwarmSpawner`,
+called by :meth:`pdl_spawner.core.SpawnerCore.tend_lease`. Engines released for
+idleness have their services scaled to 0 (their GPUs go back to the swarm; the reclaim
+is logged in ``state_db`` for the admin view); asked back, they are scaled to 1 once
+their GPUs are free and nobody waits in the queue, or the answer says in one line why not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from docker.errors import APIError, NotFound
+from jupyterhub.utils import url_path_join
+from tornado import web
+from traitlets import HasTraits
+
+from .db_thread import off_loop
+from .idle_engines import idle_reason
+from .reservations import SlotLedger
+from .swarm_gpus import gpu_holdings
+from .swarm_specs import LABEL_PREFIX
+from .swarm_state import service_replicas
+
+
+class SwarmIdleEngines(HasTraits):
+    """Mixin: scale idle engines to 0 and back. The spawner provides ``docker``,
+    ``owner``, ``swarm`` (its :class:`~pdl_spawner.swarm_state.SwarmServer`),
+    ``state_db``, ``gpu_resource``, ``wait_tasks``, ``reserve_workers`` and ``forget_promise``."""
+
+    @property
+    def reclaim_log(self) -> SlotLedger:
+        """Where reclaims are logged (the admin view lists them): :attr:`state_db`."""
+        return SlotLedger(self.state_db)
+
+    def lease_url(self) -> str | None:
+        if self.server is None or not self.swarm.node_addr:
+            return None
+        return f"http://{self.swarm.node_addr}:{self.swarm.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
+
+    def lease_token(self) -> str | None:
+        return self.swarm.api_token
+
+    async def engine_services_now(self) -> list[dict]:
+        return await self.docker("services", filters={"label": [f"{LABEL_PREFIX}owner={self.owner.key}",
+                                                                  f"{LABEL_PREFIX}role=engine"]})
+
+    async def scale_engines(self, services: list[dict], replicas: int) -> None:
+        """Set every engine service of ``services`` to ``replicas`` tasks (0: its GPU is released)."""
+        for svc in services:
+            await self.docker("update_service", svc["ID"], svc["Version"]["Index"],
+                              mode={"Replicated": {"Replicas": replicas}}, fetch_current_spec=True)
+
+    async def reclaim_idle_workers(self) -> list[str]:
+        """Scale this server's running engine services to 0 and log their GPUs as reclaimed."""
+        running = [s for s in await self.engine_services_now() if service_replicas(s)]
+        if not running:
+            return []
+        tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
+                                                     "desired-state": ["running"]})
+        gpus = [f"{h.node}/{h.gpu}" for h in gpu_holdings(await self.docker("nodes"), running, tasks,
+                                                           self.gpu_resource)] or [f"{len(running)} GPU(s)"]
+        await self.scale_engines(running, 0)
+        await off_loop(self.reclaim_log.log_reclaim, self.owner.key, gpus, idle_reason(self.engine_idle_timeout))
+        return gpus
+
+    async def grant_workers_again(self, n: int) -> dict:
+        """Every engine service of this server back to one task: ``{"engines": <count>}``."""
+        services = await self.engine_services_now()
+        await self.bring_back_engines(services)
+        self.log.info("Granted %d GPU(s) to %s again", len(services), self.owner.key)
+        return {"engines": len(services)}
+
+    async def bring_back_engines(self, services: list[dict]) -> None:
+        """Scale the engine services back to one task each once their GPUs are free, and
+        wait until they run; HTTP 409 (one line, nothing left running) when they are not."""
+        await self.reserve_workers(len(services), spawning=False)
+        try:
+            await self.scale_engines(await self.engine_services_now(), 1)
+            wait = self.wait_tasks([s["ID"] for s in services], "engine", current_only=True, holds_gpus=True)
+            try:
+                await asyncio.wait_for(wait, timeout=self.start_timeout)
+            except asyncio.TimeoutError:
+                message = f"the engines did not start within {self.start_timeout} s"
+                raise web.HTTPError(504, message, reason=message) from None
+        except BaseException:
+            try:
+                await self.scale_engines(await self.engine_services_now(), 0)
+            except (APIError, NotFound):
+                self.log.warning("Could not scale the engines of %s back to 0", self.owner.key)
+            raise
+        finally:
+            self.forget_promise()

@@ -1,0 +1,77 @@
+"""The Swarm spawner's GPU accounting: what is free now, and GPUs promised to spawns in progress.
+
+:class:`SwarmGpuPromises` is a mixin of :class:`~pdl_spawner.swarm.PDLSwarmSpawner`.
+Free GPUs are read from the swarm on every call (:func:`pdl_spawner.swarm_gpus.gpu_usage`,
+the one definition of held) on the nodes PDL uses. Between the take of a spawn (or
+of engines a cell asks back) and the moment every one of its engine tasks exists,
+Swarm does not count its GPUs yet: the spawn's promise does, in this hub process
+(:data:`SwarmGpuPromises._promised`), so no GPU is granted twice.
+"""
+
+from __future__ import annotations
+
+from tornado import web
+from traitlets import HasTraits, List, Unicode
+
+from .swarm_gpus import excluded_hostnames, gpu_usage, select_nodes
+from .swarm_specs import LABEL_PREFIX
+from .usage import NotEnoughWorkers, WorkerUsage
+
+
+class SwarmGpuPromises(HasTraits):
+    """Mixin: free GPUs and promises (see the module docstring). The spawner provides
+    ``docker`` (dockerspawner's seam), ``owner`` and ``user``."""
+
+    gpu_resource = Unicode(
+        "NVIDIA-GPU", config=True,
+        help="""Swarm generic resource one engine reserves one unit of. Each node's daemon.json
+        declares its GPUs under this name (`"node-generic-resources": ["NVIDIA-GPU=GPU-<uuid>"]`).""",
+    )
+
+    nodes = List(
+        Unicode(), config=True,
+        help="Hostnames of the swarm nodes whose GPUs PDL hands out (engines run only there); "
+        "empty: every node. A name that is not a node of the swarm fails each spawn with a one-line error.",
+    )
+
+    #: GPUs granted to spawns of this hub whose engine tasks don't exist yet:
+    #: owner -> (user, GPUs). Shared by every spawner of the process.
+    _promised: dict[str, tuple[str, int]] = {}
+
+    async def worker_usage(self) -> WorkerUsage:
+        """GPUs of the swarm and their holders, this server's own not counted."""
+        nodes = await self.cluster_nodes()
+        services = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=engine"]})
+        tasks = await self.docker("tasks", filters={"desired-state": ["running"]})
+        if self.nodes:  # tasks placed on the other nodes hold none of these GPUs
+            ids = {n["ID"] for n in nodes}
+            tasks = [t for t in tasks if t.get("NodeID") in ids or not t.get("NodeID")]
+        return gpu_usage(nodes, services, tasks, self.gpu_resource,
+                         promised=SwarmGpuPromises._promised, exclude_owner=self.owner.key)
+
+    async def cluster_nodes(self) -> list[dict]:
+        """The swarm's nodes that PDL uses (:attr:`nodes`), or HTTP 500 naming the bad names."""
+        try:
+            return select_nodes(await self.docker("nodes"), self.nodes)
+        except ValueError as e:
+            message = f"PDLSwarmSpawner.nodes: {e}"
+            raise web.HTTPError(500, message, reason=message) from None
+
+    async def avoided_hostnames(self) -> list[str]:
+        """The swarm's nodes that engines must not run on (those :attr:`nodes` leaves out)."""
+        return excluded_hostnames(await self.docker("nodes"), self.nodes)
+
+    async def take_workers(self, n: int) -> None:
+        """Promise ``n`` free GPUs to this server, or raise :class:`NotEnoughWorkers`."""
+        usage = await self.worker_usage()
+        if n > usage.free:
+            raise NotEnoughWorkers(n, usage)
+        SwarmGpuPromises._promised[self.owner.key] = (self.user.name, n)
+
+    def holds_promise(self) -> bool:
+        """Whether GPUs are promised to this server now (its spawn took them)."""
+        return self.owner.key in SwarmGpuPromises._promised
+
+    def forget_promise(self) -> None:
+        """Swarm counts this server's GPUs now (or the spawn failed): drop its promise."""
+        SwarmGpuPromises._promised.pop(self.owner.key, None)
