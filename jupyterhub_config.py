@@ -18,7 +18,9 @@ Environment variables tune it without editing this file:
   ``swarm`` (a Docker Swarm mini-cluster; then ``PDL_HUB_CONNECT_IP``, this node's
   address as the other nodes reach it, is required, and ``PDL_NODES`` (the swarm
   nodes whose GPUs to use, e.g. ``gpu1,gpu2,gpu3``; default: all), ``PDL_NOTEBOOK_IMAGE``,
-  ``PDL_HUB_IP`` (default 0.0.0.0) and ``PDL_DEFAULT_WORKERS`` apply); storage there:
+  ``PDL_HUB_IP`` (where the proxy listens; default: every interface, or
+  ``PDL_HUB_CONNECT_IP`` where this host's name does not resolve) and
+  ``PDL_DEFAULT_WORKERS`` apply); storage there:
   ``PDL_HOME_STORAGE`` (``volume``, the default: a Docker volume ``pdl-home-<user>`` per
   node, or ``path``: a folder every node mounts from shared storage), ``PDL_HOME_PATH``
   (that folder, e.g. ``/srv/pdl/home/{username}``), and the read-only dataset at /data:
@@ -29,7 +31,9 @@ Environment variables tune it without editing this file:
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
   stops a whole server (default 86400; 0: never);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
-  (default: every GPU, else 4 CPU slots).
+  (default: every GPU, else 4 CPU slots);
+- ``PDL_PREFLIGHT_SKIP``: preflight checks to skip on every user's engines, e.g. ``gpu``
+  on a test cluster whose declared GPUs torch cannot see (docs/admin.md, "Preflight").
 
 Login is jupyterhub-nativeauthenticator (``pdl_spawner.accounts.PDLAuthenticator``):
 every user has their own password, kept as a bcrypt hash in the hub's database. The
@@ -127,12 +131,25 @@ c.PDLLocalSpawner.engine_idle_timeout = int(os.environ.get("PDL_ENGINE_IDLE_TIME
 if os.environ.get("PDL_POOL"):
     c.PDLLocalSpawner.pool = [s.strip() for s in os.environ["PDL_POOL"].split(",") if s.strip()]
 
+# Preflight checks every user's engines skip (e.g. "gpu" on a test cluster whose declared
+# GPUs torch cannot see); the engines read it (pdl_magics/preflight.py, SKIPPABLE).
+if os.environ.get("PDL_PREFLIGHT_SKIP"):
+    c.Spawner.environment = {"PDL_PREFLIGHT_SKIP": os.environ["PDL_PREFLIGHT_SKIP"]}
+
 if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     # The mini-cluster: users' servers and engines run as Docker Swarm services, one
     # engine per GPU that the nodes declare (docs/admin.md). The hub talks to the
     # manager's Docker socket and must be reachable from every node.
     c.JupyterHub.spawner_class = "pdl-swarm"
-    c.JupyterHub.ip = os.environ.get("PDL_HUB_IP", "0.0.0.0")
+    from pdl_spawner.hub_address import proxy_ip
+
+    if not os.environ.get("PDL_HUB_CONNECT_IP"):
+        raise SystemExit("jupyterhub_config.py: PDL_SPAWNER=swarm needs PDL_HUB_CONNECT_IP, this node's address "
+                         "as the other nodes reach it (e.g. -e PDL_HUB_CONNECT_IP=10.0.0.5)")
+    try:  # every interface, unless this host's name does not resolve (then the manager's address)
+        c.JupyterHub.ip = proxy_ip(os.environ.get("PDL_HUB_IP"), os.environ["PDL_HUB_CONNECT_IP"])
+    except ValueError as e:
+        raise SystemExit(f"jupyterhub_config.py: {e}") from None
     c.JupyterHub.hub_ip = "0.0.0.0"
     c.JupyterHub.hub_connect_ip = os.environ["PDL_HUB_CONNECT_IP"]  # this node's address
     c.PDLSwarmSpawner.image = os.environ.get("PDL_NOTEBOOK_IMAGE", "pdl-notebook:latest")

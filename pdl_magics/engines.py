@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+import warnings
 from typing import TextIO
 
 import ipyparallel as ipp
@@ -79,7 +80,14 @@ class Engines:
             else:
                 self._cluster = clusters.new_cluster(cluster_id=self._name)
                 clusters.start_controller(self._cluster)
-            self._client = self._cluster.connect_client_sync()
+            with warnings.catch_warnings():
+                # the controller's connection file leaves ``location`` empty (the controller
+                # is on this node): ipyparallel looks that empty name up, and on a host whose
+                # name does not resolve warns "could not determine IPs for : ...", which
+                # nobody can act on. Its warnings about a named host still show.
+                warnings.filterwarnings("ignore", message=r"IPython could not determine IPs for : ",
+                                        category=RuntimeWarning)
+                self._client = self._cluster.connect_client_sync()
             self._client.block = False
         return self._client
 

@@ -11,7 +11,8 @@
   :mod:`pdl_spawner.swarm_specs` (the services' specs, pure),
   :mod:`pdl_spawner.swarm_gpus` (the one reader of who holds which GPU, pure),
   :mod:`pdl_spawner.swarm_state` (the server's state, task facts, ports; pure) and
-  :mod:`pdl_spawner.swarm_networks` (each server's private network).
+  :mod:`pdl_spawner.swarm_networks` (each server's private network); and
+  :mod:`pdl_spawner.hub_address` (where the hub's proxy listens on a manager).
 - :mod:`pdl_spawner.queueing` and :mod:`pdl_spawner.wait_queue`: the fair queue for
   busy workers; :mod:`pdl_spawner.idle_engines`: idle engines giving them back.
 - :mod:`pdl_spawner.reservations`: the persistent slot ledger (one machine).

@@ -419,12 +419,15 @@ class Progress(threading.Thread):
 class Kernel:
     """A kernel on a user's server, driven over the Jupyter websocket protocol."""
 
-    def __init__(self, hub: Hub, user: str):
+    def __init__(self, hub: Hub, user: str, kernel_id: str | None = None):
+        """A new kernel of ``user``'s, or (``kernel_id``) one that runs already, attached to again."""
         self.base = f"{hub.url}/user/{user}/api"
         self.headers = {"Authorization": f"token {hub.user_token(user)}"}
-        r = requests.post(f"{self.base}/kernels", json={"name": "python3"}, headers=self.headers, timeout=60)
-        r.raise_for_status()
-        self.id = r.json()["id"]
+        if kernel_id is None:
+            r = requests.post(f"{self.base}/kernels", json={"name": "python3"}, headers=self.headers, timeout=60)
+            r.raise_for_status()
+            kernel_id = r.json()["id"]
+        self.id = kernel_id
         ws_url = f"{self.base}/kernels/{self.id}/channels".replace("http://", "ws://")
         self.ws = websocket.create_connection(ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()], timeout=5)
         self.session = uuid.uuid4().hex
@@ -475,6 +478,10 @@ class Kernel:
 
     def interrupt(self) -> None:
         requests.post(f"{self.base}/kernels/{self.id}/interrupt", headers=self.headers, timeout=30).raise_for_status()
+
+    def detach(self) -> None:
+        """Close the websocket only: the kernel goes on (as when a browser tab closes)."""
+        self.ws.close()
 
     def close(self) -> None:
         try:

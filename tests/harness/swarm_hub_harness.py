@@ -4,6 +4,7 @@ at what it made there (services, secrets, how a task's process runs)."""
 from __future__ import annotations
 
 import json
+import re
 
 import requests
 from docker.errors import DockerException
@@ -12,6 +13,25 @@ from hub_harness import Hub, running
 from waiting import wait_until
 
 IMAGE = "pdl-notebook:test"
+
+#: A small DDP training across the 3 nodes (one rank per node): each rank prints its
+#: host, GPU, loss and the (identical, if DDP works) sum of its weights.
+DDP_CELL = """%%distributed -n 3 --all-output
+import os, torch, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(rank)                      # each rank its own data
+model = DDP(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+w_true = torch.arange(8.0)[:, None]
+for step in range(300):
+    x = torch.randn(32, 8)
+    loss = ((model(x) - x @ w_true) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+w = model.module.weight.detach().flatten()
+print(f"rank {rank}/{world_size} host {os.environ['PDL_ENGINE_HOST']} gpu {os.environ['PDL_GPU']} "
+      f"loss {loss.item():.4f} weights {w.sum().item():.4f}")
+"""
+DDP_RESULT = re.compile(r"rank (\d)/3 host (\S+) gpu (\S+) loss ([\d.]+) weights (-?[\d.]+)")
 
 
 class SwarmHub(Hub):
