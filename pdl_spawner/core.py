@@ -30,7 +30,7 @@ import asyncio
 from typing import Any
 
 from tornado import web
-from traitlets import Integer
+from traitlets import Integer, default
 
 from . import form
 from .idle_engines import IdleEngines, idle_reason
@@ -103,6 +103,10 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 
     # -- the spawn form ---------------------------------------------------------------
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self.render_options_form
 
     async def render_options_form(self, spawner=None) -> str:
         """The spawn form: how many workers, what is free, who holds the rest (names

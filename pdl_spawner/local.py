@@ -175,10 +175,6 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
     def _default_cmd(self):
         return [sys.executable, "-m", "pdl_server.singleuser"]
 
-    @default("options_form")
-    def _default_options_form(self):
-        return self.render_options_form
-
     # -- reservations ----------------------------------------------------------
 
     @property

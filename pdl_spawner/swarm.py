@@ -171,10 +171,6 @@ class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmTea
     def _default_cmd(self):
         return ["pdl-singleuser"]
 
-    @default("options_form")
-    def _default_options_form(self):
-        return self.render_options_form
-
     # -- whose, and how many ----------------------------------------------------
 
     @property
