@@ -16,6 +16,7 @@ Rank order is (host, slot index, engine id), see :func:`~pdl_magics.world.rank_o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -37,6 +38,20 @@ from .world import Rank, call_engine, rank_order
 SIGNAL_REPLY_S = 2.0
 #: Seconds a cell waits for the hub to grant slots again after an idle release.
 LEASE_WAIT_S = 120.0
+
+
+@contextlib.contextmanager
+def quiet_empty_location_lookup():
+    """Within: no ipyparallel warning about looking up an empty host name.
+
+    The controller's connection file leaves ``location`` empty (the controller is on
+    this node): ipyparallel looks that empty name up when a client connects and, on a
+    host where it does not resolve, warns "IPython could not determine IPs for : ...",
+    which nobody can act on. Its warnings about a named host, and any other, still show.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"IPython could not determine IPs for : ", category=RuntimeWarning)
+        yield
 
 
 class Engines:
@@ -80,13 +95,7 @@ class Engines:
             else:
                 self._cluster = clusters.new_cluster(cluster_id=self._name)
                 clusters.start_controller(self._cluster)
-            with warnings.catch_warnings():
-                # the controller's connection file leaves ``location`` empty (the controller
-                # is on this node): ipyparallel looks that empty name up, and on a host whose
-                # name does not resolve warns "could not determine IPs for : ...", which
-                # nobody can act on. Its warnings about a named host still show.
-                warnings.filterwarnings("ignore", message=r"IPython could not determine IPs for : ",
-                                        category=RuntimeWarning)
+            with quiet_empty_location_lookup():
                 self._client = self._cluster.connect_client_sync()
             self._client.block = False
         return self._client
