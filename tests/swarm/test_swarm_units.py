@@ -7,6 +7,7 @@ import random
 from importlib.metadata import entry_points
 
 import pytest
+from tornado import web
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, controller_files, engine_file
 from pdl.runtime.swarm_boot import gpu_slot_env
@@ -197,11 +198,28 @@ def test_swarm_spawner_is_registered_and_documents_its_config():
     from pdl_spawner.swarm import PDLSwarmSpawner
 
     assert entry_points(group="jupyterhub.spawners")["pdl-swarm"].load() is PDLSwarmSpawner
-    own = ["default_workers", "max_workers", "default_gpus", "max_gpus", "engine_image", "gpu_resource", "run_as", "container_home",
-           "port_range", "starved_timeout"]
+    own = ["default_workers", "max_workers", "default_gpus", "max_gpus", "engine_image", "gpu_resource", "run_as",
+           "container_home", "port_range", "starved_timeout"]
     traits = PDLSwarmSpawner.class_traits(config=True)
     for name in own:
         assert traits[name].help.strip(), f"{name} has no help text"
+
+
+def test_the_worker_limits_have_one_name_and_the_gpu_names_still_set_them(tmp_path):
+    """``max_workers``/``default_workers`` on both spawners; Swarm's older ``max_gpus`` and
+    ``default_gpus`` set them (a config written for 0.1.0 keeps working)."""
+    from types import SimpleNamespace
+
+    from pdl_spawner.swarm import PDLSwarmSpawner
+
+    user = SimpleNamespace(name="alice", admin=False, url="/user/alice/")
+    older = PDLSwarmSpawner(user=user, max_gpus=2, default_gpus=2, state_db=str(tmp_path / "s.sqlite"))
+    assert (older.max_workers, older.default_workers, older.workers_limit) == (2, 2, 2)
+    spawner = PDLSwarmSpawner(user=user, max_workers=3, state_db=str(tmp_path / "s.sqlite"))
+    spawner.user_options = {"workers": 4}
+    with pytest.raises(web.HTTPError) as e:
+        spawner.requested_workers()
+    assert e.value.status_code == 400 and "from 1 to 3, got 4" in e.value.log_message
 
 
 def test_the_swarm_spawner_takes_the_queue_option_from_the_api_and_the_form(tmp_path):
