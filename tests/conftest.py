@@ -1,14 +1,15 @@
 """What the tests of every side share.
 
 The tests are in one folder per side of the code: ``hub/``, ``notebook/``,
-``engines/``, ``training/``, ``swarm/`` and ``browser/`` (tests/test_layout.py keeps it
+``engines/``, ``training/``, ``swarm/``, ``slurm/`` and ``browser/`` (tests/test_layout.py keeps it
 so); fixtures that only one side uses are in that folder's ``conftest.py``. The tiers
 are markers (pyproject.toml). The harness modules in ``harness/`` are importable from
 every folder (``pythonpath`` in pyproject.toml).
 
 Here: ``pdl_session``, a local cluster of three CPU-slot engines for a module; and
 the services' logs added to a failing test's report: the hub's and its servers' for a
-test that uses a hub fixture, the node daemons' for one on the simulated swarm.
+test that uses a hub fixture, the node daemons' for one on the simulated swarm, the
+Slurm daemons' (and the queue) for one on the simulated Slurm cluster.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ def pdl_session(tmp_path_factory):
 
 def service_logs(funcargs: dict) -> list[tuple[str, str]]:
     """(title, text) for each service log a failing test's report shows: those of every
-    simulated swarm and every hub among the fixtures it used (``failure_sections()``)."""
+    simulated swarm, Slurm cluster and hub among the fixtures it used (``failure_sections()``)."""
     from hub_harness import Hub
+    from slurm_harness import SlurmSim
     from swarm_harness import SwarmSim
 
-    sections = []
+    sections, seen = [], set()
     for name, service in funcargs.items():
-        if isinstance(service, (SwarmSim, Hub)):
+        if isinstance(service, (SwarmSim, SlurmSim, Hub)) and id(service) not in seen:  # clean_x is x
+            seen.add(id(service))
             try:
                 sections += service.failure_sections()
             except Exception as e:  # noqa: BLE001 - a log that cannot be read must not hide the failure

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit  # read from the source: no process started
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pdl", "pdl_server", "pdl_magics", "pdl_spawner", "pdl_lab", "pdl_cinic10")
 #: tests/<side>/: the tests of one side of the code; tests/harness/: what they share.
-TEST_SIDES = ("hub", "notebook", "engines", "training", "swarm", "browser")
+TEST_SIDES = ("hub", "notebook", "engines", "training", "swarm", "slurm", "browser")
 
 
 def modules() -> dict[str, Path]:

@@ -34,11 +34,9 @@ service first (:meth:`SwarmSim.overlay_network`). Don't use docker-py's
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,8 @@ import time
 from pathlib import Path
 
 from pdl.process import pid_alive
+from sim_host import (Member, SimulatedCluster, bridged_namespaces, cmdline, netns_names, pids_naming, remove_links,
+                      remove_namespaces, run, terminate, veth_names)
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,15 +77,6 @@ class SwarmUnavailable(RuntimeError):
     """This machine cannot run the simulated swarm (not root, no Docker, ...)."""
 
 
-def _run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    kw.setdefault("capture_output", True)
-    kw.setdefault("text", True)
-    p = subprocess.run(list(cmd), **kw)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {(p.stderr or p.stdout or '').strip()}")
-    return p
-
-
 def _dockerd_binary() -> str | None:
     for path in ("/usr/sbin/dockerd", "/usr/bin/dockerd"):
         if os.access(path, os.X_OK):
@@ -102,7 +93,7 @@ def unavailable_reason() -> str | None:
     for tool in ("ip", "unshare", "mount"):
         if not shutil.which(tool):
             return f"the simulated swarm needs the `{tool}` command"
-    if _run("unshare", "--net", "--mount", "true", check=False).returncode != 0:
+    if run("unshare", "--net", "--mount", "true", check=False).returncode != 0:
         return "this process may not create network namespaces (a container without CAP_SYS_ADMIN?)"
     if not _dockerd_binary() or not os.access(HOST_DOCKER, os.X_OK):
         return f"no dockerd / {HOST_DOCKER} (scripts/docker-up installs Debian's docker.io)"
@@ -116,55 +107,17 @@ def unavailable_reason() -> str | None:
 _DAEMON_COMMANDS = ("dockerd", "containerd", "runc", "docker")  # /proc/PID/comm prefixes
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+class SwarmSim(SimulatedCluster):
+    """The simulated swarm. Nodes are numbered from 1; node 1 is the manager.
+    ``down(purge=True)`` also deletes the nodes' image stores (the whole run directory)."""
 
-
-def _pids_naming(text: str) -> list[int]:
-    """PIDs of Docker's programs (dockerd, containerd and its shims, runc, the docker
-    client) whose command line contains ``text``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-        except OSError:
-            continue
-        if comm.startswith(_DAEMON_COMMANDS) and text in _cmdline(int(entry.name)):
-            pids.append(int(entry.name))
-    return pids
-
-
-def _terminate(pids, timeout: float = 20.0) -> None:
-    """SIGTERM the given PIDs, wait up to ``timeout``, then SIGKILL what is left."""
-    pids = [p for p in set(pids) if p > 1 and p != os.getpid()]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-        time.sleep(0.1)
-    for pid in pids:
-        if pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-        time.sleep(0.05)
-
-
-class SwarmSim:
-    """The simulated swarm. Nodes are numbered from 1; node 1 is the manager."""
+    unavailable = SwarmUnavailable
 
     SUBNET = "10.77.0"
     ADDR_POOL = "10.201.0.0/16"
 
     def __init__(self, run_dir: str | os.PathLike | None = None, nodes: int = 3, prefix: str = "pdl-"):
-        self.run_dir = Path(run_dir or os.environ.get("PDL_SWARM_DIR") or DEFAULT_RUN_DIR).resolve()
+        super().__init__(Path(run_dir or os.environ.get("PDL_SWARM_DIR") or DEFAULT_RUN_DIR).resolve())
         self.nodes = nodes
         self.prefix = prefix
         self.bridge_ns = f"{prefix}br"
@@ -172,8 +125,6 @@ class SwarmSim:
         self.host_addr = f"{self.SUBNET}.1"
         self._clients: dict[int, object] = {}
         self._procs: list[subprocess.Popen] = []  # our dockerds, reaped in down()
-        self._lock_file = None
-        self.timings: dict[str, object] = {}
 
     # -- names and addresses -------------------------------------------------------
 
@@ -253,121 +204,38 @@ class SwarmSim:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def up(self) -> "SwarmSim":
-        reason = unavailable_reason()
-        if reason:
-            raise SwarmUnavailable(reason)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock()
-        t0 = time.monotonic()
-        try:
-            self._cleanup_leftovers()
-            self.timings["cleanup"] = time.monotonic() - t0
-            self._net_up()
-            self.timings["network"] = time.monotonic() - t0
-            self._daemons_up()
-            self.timings["daemons"] = time.monotonic() - t0
-            self._swarm_up()
-            self.timings["swarm"] = time.monotonic() - t0
-        except BaseException:
-            with contextlib.suppress(Exception):
-                sys.stderr.write(self.logs(tail=30))
-            self.down()
-            raise
-        return self
+    # -- lifecycle: up() and down() (sim_host.SimulatedCluster) -----------------------------
 
-    def down(self, purge: bool = False) -> None:
-        """Stop everything. ``purge`` also deletes the nodes' image stores.
+    def unavailable_reason(self) -> str | None:
+        return unavailable_reason()
 
-        Safe to call on a new ``SwarmSim`` to clean up a crashed run: it first waits
-        for the lock, so it never tears down another session's swarm."""
-        if self._lock_file is None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock()
-        try:
-            t0 = time.monotonic()
-            with contextlib.suppress(Exception):
-                self._remove_workloads(timeout=15)
-            self._cleanup_leftovers()
-            self.timings["down"] = time.monotonic() - t0
-            with contextlib.suppress(OSError):
-                (self.run_dir / "timings.json").write_text(json.dumps(self.timings, indent=1) + "\n")
-            if purge:
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-        finally:
-            self._unlock()
+    def _stages(self):
+        return [("network", self._net_up), ("daemons", self._daemons_up), ("swarm", self._swarm_up)]
 
-    def __enter__(self) -> "SwarmSim":
-        return self.up()
-
-    def __exit__(self, *exc) -> None:
-        self.down()
-
-    def _lock(self) -> None:
-        self._lock_file = open(str(self.run_dir) + ".lock", "w")
-        deadline = time.monotonic() + 1800
-        while True:
-            try:
-                fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"another session holds {self._lock_file.name}")
-                time.sleep(1)
-
-    def _unlock(self) -> None:
-        if self._lock_file is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
-            self._lock_file = None
+    def _stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._remove_workloads(timeout=15)
+        self._cleanup_leftovers()
 
     # -- network -----------------------------------------------------------------------
 
     def _our_netns(self) -> list[str]:
-        names = _run("ip", "netns", "list", check=False).stdout.split("\n")
-        ours = []
-        for line in names:
-            name = line.split(" ", 1)[0].strip()
-            if name == self.bridge_ns or (name.startswith(f"{self.prefix}node") and name[len(self.prefix) + 4:].isdigit()):
-                ours.append(name)
-        return ours
+        return [name for name in netns_names()
+                if name == self.bridge_ns or (name.startswith(f"{self.prefix}node") and name[len(self.prefix) + 4:].isdigit())]
 
     def _our_links(self) -> list[str]:
-        out = _run("ip", "-o", "link", "show", "type", "veth", check=False).stdout
-        links = []
-        for line in out.splitlines():
-            name = line.split(":", 2)[1].strip().split("@", 1)[0]
-            if name.startswith(self.prefix):
-                links.append(name)
-        return links
+        """Our veths in the root namespace: ``pdl-host``, and a node's pair that a crashed
+        setup left there (exact names: other simulations share the ``pdl-`` prefix)."""
+        def ours(name: str) -> bool:
+            rest = name[len(self.prefix):]
+            return name.startswith(self.prefix) and (rest in ("host", "hb") or (rest[:1] in ("n", "b") and rest[1:].isdigit()))
+
+        return [name for name in veth_names() if ours(name)]
 
     def _net_up(self) -> None:
-        br = self.bridge_ns
-        _run("ip", "netns", "add", br)
-        _run("ip", "-n", br, "link", "set", "lo", "up")
-        _run("ip", "-n", br, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", br, "link", "set", "br0", "up")
-        for i in self.node_ids():
-            ns, a, b = self.netns(i), f"{self.prefix}n{i}", f"{self.prefix}b{i}"
-            _run("ip", "netns", "add", ns)
-            _run("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-            _run("ip", "link", "set", a, "netns", ns)
-            _run("ip", "link", "set", b, "netns", br)
-            _run("ip", "-n", br, "link", "set", b, "master", "br0")
-            _run("ip", "-n", br, "link", "set", b, "up")
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "-n", ns, "link", "set", a, "name", "eth0")
-            _run("ip", "-n", ns, "addr", "add", f"{self.node_addr(i)}/24", "dev", "eth0")
-            _run("ip", "-n", ns, "link", "set", "eth0", "up")
-        # the root namespace's own address on the bridge
-        peer = f"{self.prefix}hb"
-        _run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", peer)
-        _run("ip", "link", "set", peer, "netns", br)
-        _run("ip", "-n", br, "link", "set", peer, "master", "br0")
-        _run("ip", "-n", br, "link", "set", peer, "up")
-        _run("ip", "addr", "add", f"{self.host_addr}/24", "dev", self.host_if)
-        _run("ip", "link", "set", self.host_if, "up")
+        members = [Member(self.netns(i), f"{self.node_addr(i)}/24", f"{self.prefix}n{i}", f"{self.prefix}b{i}")
+                   for i in self.node_ids()]
+        bridged_namespaces(self.bridge_ns, members, self.host_if, f"{self.prefix}hb", f"{self.host_addr}/24")
 
     # -- daemons -----------------------------------------------------------------------
 
@@ -452,7 +320,7 @@ class SwarmSim:
                 with contextlib.suppress(OSError, ValueError):
                     pids.append(int((d / name).read_text().strip()))
         # a recorded PID counts only while it is still our daemon (PIDs get reused)
-        return [p for p in set(pids) if pid_alive(p) and str(self.run_dir) + "/" in _cmdline(p)]
+        return [p for p in set(pids) if pid_alive(p) and str(self.run_dir) + "/" in cmdline(p)]
 
     def _cleanup_leftovers(self) -> None:
         """Stop our daemons (recorded PIDs first), anything else naming the run directory
@@ -461,19 +329,14 @@ class SwarmSim:
             with contextlib.suppress(Exception):
                 c.close()
         self._clients.clear()
-        _terminate(self._recorded_pids(), timeout=30)
-        _terminate(_pids_naming(str(self.run_dir) + "/"), timeout=10)
+        terminate(self._recorded_pids(), timeout=30)
+        terminate(pids_naming(str(self.run_dir) + "/", _DAEMON_COMMANDS), timeout=10)
         for p in self._procs:  # reap them
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
         self._procs = [p for p in self._procs if p.returncode is None]
-        for ns in self._our_netns():
-            pids = [int(p) for p in _run("ip", "netns", "pids", ns, check=False).stdout.split()]
-            _terminate(pids, timeout=10)
-        for ns in self._our_netns():
-            _run("ip", "netns", "del", ns, check=False)
-        for link in self._our_links():
-            _run("ip", "link", "del", link, check=False)
+        remove_namespaces(self._our_netns())
+        remove_links(self._our_links())
         cgroups = [*Path("/sys/fs/cgroup").glob(f"*/{self.prefix}swarm-node*"),
                    *Path("/sys/fs/cgroup").glob(f"{self.prefix}swarm-node*")]
         for cg in cgroups:
@@ -490,7 +353,7 @@ class SwarmSim:
     def leftovers(self) -> dict[str, list]:
         """What of ours is still there (all empty after ``down()``)."""
         return {
-            "processes": _pids_naming(str(self.run_dir) + "/") + self._recorded_pids(),
+            "processes": pids_naming(str(self.run_dir) + "/", _DAEMON_COMMANDS) + self._recorded_pids(),
             "netns": self._our_netns(),
             "veths": self._our_links(),
         }
@@ -573,7 +436,7 @@ class SwarmSim:
         t0 = time.monotonic()
         host = {}
         for tag in tags:
-            p = _run(HOST_DOCKER, "image", "inspect", "-f", "{{.Id}}", tag, check=False)
+            p = run(HOST_DOCKER, "image", "inspect", "-f", "{{.Id}}", tag, check=False)
             if p.returncode != 0:
                 raise RuntimeError(f"image {tag} is not in the host's Docker engine (scripts/build-images)")
             host[tag] = p.stdout.strip()
@@ -597,7 +460,7 @@ class SwarmSim:
                 saved = Path(tmp) / "saved"
                 saved.mkdir()
                 save = subprocess.Popen([HOST_DOCKER, "save", *needed], stdout=subprocess.PIPE)
-                untar = _run("tar", "-x", "-C", str(saved), stdin=save.stdout, check=False, text=False)
+                untar = run("tar", "-x", "-C", str(saved), stdin=save.stdout, check=False, text=False)
                 save.stdout.close()
                 if save.wait() != 0 or untar.returncode != 0:
                     raise RuntimeError(f"docker save {' '.join(needed)} failed: {untar.stderr!r}")
@@ -677,17 +540,17 @@ def _prepare_host() -> str | None:
     if not sys.platform.startswith("linux") or os.geteuid() != 0:
         return unavailable_reason()
     if os.environ.get("PDL_SKIP_IMAGE_BUILD") != "1":
-        up = _run("bash", str(REPO / "scripts" / "docker-up"), check=False)
+        up = run("bash", str(REPO / "scripts" / "docker-up"), check=False)
         if up.returncode != 0:
             return f"no Docker engine: scripts/docker-up failed: {(up.stderr or up.stdout).strip()[-500:]}"
         reason = unavailable_reason()
         if reason:
             return reason
-        build = _run("bash", str(REPO / "scripts" / "build-images"), check=False)
+        build = run("bash", str(REPO / "scripts" / "build-images"), check=False)
         if build.returncode != 0:
             raise RuntimeError(f"scripts/build-images failed:\n{(build.stdout + build.stderr)[-4000:]}")
     reason = unavailable_reason()
-    if not reason and _run(HOST_DOCKER, "info", check=False).returncode != 0:
+    if not reason and run(HOST_DOCKER, "info", check=False).returncode != 0:
         reason = "the host's Docker engine does not answer (scripts/docker-up starts it)"
     return reason
 
