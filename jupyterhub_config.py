@@ -26,6 +26,11 @@ Environment variables tune it without editing this file:
   (that folder, e.g. ``/srv/pdl/home/{username}``), and the read-only dataset at /data:
   ``PDL_DATA_PATH`` (a folder on every node, e.g. ``/srv/pdl/data``) or ``PDL_DATA_NFS``
   (``addr:/export``, e.g. ``10.0.0.5:/export/data``), not both (docs/admin.md, "Storage");
+- ``PDL_SPAWNER=slurm``: the lab's Slurm cluster, with this machine as a login node
+  (the hub must run as root): ``PDL_CONTROLLER_IP`` (required: this machine's address
+  as the compute nodes reach it), ``PDL_SLURM_PARTITION`` (default: Slurm's default
+  partition) and ``PDL_DEFAULT_WORKERS``; Slurm's client commands and ``SLURM_CONF``
+  as the login node has them (docs/admin.md, "A Slurm cluster");
 - ``PDL_ENGINE_IDLE_TIMEOUT``: seconds without a task after which a user's engines
   are stopped and their slots or GPUs released (default 0: never); the server and its files stay;
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
@@ -169,8 +174,22 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     elif os.environ.get("PDL_DATA_NFS"):
         addr, _, export = os.environ["PDL_DATA_NFS"].partition(":")
         c.PDLSwarmSpawner.data_storage = {"kind": "nfs", "addr": addr, "export": export}
+elif os.environ.get("PDL_SPAWNER", "local") == "slurm":
+    # The lab's Slurm cluster (docs/admin.md, "A Slurm cluster"): this machine is a login
+    # node; each server runs here as its user's Unix account, its GPUs are a Slurm job
+    # submitted as that account, its engines the job's steps on the compute nodes.
+    if os.geteuid() != 0:
+        raise SystemExit("jupyterhub_config.py: PDL_SPAWNER=slurm needs the hub to run as root (it submits each "
+                         "user's job as their own Unix account)")
+    if not os.environ.get("PDL_CONTROLLER_IP"):
+        raise SystemExit("jupyterhub_config.py: PDL_SPAWNER=slurm needs PDL_CONTROLLER_IP, this machine's address "
+                         "as the compute nodes reach it (e.g. PDL_CONTROLLER_IP=10.0.0.5)")
+    c.JupyterHub.spawner_class = "pdl-slurm"
+    c.PDLSlurmSpawner.controller_ip = os.environ["PDL_CONTROLLER_IP"]
+    c.PDLSlurmSpawner.partition = os.environ.get("PDL_SLURM_PARTITION", "")
+    c.PDLSlurmSpawner.default_workers = int(os.environ.get("PDL_DEFAULT_WORKERS", "1"))
 elif os.environ.get("PDL_SPAWNER", "local") != "local":
-    raise SystemExit(f"PDL_SPAWNER must be 'local' or 'swarm', got {os.environ['PDL_SPAWNER']!r}")
+    raise SystemExit(f"PDL_SPAWNER must be 'local', 'swarm' or 'slurm', got {os.environ['PDL_SPAWNER']!r}")
 
 # -- Idle servers ------------------------------------------------------------------------
 # jupyterhub-idle-culler, as a hub service, stops whole servers that had no activity for

@@ -9,6 +9,10 @@ Three cases, same engines:
   CurveZMQ and the ports and keys the spawner chose (:func:`start_controller` with
   ``remote_engines``); the spawner runs the engines as services and sets
   ``PDL_ENGINES`` to how many.
+- **Hub on Slurm** — as the first case, but each engine is a step of the user's
+  Slurm job (``PDL_SLURM_JOB``), started with ``srun --jobid`` (:func:`srun_engine_cmd`)
+  on the node and GPU Slurm chose, and the controller listens on ``PDL_CONTROLLER_IP``,
+  where the compute nodes reach it (CurveZMQ on).
 - **Local** — plain JupyterLab or IPython. A cluster is started on first use,
   one engine per slot of this machine's pool, and stopped when the kernel exits.
 
@@ -48,13 +52,15 @@ def on_launcher_thread(fn, *args, **kwargs):
     return _LAUNCHER.submit(fn, *args, **kwargs).result()
 
 
-def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_atexit=True):
-    """An ipyparallel Cluster on 127.0.0.1 whose processes run through pdl.runtime.boot."""
+def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_atexit=True,
+                controller_ip: str = "127.0.0.1"):
+    """An ipyparallel Cluster whose processes run through pdl.runtime.boot, its
+    controller listening on ``controller_ip`` (engines on other nodes: their route here)."""
     kwargs = {"profile_dir": profile_dir} if profile_dir else {}
     cluster = ipp.Cluster(
         cluster_id=cluster_id,
         n=0,
-        controller_ip="127.0.0.1",
+        controller_ip=controller_ip,
         shutdown_atexit=shutdown_atexit,
         engine_timeout=ENGINE_TIMEOUT_S,
         log_level=30,
@@ -86,15 +92,25 @@ def start_controller(cluster, *, remote_engines: dict | None = None) -> None:
     on_launcher_thread(cluster.start_controller_sync, controller_cmd=[*_BOOT, "controller"], controller_args=args)
 
 
-def start_slot_engines(cluster, slots: list[str], pool_size: int) -> None:
-    """Start one engine per slot, each with its own pinning environment (blocking)."""
+def srun_engine_cmd(slurm_job: int) -> list[str]:
+    """The command of an engine that is one step of Slurm job ``slurm_job``: one task on
+    one node with one GPU of the job, as Slurm chooses (``--exact``: only its own share,
+    so the steps run side by side); the step ends when the engine does, or at srun's
+    first SIGINT (ipyparallel's stop), not its second."""
+    return ["srun", f"--jobid={slurm_job}", "--ntasks=1", "--nodes=1", "--gpus=1", "--exact", "--quiet",
+            "--quit-on-interrupt", "--kill-on-bad-exit=1", "--job-name=pdl-engine", sys.executable, "-m", "pdl.runtime.slurm_boot"]
+
+
+def start_slot_engines(cluster, slots: list[str], pool_size: int, slurm_job: int = 0) -> None:
+    """Start one engine per slot (blocking): a process pinned to it (its own pinning
+    environment), or, with ``slurm_job``, a step of that job on a GPU Slurm binds."""
     for slot in slots:
         on_launcher_thread(
             cluster.start_engines_sync,
             n=1,
             engine_set_id=slot_engine_set_id(slot),
-            environment=engine_env(slot, pool_size),
-            engine_cmd=[*_BOOT, "engine"],
+            environment={} if slurm_job else engine_env(slot, pool_size),
+            engine_cmd=srun_engine_cmd(slurm_job) if slurm_job else [*_BOOT, "engine"],
         )
 
 
@@ -114,12 +130,13 @@ def slot_engine_set_id(slot: str) -> str:
     return f"slot-{slot.replace(':', '-')}"
 
 
-def restart_slot_engine(cluster, slot: str, pool_size: int) -> None:
-    """Replace the (dead or killed) engine of ``slot`` with a fresh one."""
+def restart_slot_engine(cluster, slot: str, pool_size: int, slurm_job: int = 0) -> None:
+    """Replace the (dead or killed) engine of ``slot`` with a fresh one (``slurm_job``:
+    as a step of that job)."""
     esid = slot_engine_set_id(slot)
     if esid in cluster.engines:
         cluster.stop_engines_sync(esid)
-    start_slot_engines(cluster, [slot], pool_size)
+    start_slot_engines(cluster, [slot], pool_size, slurm_job=slurm_job)
 
 
 def hub_cluster_file() -> str | None:

@@ -21,6 +21,10 @@ variable                    field                  meaning
                                                    engines give their GPUs back (0: never)
 ``PDL_CLUSTER_FILE``        ``cluster_file``       set by the server for its kernels:
                                                    the ipyparallel cluster file
+``PDL_SLURM_JOB``           ``slurm_job``          the Slurm job holding the GPUs: the
+                                                   engines are its steps (``srun``)
+``PDL_CONTROLLER_IP``       ``controller_ip``      where the controller listens for
+                                                   engines on other nodes (Slurm)
 =========================== ====================== =====================================
 
 The hub writes these into the server's environment; nothing a user writes reaches
@@ -47,6 +51,8 @@ VARIABLES = {
     "controller_secret": "PDL_CONTROLLER_SECRET",
     "idle_timeout_s": "PDL_ENGINE_IDLE_TIMEOUT",
     "cluster_file": "PDL_CLUSTER_FILE",
+    "slurm_job": "PDL_SLURM_JOB",
+    "controller_ip": "PDL_CONTROLLER_IP",
 }
 
 
@@ -71,6 +77,10 @@ class ServerContract:
     idle_timeout_s: float = 0.0
     #: the ipyparallel cluster file (set by the server for its kernels)
     cluster_file: str = ""
+    #: the Slurm job whose steps the engines are (Slurm); 0: none
+    slurm_job: int = 0
+    #: the address the controller listens on for engines on other nodes ("" : 127.0.0.1)
+    controller_ip: str = ""
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -81,6 +91,8 @@ class ServerContract:
             "controller_secret": self.controller_secret,
             "idle_timeout_s": f"{self.idle_timeout_s:g}" if self.idle_timeout_s else "",
             "cluster_file": self.cluster_file,
+            "slurm_job": str(self.slurm_job) if self.slurm_job else "",
+            "controller_ip": self.controller_ip,
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -109,6 +121,8 @@ class ServerContract:
             controller_secret=env.get(VARIABLES["controller_secret"], ""),
             idle_timeout_s=number("idle_timeout_s", float),
             cluster_file=env.get(VARIABLES["cluster_file"], ""),
+            slurm_job=number("slurm_job", int),
+            controller_ip=env.get(VARIABLES["controller_ip"], ""),
         )
 
     @property

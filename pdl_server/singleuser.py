@@ -18,6 +18,11 @@ Every engine and the controller get SIGKILL if this process dies, even by SIGKIL
 The whole tree runs with umask 077: the cluster's connection files, its keys and
 the user's files are created readable by the user alone, with no window in between.
 
+**Slurm**: with ``PDL_SLURM_JOB``, each engine of step 3 is a step of that job
+(``srun --jobid``, on the node and GPU Slurm chose), the controller listens on
+``PDL_CONTROLLER_IP`` for them, and after an idle release the engines come back in
+the new job the hub's grant names.
+
 **Controller only** (Docker Swarm): when ``PDL_CONTROLLER_SECRET`` names the notebook
 secret written by ``PDLSwarmSpawner`` (a file under /run/secrets, see
 :mod:`pdl.connection`), step 3 is skipped: the spawner runs the engines as services
@@ -73,7 +78,7 @@ class IdleTracker:
 
 
 def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: float = 0.0,
-              lease: Path | None = None, remote_engines: int = 0) -> None:
+              lease: Path | None = None, remote_engines: int = 0, slurm_job: int = 0) -> None:
     """Restart the engine of any slot whose process has exited, until ``stop`` is set.
 
     With ``idle_timeout_s`` and a ``lease`` directory: stop every engine once none has
@@ -81,7 +86,8 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
     again, start one engine on each (see :mod:`pdl_server.lease`). With
     ``remote_engines`` (the hub runs that many engines elsewhere, on Docker Swarm),
     record the release only, and forget it once the hub grants ``{"engines": n}``: the
-    hub stops and starts those engines.
+    hub stops and starts those engines. With ``slurm_job``, each engine is a step of
+    that job, and the hub's grant names the new job the engines come back in.
     """
     tracker = IdleTracker(cluster) if idle_timeout_s and lease is not None else None
     released = tracker is not None and engine_lease.read(lease, engine_lease.RELEASED) is not None
@@ -96,8 +102,10 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
                 released = False
             elif grant and grant.get("slots"):
                 slots = list(grant["slots"])
+                if slurm_job:
+                    slurm_job = int(grant["slurm_job"])
                 for slot in slots:
-                    clusters.restart_slot_engine(cluster, slot, len(slots))
+                    clusters.restart_slot_engine(cluster, slot, len(slots), slurm_job=slurm_job)
                 engine_lease.write(lease, engine_lease.SLOTS, {"slots": slots})
                 engine_lease.remove(lease, engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT)
                 print(f"pdl-singleuser: engines back on {','.join(slots)}", file=sys.stderr, flush=True)
@@ -135,7 +143,7 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
                 return
             print(f"pdl-singleuser: engine for {slot} exited; restarting it", file=sys.stderr, flush=True)
             try:
-                clusters.restart_slot_engine(cluster, slot, len(slots))
+                clusters.restart_slot_engine(cluster, slot, len(slots), slurm_job=slurm_job)
             except Exception as e:  # keep supervising the other slots
                 print(f"pdl-singleuser: could not restart {slot}: {e}", file=sys.stderr, flush=True)
 
@@ -164,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     # a new server starts its engines on the slots of this spawn: forget an earlier release
     engine_lease.remove(cluster_dir, engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT,
                         engine_lease.SLOTS)
-    cluster = clusters.new_cluster(cluster_id="pdl", profile_dir=str(profile_dir), shutdown_atexit=False)
+    cluster = clusters.new_cluster(cluster_id="pdl", profile_dir=str(profile_dir), shutdown_atexit=False,
+                                   controller_ip=contract.controller_ip or "127.0.0.1")
     env = dict(os.environ, **ServerContract(cluster_dir=str(cluster_dir), cluster_file=cluster.cluster_file).env())
     if remote:
         env["JUPYTERHUB_API_TOKEN"] = env["JPY_API_TOKEN"] = remote["api_token"]
@@ -184,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         # %%distributed waits for them on first use.
         server = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *argv], env=env)
         clusters.start_controller(cluster, remote_engines=remote)
-        clusters.start_slot_engines(cluster, slots, len(slots))
+        clusters.start_slot_engines(cluster, slots, len(slots), slurm_job=contract.slurm_job)
         remote_engines = contract.engines if remote else 0
         watcher = threading.Thread(target=supervise, args=(cluster, slots, stop, contract.idle_timeout_s,
-                                                           cluster_dir, remote_engines), daemon=True)
+                                                           cluster_dir, remote_engines, contract.slurm_job),
+                                   daemon=True)
         watcher.start()
         if not stop.is_set():
             while server.poll() is None:

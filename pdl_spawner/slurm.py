@@ -1,0 +1,295 @@
+"""``PDLSlurmSpawner`` (entry point ``pdl-slurm``): GPUs reserved as a real Slurm job.
+
+The user's server runs on the hub's machine, the cluster's login node, as the user's
+own Unix account, exactly as with :class:`~pdl_spawner.local.PDLLocalSpawner` (whose
+accounts, homes, ports and process handling it keeps). What differs is who holds the
+GPUs: Slurm, and nobody else.
+
+- **The reservation is one Slurm job** per server, submitted by ``sbatch`` as the
+  user's account (:mod:`~pdl_spawner.slurm_cli`), named ``pdl:<user>``, holding one
+  GPU per task (:func:`~pdl_spawner.slurm_jobs.sbatch_argv`). PDL keeps no table of
+  its own: what is free, who holds what and who waits are read from Slurm each time
+  (``scontrol``), and Slurm's limits (QOS, ``MaxTRESPerUser``, partition limits),
+  fair share and accounting apply to the person.
+- **Engines are job steps** of that job: the user's server runs one ``srun --jobid``
+  per GPU (:mod:`pdl_magics.clusters`), on the nodes Slurm chose, with the GPU Slurm
+  bound, and its ipyparallel controller listens on :attr:`PDLSlurmSpawner.controller_ip`,
+  where the compute nodes reach this machine (CurveZMQ on).
+- **Busy GPUs.** A spawn whose job does not start within :data:`SETTLE_S` is cancelled
+  and refused in one line with Slurm's reason. With the form's "wait in the queue",
+  the job stays in Slurm's queue instead: the spawn page shows Slurm's pending reason,
+  the job's position and Slurm's estimated start; cancelling the spawn cancels the job.
+- **Idle engines** (``engine_idle_timeout``): the server stops its steps, the hub
+  cancels the job (its GPUs go back to Slurm), and the next cell's request submits a
+  new one, granted once it runs or refused with Slurm's reason.
+- **Stop, restart, crash.** Stopping the server cancels its jobs. The job id is in
+  the spawner state, so a restarted hub re-attaches to a running server and its job;
+  a job submitted just before a crash, before the state was saved, carries the
+  server's name and is cancelled with the server (``scancel --user --name``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+
+from tornado import web
+from traitlets import Dict, Integer, List, Unicode, default
+
+from pdl_server.contract import ServerContract
+
+from . import slurm_jobs
+from .local import PDLLocalSpawner
+from .slurm_cli import SlurmCommands, SlurmError
+from .slurm_jobs import SlurmJob
+from .usage import WorkerUsage
+
+#: Seconds a spawn that does not wait in the queue gives its job to start (Slurm's
+#: scheduler looks at a new job within a few seconds).
+SETTLE_S = 15.0
+#: Seconds between looks at a job waiting to start.
+JOB_POLL_S = 1.0
+
+
+class PDLSlurmSpawner(PDLLocalSpawner):
+    """A user's server on the login node; their GPUs a Slurm job, their engines its steps."""
+
+    partition = Unicode(
+        "", config=True,
+        help="Slurm partition of the reservations; empty: the cluster's default partition.",
+    )
+
+    time_limit = Integer(
+        0, config=True,
+        help="Time limit of a reservation (minutes, sbatch --time); 0: the partition's default.",
+    )
+
+    cpus_per_gpu = Integer(1, config=True, help="CPU cores each engine's task gets (sbatch --cpus-per-task).")
+
+    sbatch_args = List(
+        Unicode(), config=True,
+        help="More sbatch options for every reservation, the admin's (e.g. ['--qos=lab']); users cannot set them.",
+    )
+
+    slurm_env = Dict(
+        Unicode(), config=True,
+        help="""Environment of Slurm's commands, for the hub and the users' servers (the
+        server runs srun). Default: SLURM_CONF from the hub's environment, when set.""",
+    )
+
+    @default("slurm_env")
+    def _default_slurm_env(self):
+        return {"SLURM_CONF": os.environ["SLURM_CONF"]} if os.environ.get("SLURM_CONF") else {}
+
+    slurm_bin_dir = Unicode("", config=True, help="Folder of sbatch, scontrol, scancel and srun; empty: on PATH.")
+
+    controller_ip = Unicode(
+        config=True,
+        help="""This machine's address as the compute nodes reach it: each user's
+        ipyparallel controller listens there (CurveZMQ on). Default: $PDL_CONTROLLER_IP.""",
+    )
+
+    @default("controller_ip")
+    def _default_controller_ip(self):
+        return os.environ.get("PDL_CONTROLLER_IP", "")
+
+    job_id = Integer(0, help="This server's reservation job (spawner state); 0: none.")
+
+    #: GPUs of each partition, as last read from Slurm: partition ("" default) -> count.
+    _capacity: dict[str, int] = {}
+
+    # -- Slurm ------------------------------------------------------------------------
+
+    @property
+    def slurm(self) -> SlurmCommands:
+        path = os.environ.get("PATH", "/usr/bin:/bin")
+        return SlurmCommands({"PATH": path, "LANG": "C.UTF-8", **self.slurm_env}, self.slurm_bin_dir)
+
+    @property
+    def job_name(self) -> str:
+        return slurm_jobs.job_name(self.user.name, self.name)
+
+    @property
+    def ledger(self):
+        raise RuntimeError("PDLSlurmSpawner keeps no ledger: Slurm holds the reservations")
+
+    @property
+    def worker_kind(self) -> str:
+        return "gpu"
+
+    worker_unit = "GPUs"
+
+    @property
+    def worker_capacity(self) -> int:
+        """The GPUs of the partition's usable nodes (read once from Slurm, then kept
+        current by :meth:`worker_usage`)."""
+        if self.partition not in PDLSlurmSpawner._capacity:
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.slurm_env}
+            cmd = os.path.join(self.slurm_bin_dir, "scontrol") if self.slurm_bin_dir else "scontrol"
+            try:
+                out = subprocess.run([cmd, "-o", "show", "node"], env=env, capture_output=True, text=True,
+                                     timeout=10, check=True).stdout
+                parts = subprocess.run([cmd, "-o", "show", "partition"], env=env, capture_output=True, text=True,
+                                       timeout=10, check=True).stdout
+            except (OSError, subprocess.SubprocessError) as e:
+                raise web.HTTPError(503, f"cannot read Slurm's nodes: {e}") from None
+            default_part = slurm_jobs.default_partition(parts)
+            nodes = slurm_jobs.in_partition(self.partition, slurm_jobs.parse_nodes(out), default_part)
+            PDLSlurmSpawner._capacity[self.partition] = sum(n.gpus for n in nodes if n.usable)
+        return max(1, PDLSlurmSpawner._capacity[self.partition])
+
+    async def worker_usage(self) -> WorkerUsage:
+        nodes, jobs, default_part = await asyncio.gather(self.slurm.nodes(), self.slurm.jobs(),
+                                                         self.slurm.default_partition())
+        usage = slurm_jobs.gpu_usage(nodes, jobs, partition=self.partition, default_partition=default_part,
+                                     exclude_job=self.job_id or None)
+        PDLSlurmSpawner._capacity[self.partition] = usage.total
+        return usage
+
+    # -- the reservation: one job -------------------------------------------------------
+
+    def ready_to_start(self) -> bool:
+        return bool(self.slots)
+
+    async def waiting(self):
+        """The PDL jobs waiting in Slurm's queue, as (user, GPUs), for the spawn form."""
+        if not self.queue_timeout:
+            return None
+        try:
+            jobs = await self.slurm.jobs()
+        except SlurmError:
+            return []
+        return [(j.name[len(slurm_jobs.JOB_NAME_PREFIX):].split(":")[0], j.gpus) for j in jobs
+                if j.waiting and j.name.startswith(slurm_jobs.JOB_NAME_PREFIX)]
+
+    async def refuse_while_others_wait(self, *, spawning: bool = True) -> None:
+        """Nothing to do: Slurm's own queue orders the requests."""
+
+    async def claim_workers(self) -> list[str]:
+        """The spawn's GPUs: the user's account first (the job is submitted as it)."""
+        n = self.requested_workers()
+        await asyncio.to_thread(self.prepare_account)
+        return await self.take_workers(n, wait=self.wants_queue)
+
+    async def take_workers(self, n: int, *, wait: bool = False) -> list[str]:
+        """Submit a job for ``n`` GPUs as the user and wait until it runs: at most
+        :data:`SETTLE_S` (then the job is cancelled and the spawn refused with Slurm's
+        reason, HTTP 409), or, with ``wait``, up to ``queue_timeout`` in Slurm's queue.
+        Returns the engines' slots ``gpu:0..n-1``; the job is :attr:`job_id`."""
+        await self.slurm.cancel_named(self.account, self.job_name)  # left by a crash mid-spawn
+        argv = slurm_jobs.sbatch_argv(self.job_name, n, partition=self.partition, time_limit_min=self.time_limit,
+                                      cpus_per_gpu=self.cpus_per_gpu, extra=tuple(self.sbatch_args))
+        try:
+            self.job_id = await self.slurm.submit(argv, account=self.account)
+        except SlurmError as e:
+            raise web.HTTPError(409, str(e), reason=str(e)) from None
+        self.log.info("Submitted Slurm job %d for %d GPU(s) of %s", self.job_id, n, self.owner)
+        started = False
+        try:
+            await self._wait_running(n, wait)
+            started = True
+        finally:
+            self._queue_status = None
+            if not started:
+                await asyncio.shield(self._cancel_job())
+        return [f"gpu:{i}" for i in range(n)]
+
+    async def _wait_running(self, n: int, wait: bool) -> None:
+        t0 = time.monotonic()
+        limit = self.queue_timeout if wait else SETTLE_S
+        while True:
+            jobs = await self.slurm.jobs()
+            job = next((j for j in jobs if j.id == self.job_id), None)
+            if job is None or not (job.waiting or job.holding):
+                raise web.HTTPError(500, f"Slurm job {self.job_id} ended before it started")
+            if job.state == "RUNNING":
+                return
+            if job.never_starts:
+                message = f"Slurm will not start your job for {n} GPU(s): {job.reason} (partition {job.partition})"
+                raise web.HTTPError(409, message, reason=message)
+            if wait:
+                self._queue_status = slurm_jobs.pending_message(job, jobs)
+            if time.monotonic() - t0 > limit and job.reason != "None" or time.monotonic() - t0 > 2 * limit:
+                raise self._refusal(n, job, waited=wait)
+            await asyncio.sleep(JOB_POLL_S)
+
+    def _refusal(self, n: int, job: SlurmJob, *, waited: bool) -> web.HTTPError:
+        if waited:
+            message = f"Waited {self.queue_timeout} s in Slurm's queue for {n} GPU(s) (reason {job.reason}); try again"
+        else:
+            message = (f"Slurm cannot start {n} GPU(s) for you now (reason {job.reason}). Tick 'wait in the "
+                       f"queue' to wait in Slurm's queue, or ask for fewer.")
+        return web.HTTPError(409, message, reason=message)
+
+    async def _cancel_job(self) -> None:
+        if self.job_id:
+            job_id, self.job_id = self.job_id, 0
+            await self.slurm.cancel(job_id)
+            self.log.info("Cancelled Slurm job %d of %s", job_id, self.owner)
+
+    async def release(self) -> None:
+        """Cancel this server's job, and any other PDL job of its name and account."""
+        PDLLocalSpawner._ports.pop(self.owner, None)
+        self.slots = []
+        await self._cancel_job()
+        await self.slurm.cancel_named(self.account, self.job_name)
+
+    def _release_now(self) -> list[str]:
+        """From clear_state (on the hub's worker thread): cancel the server's PDL jobs by name."""
+        cmd = os.path.join(self.slurm_bin_dir, "scancel") if self.slurm_bin_dir else "scancel"
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.slurm_env}
+        try:
+            subprocess.run([cmd, f"--user={self.account}", f"--name={self.job_name}"], env=env,
+                           capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError, web.HTTPError) as e:
+            self.log.warning("could not cancel the Slurm jobs of %s: %s", self.owner, e)
+        return []
+
+    def restrict_devices(self, slots: list[str]) -> None:
+        """Nothing here: the server's machine holds none of the job's GPUs; Slurm binds them."""
+
+    # -- idle engines -----------------------------------------------------------------
+
+    async def reclaim_idle_workers(self) -> list[str]:
+        """Cancel the job: its GPUs go back to Slurm."""
+        if not self.job_id:
+            return []
+        job = f"Slurm job {self.job_id}"
+        await self._cancel_job()
+        self.slots = []
+        return [job]
+
+    async def grant_workers_again(self, n: int) -> dict:
+        """A new job for ``n`` GPUs, granted once it runs (``{"slots", "slurm_job"}``)."""
+        self.slots = await self.take_workers(n)
+        self.log.info("Granted Slurm job %d (%d GPU(s)) to %s again", self.job_id, n, self.owner)
+        return {"slots": self.slots, "slurm_job": self.job_id}
+
+    # -- the server ---------------------------------------------------------------------
+
+    def get_env(self):
+        env = super().get_env()
+        if not self.controller_ip:
+            message = "PDLSlurmSpawner.controller_ip (PDL_CONTROLLER_IP) is not set: the compute nodes' address of this machine"
+            raise web.HTTPError(500, message, reason=message)
+        env.update(self.slurm_env)
+        if self.slurm_bin_dir:
+            env["PATH"] = f"{self.slurm_bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
+        env.update(ServerContract(slurm_job=self.job_id, controller_ip=self.controller_ip).env())
+        return env
+
+    def get_state(self):
+        state = super().get_state()
+        if self.job_id:
+            state["slurm_job"] = self.job_id
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.job_id = int(state.get("slurm_job", 0) or 0)
+
+    def clear_state(self):
+        super().clear_state()
+        self.job_id = 0

@@ -1,0 +1,101 @@
+"""Slurm's own commands, run by the hub: the one place PDL talks to Slurm.
+
+Reading (``scontrol``) runs as the hub's user; a reservation is submitted as the
+user's own Unix account (``sbatch`` as that uid, with its groups), so Slurm's limits,
+fair share and accounting apply to the person, not to the hub. Cancelling runs as the
+hub's user (root can cancel any job; PDL cancels only jobs it submitted, by id).
+Every call runs off the event loop as a subprocess, with a time limit, and fails with
+:class:`SlurmError`, one line naming the command and what Slurm said.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+
+from . import slurm_jobs
+from .slurm_jobs import SlurmJob, SlurmNode
+
+#: Seconds one Slurm command may take before the hub gives up on it.
+COMMAND_TIMEOUT_S = 30.0
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message is one line."""
+
+
+class SlurmCommands:
+    """Slurm's commands with ``env`` (PATH, SLURM_CONF...), found in ``bin_dir`` ("" : on PATH)."""
+
+    def __init__(self, env: dict[str, str], bin_dir: str = ""):
+        self.env = dict(env)
+        self.bin_dir = bin_dir
+
+    def _argv(self, argv: list[str]) -> list[str]:
+        return [os.path.join(self.bin_dir, argv[0]) if self.bin_dir else argv[0], *argv[1:]]
+
+    async def run(self, argv: list[str], *, account: str | None = None, timeout: float = COMMAND_TIMEOUT_S) -> str:
+        """Run ``argv`` (as ``account``'s uid, gid and groups when given) and return its
+        stdout; :class:`SlurmError` when it fails or takes longer than ``timeout`` s."""
+        kwargs: dict = {}
+        env = dict(self.env)
+        if account is not None:
+            entry = pwd.getpwnam(account)
+            kwargs.update(user=entry.pw_uid, group=entry.pw_gid,
+                          extra_groups=os.getgrouplist(entry.pw_name, entry.pw_gid), cwd=entry.pw_dir)
+            env.update(HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name)
+        else:
+            kwargs["cwd"] = "/"
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv(argv), env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, **kwargs)
+        except OSError as e:
+            raise SlurmError(f"{argv[0]}: cannot run it ({e.strerror}); is Slurm's client installed on the hub's "
+                             f"machine?") from None
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SlurmError(f"{argv[0]} did not answer within {timeout:g} s (is slurmctld up?)") from None
+        if proc.returncode != 0:
+            said = " ".join((err or out).decode(errors="replace").split())[:300] or f"exit status {proc.returncode}"
+            raise SlurmError(f"{argv[0]}: {said}")
+        return out.decode(errors="replace")
+
+    async def jobs(self) -> list[SlurmJob]:
+        """Every job in Slurm's queue (pending, running, completing), all users."""
+        return slurm_jobs.parse_jobs(await self.run(["scontrol", "-d", "-o", "show", "job"]))
+
+    async def job(self, job_id: int) -> SlurmJob | None:
+        """Job ``job_id``, or None once Slurm has forgotten it."""
+        return next((j for j in await self.jobs() if j.id == job_id), None)
+
+    async def nodes(self) -> list[SlurmNode]:
+        return slurm_jobs.parse_nodes(await self.run(["scontrol", "-o", "show", "node"]))
+
+    async def default_partition(self) -> str:
+        return slurm_jobs.default_partition(await self.run(["scontrol", "-o", "show", "partition"]))
+
+    async def hostnames(self, nodelist: str) -> list[str]:
+        """``n[1-3]`` -> ``["n1", "n2", "n3"]`` (Slurm's own expansion)."""
+        return (await self.run(["scontrol", "show", "hostnames", nodelist])).split()
+
+    async def submit(self, argv: list[str], *, account: str) -> int:
+        """Submit ``sbatch`` ``argv`` as ``account``; the new job's id."""
+        return slurm_jobs.parse_job_id(await self.run(argv, account=account))
+
+    async def cancel(self, *job_ids: int) -> None:
+        """Cancel these jobs (those already gone are no error)."""
+        if job_ids:
+            try:
+                await self.run(["scancel", *map(str, job_ids)])
+            except SlurmError as e:
+                if "Invalid job id" not in str(e) and "already completing or completed" not in str(e):
+                    raise
+
+    async def cancel_named(self, account: str, name: str) -> None:
+        """Cancel every job of ``account`` named ``name`` (none is no error)."""
+        await self.run(["scancel", f"--user={account}", f"--name={name}"])
