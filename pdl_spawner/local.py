@@ -233,8 +233,12 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
             self.log.info("Released %s for %s", ",".join(released), self.owner)
         return released
 
-    async def release(self) -> None:
+    def forget_port(self) -> None:
+        """The server's port may be given to another server again."""
         PDLLocalSpawner._ports.pop(self.owner, None)
+
+    async def release(self) -> None:
+        self.forget_port()
         await off_loop(self._release_now)
 
     # -- process -------------------------------------------------------------
@@ -454,7 +458,7 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
         the state, or of a reservation made just before a hub crash that the state
         never recorded). Queued on the database thread: done before any later call."""
         super().clear_state()
-        PDLLocalSpawner._ports.pop(self.owner, None)
+        self.forget_port()
         submit(self._release_now)
         self.slots = []
 

@@ -139,6 +139,11 @@ class QueueingSpawner(HasTraits):
             if await asyncio.shield(off_loop(queue.leave, self.owner_key)):
                 self.log.info("%s left the queue", self.owner_key)
 
+    def show_waiting(self, message: str | None) -> None:
+        """What the spawn page shows while this spawn waits for its workers (None: nothing),
+        for a spawner that waits in a queue of its own (e.g. Slurm's)."""
+        self._queue_status = message
+
     async def progress(self):
         """While the spawn waits in the queue: its position and what is free (every
         :data:`QUEUE_POLL_S`, as it changes); then one message that the server starts."""

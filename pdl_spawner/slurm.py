@@ -15,8 +15,9 @@ GPUs: Slurm, and nobody else.
   per GPU (:mod:`pdl_magics.clusters`), on the nodes Slurm chose, with the GPU Slurm
   bound, and its ipyparallel controller listens on :attr:`PDLSlurmSpawner.controller_ip`,
   where the compute nodes reach this machine (CurveZMQ on).
-- **Busy GPUs.** A spawn whose job does not start within :data:`SETTLE_S` is cancelled
-  and refused in one line with Slurm's reason. With the form's "wait in the queue",
+- **Busy GPUs.** A spawn whose job Slurm has looked at and not started (a pending
+  reason such as ``Resources``), or that has not started within :data:`SETTLE_S`, is
+  cancelled and refused in one line with Slurm's reason. With the form's "wait in the queue",
   the job stays in Slurm's queue instead: the spawn page shows Slurm's pending reason,
   the job's position and Slurm's estimated start; cancelling the spawn cancels the job.
 - **Idle engines** (``engine_idle_timeout``): the server stops its steps, the hub
@@ -46,8 +47,8 @@ from .slurm_cli import SlurmCommands, SlurmError
 from .slurm_jobs import SlurmJob
 from .usage import WorkerUsage
 
-#: Seconds a spawn that does not wait in the queue gives its job to start (Slurm's
-#: scheduler looks at a new job within a few seconds).
+#: Seconds a spawn that does not wait in the queue gives its job to start while Slurm
+#: has not looked at it yet (reason ``None``; its scheduler does within a few seconds).
 SETTLE_S = 15.0
 #: Seconds between looks at a job waiting to start.
 JOB_POLL_S = 1.0
@@ -174,9 +175,10 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         return await self.take_workers(n, wait=self.wants_queue)
 
     async def take_workers(self, n: int, *, wait: bool = False) -> list[str]:
-        """Submit a job for ``n`` GPUs as the user and wait until it runs: at most
-        :data:`SETTLE_S` (then the job is cancelled and the spawn refused with Slurm's
-        reason, HTTP 409), or, with ``wait``, up to ``queue_timeout`` in Slurm's queue.
+        """Submit a job for ``n`` GPUs as the user and wait until it runs: until Slurm
+        gives a pending reason, at most :data:`SETTLE_S` (then the job is cancelled and
+        the spawn refused with Slurm's reason, HTTP 409), or, with ``wait``, up to
+        ``queue_timeout`` in Slurm's queue.
         Returns the engines' slots ``gpu:0..n-1``; the job is :attr:`job_id`."""
         await self.slurm.cancel_named(self.account, self.job_name)  # left by a crash mid-spawn
         argv = slurm_jobs.sbatch_argv(self.job_name, n, partition=self.partition, time_limit_min=self.time_limit,
@@ -191,7 +193,7 @@ class PDLSlurmSpawner(PDLLocalSpawner):
             await self._wait_running(n, wait)
             started = True
         finally:
-            self._queue_status = None
+            self.show_waiting(None)
             if not started:
                 await asyncio.shield(self._cancel_job())
         return [f"gpu:{i}" for i in range(n)]
@@ -210,8 +212,10 @@ class PDLSlurmSpawner(PDLLocalSpawner):
                 message = f"Slurm will not start your job for {n} GPU(s): {job.reason} (partition {job.partition})"
                 raise web.HTTPError(409, message, reason=message)
             if wait:
-                self._queue_status = slurm_jobs.pending_message(job, jobs)
-            if time.monotonic() - t0 > limit and job.reason != "None" or time.monotonic() - t0 > 2 * limit:
+                self.show_waiting(slurm_jobs.pending_message(job, jobs))
+            waited_s = time.monotonic() - t0
+            # not waiting: refused once Slurm has looked at the job and not started it
+            if (not wait and job.reason != "None") or waited_s > limit:
                 raise self._refusal(n, job, waited=wait)
             await asyncio.sleep(JOB_POLL_S)
 
@@ -231,7 +235,7 @@ class PDLSlurmSpawner(PDLLocalSpawner):
 
     async def release(self) -> None:
         """Cancel this server's job, and any other PDL job of its name and account."""
-        PDLLocalSpawner._ports.pop(self.owner, None)
+        self.forget_port()
         self.slots = []
         await self._cancel_job()
         await self.slurm.cancel_named(self.account, self.job_name)

@@ -388,7 +388,7 @@ def page_alert(page: str) -> str:
 def queue_up(hub, user: str, workers: int = 1):
     """Ask for ``workers`` with ``queue: true``: the spawn waits (202) instead of failing."""
     r = hub.api("POST", f"/users/{user}/server", json={"workers": workers, "queue": True})
-    assert r.status_code == 202, r.text  # pending: waiting in the queue, the request returns
+    assert r.status_code == 202, f"{r.status_code} {r.text}"  # pending: waiting in the queue, the request returns
     return r
 
 
