@@ -213,8 +213,16 @@ if _cull_idle_s:
 # holds which slot or GPU (on which node) since when, the queue, recent reclaims. Admins
 # only: it needs the scope access:services!service=pdl-admin, which the admin role has.
 # It listens on 127.0.0.1, port PDL_ADMIN_VIEW_PORT (default 8002). On a swarm it asks
-# the manager's Docker engine who runs which engine task on which GPU.
-if os.environ.get("PDL_SPAWNER", "local") == "swarm":
+# the manager's Docker engine who runs which engine task on which GPU; on Slurm it asks
+# Slurm (scontrol), the one source there: no file.
+if os.environ.get("PDL_SPAWNER", "local") == "slurm":
+    _admin_view_env = {
+        "PDL_SLURM": "1",
+        "PDL_SLURM_PARTITION": c.PDLSlurmSpawner.partition,
+        "SLURM_CONF": os.environ.get("SLURM_CONF", ""),
+        "PATH": os.environ.get("PATH", ""),
+    }
+elif os.environ.get("PDL_SPAWNER", "local") == "swarm":
     _admin_view_env = {
         "PDL_RESERVATIONS_DB": c.PDLSwarmSpawner.state_db,
         "PDL_DOCKER_HOST": c.PDLSwarmSpawner.client_kwargs["base_url"],

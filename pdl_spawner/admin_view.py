@@ -7,10 +7,10 @@ run by the hub as ``python -m pdl_spawner.admin_view``. Under its prefix
 - ``GET <prefix>``: an HTML page with three tables (reservations, queue, recent
   reclaims);
 - ``GET <prefix>api/status``: the same as JSON, for scripts (``Authorization: token ...``
-  with a hub API token); see :func:`status_model` (local) and :func:`swarm_status_model`
-  (Swarm) for the fields.
+  with a hub API token); see :func:`status_model` (local), :func:`swarm_status_model`
+  (Swarm) and :func:`slurm_status_model` (Slurm) for the fields.
 
-Two sources of holdings, read on every request:
+Three sources of holdings, read on every request:
 
 - **local** (the embedded default, ``PDLLocalSpawner``): the slot ledger, a SQLite
   file (:class:`~pdl_spawner.reservations.SlotLedger`); the node is this machine.
@@ -20,11 +20,23 @@ Two sources of holdings, read on every request:
   reached its state. The pool is the GPUs that PDL's nodes declare, as
   ``"<hostname>/<GPU id>"``. When Docker cannot be read the page says so and still
   shows the queue and the reclaims.
+- **Slurm** (``PDLSlurmSpawner``, when ``PDL_SLURM=1``): Slurm is the one source, read
+  through its own commands (:mod:`~pdl_spawner.slurm_cli`, parsed by
+  :mod:`~pdl_spawner.slurm_jobs`); no file. The holdings are the GPUs of every job
+  that holds some (``scontrol -d -o show job``; PDL's jobs, named ``pdl:<hub
+  user>[:<server>]``, show the hub user, any other job its Unix account), each on its
+  node (node lists expanded by ``scontrol show hostnames``), since the job's
+  StartTime. The pool is every GPU of the nodes of PDL's partition (``scontrol -o
+  show node``), as ``"<node>/gpu:<index>"``; the queue is Slurm's pending jobs that
+  ask for GPUs, with Slurm's reason and the position in their partition. There is no
+  reclaims table: a reclaim cancels the job, and the hub's log records it. When Slurm
+  cannot be read the page says so in one line.
 
-Either way the queue (:class:`~pdl_spawner.wait_queue.WaitQueue`) and the recent
-reclaims (:meth:`~pdl_spawner.reservations.SlotLedger.reclaims`) come from the SQLite
-file ``PDL_RESERVATIONS_DB``; on Swarm it holds no slot reservations, and the slots
-of its reclaims are GPU descriptions (e.g. ``"pdl-node1/GPU-fake-1"``), shown as they are.
+Locally and on Swarm the queue (:class:`~pdl_spawner.wait_queue.WaitQueue`) and the
+recent reclaims (:meth:`~pdl_spawner.reservations.SlotLedger.reclaims`) come from the
+SQLite file ``PDL_RESERVATIONS_DB``; on Swarm it holds no slot reservations, and the
+slots of its reclaims are GPU descriptions (e.g. ``"pdl-node1/GPU-fake-1"``), shown as
+they are.
 
 Access is JupyterHub's: a request needs the scope
 ``access:services!service=pdl-admin``, which the admin role has (through
@@ -34,8 +46,8 @@ refuses the OAuth login, or this service refuses the token.
 Environment (set in the service definition):
 
 - ``PDL_RESERVATIONS_DB``: the ledger file, the same as
-  ``c.PDLLocalSpawner.reservations_db`` (required, on Swarm too); the queue and the
-  reclaim log live in it too;
+  ``c.PDLLocalSpawner.reservations_db`` (required, on Swarm too; not read on Slurm);
+  the queue and the reclaim log live in it too;
 - ``PDL_POOL`` (local): the spawner's slots, comma-separated, when configured; otherwise
   the spawner's default pool (:func:`pdl.slots.default_pool`, with ``PDL_CPU_SLOTS``);
 - ``PDL_DOCKER_HOST`` (Swarm): the Docker base URL of a swarm manager, e.g.
@@ -46,13 +58,19 @@ Environment (set in the service definition):
 - ``PDL_NODES`` (Swarm): the hostnames of the nodes whose GPUs PDL uses,
   comma-separated, as ``c.PDLSwarmSpawner.nodes`` (empty: every node); the GPUs of
   other nodes are not in the pool;
+- ``PDL_SLURM`` (Slurm): ``1`` selects the Slurm source (before ``PDL_DOCKER_HOST``);
+- ``PDL_SLURM_PARTITION`` (Slurm): PDL's partition, as ``c.PDLSlurmSpawner.partition``
+  (empty: Slurm's default partition);
+- ``PATH`` and ``SLURM_CONF`` (Slurm): where ``scontrol`` is, and the cluster's
+  configuration when not the default;
 - ``PDL_ADMIN_VIEW_PORT`` (read by ``jupyterhub_config.py``, not here): the port on
   127.0.0.1 in the service's URL, default 8002. The service listens where
   ``$JUPYTERHUB_SERVICE_URL`` says.
 
 The rows and the page are pure functions (:func:`status_model`,
-:func:`swarm_status_model`, :func:`render_page`); the readers (:func:`read_status`,
-:func:`read_swarm_status`) do the I/O, and the handlers run a reader in a thread.
+:func:`swarm_status_model`, :func:`slurm_status_model`, :func:`render_page`); the
+readers (:func:`read_status`, :func:`read_swarm_status`, :func:`read_slurm_status`) do
+the I/O, and the handlers run a reader in a thread.
 """
 
 from __future__ import annotations
@@ -61,10 +79,11 @@ import asyncio
 import json
 import logging
 import os
+import re
 import socket
 import time
-from collections.abc import Callable
-from datetime import datetime, timezone
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone, tzinfo
 from functools import partial
 from html import escape
 from pathlib import Path
@@ -78,6 +97,8 @@ from pdl.runtime.boot import die_with_parent
 from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, slot_index
 
 from .reservations import Holding, Reclaim, SlotLedger
+from .slurm_cli import SlurmCommands, SlurmError
+from .slurm_jobs import JOB_NAME_PREFIX, SlurmJob, SlurmNode, in_partition, queue_position
 from .swarm_gpus import GpuHolding, SwarmSnapshot, swarm_snapshot
 from .swarm_specs import LABEL_PREFIX
 from .wait_queue import Waiter, WaitQueue
@@ -88,6 +109,9 @@ RECENT_RECLAIMS = 20
 DEFAULT_GPU_RESOURCE = "NVIDIA-GPU"
 #: Seconds one Docker API call of the Swarm source may take.
 DOCKER_TIMEOUT_S = 10
+#: What the Slurm page says instead of a reclaims table.
+SLURM_RECLAIMS_NOTE = ("PDL keeps no log of its own on Slurm: a reclaim (idle engines giving their GPUs back) "
+                       "cancels the server's Slurm job, and the hub's log records each cancelled job.")
 
 # -- pure: rows and page ------------------------------------------------------------
 
@@ -215,6 +239,113 @@ def swarm_status_model(
     }
 
 
+def slurm_epoch(text: str, tz: tzinfo | None = None) -> float | None:
+    """A time as ``scontrol`` prints it (``"2026-11-24T23:33:41"``, the local time of the
+    machine it runs on; ``tz`` when given) in epoch seconds; None for ``""`` (unknown)
+    or anything else that is not such a time."""
+    try:
+        return datetime.fromisoformat(text).replace(tzinfo=tz).timestamp() if text else None
+    except ValueError:
+        return None
+
+
+def slurm_job_owner(job: SlurmJob) -> tuple[str, str, str]:
+    """(owner, hub user, server name) of a job: from the name of a PDL reservation
+    (``pdl:<user>[:<server>]``, owner ``"user"`` or ``"user/server"``), else the job's
+    Unix account as owner and user, server ``""``."""
+    if not job.name.startswith(JOB_NAME_PREFIX) or len(job.name) == len(JOB_NAME_PREFIX):
+        return job.user, job.user, ""
+    user, _, server = job.name[len(JOB_NAME_PREFIX):].partition(":")
+    return (f"{user}/{server}" if server else user), user, server
+
+
+def _job_columns(job: SlurmJob) -> dict:
+    owner, user, server = slurm_job_owner(job)
+    return {"owner": owner, "user": user, "server": server, "account": job.user, "job": job.id,
+            "pdl": job.name.startswith(JOB_NAME_PREFIX), "partition": job.partition}
+
+
+def node_order(name: str) -> list:
+    """Sort key of node names with their numbers in numeric order (``n2`` before ``n10``)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def slurm_reservation_rows(jobs: list[SlurmJob], hostnames_of: Callable[[str], list[str]], now: float,
+                           tz: tzinfo | None = None) -> list[dict]:
+    """One row per GPU a job holds (running, completing or suspended; PDL's jobs and
+    every other), by node then GPU: ``slot`` (``"gpu:<index>"`` on its node, ``"gpu:?"``
+    where Slurm did not say), ``node`` (``""`` where Slurm did not say), ``state``, the
+    columns of :func:`slurm_job_owner` plus ``account`` (the Unix account), ``job``
+    (its id), ``pdl`` (a PDL reservation) and ``partition``; ``since`` (StartTime, ISO
+    UTC, ``""`` unknown) and ``held_s`` (whole seconds at ``now``, epoch seconds; None
+    unknown). ``hostnames_of`` expands a compressed node list (``"n[1-2]"`` ->
+    ``["n1", "n2"]``); ``tz``: the zone of Slurm's times (None: this machine's)."""
+    rows = []
+    for job in jobs:
+        if not (job.holding and job.gpus):
+            continue
+        since = slurm_epoch(job.start_time, tz)
+        placed = [(node, f"gpu:{index}") for nodes, indexes in job.node_gpus.items()
+                  for node in hostnames_of(nodes) for index in indexes]
+        placed += [("", "gpu:?")] * (job.gpus - len(placed))
+        for node, slot in placed:
+            rows.append({"slot": slot, "node": node, "state": job.state, **_job_columns(job),
+                         "since": iso_utc(since) if since is not None else "",
+                         "held_s": max(0, int(now - since)) if since is not None else None})
+    return sorted(rows, key=lambda r: (r["node"] == "", node_order(r["node"]), node_order(r["slot"]), r["job"]))
+
+
+def slurm_queue_rows(jobs: list[SlurmJob], tz: tzinfo | None = None) -> list[dict]:
+    """One row per pending job that asks for GPUs, by partition then Slurm's order:
+    ``position`` in its partition (:func:`~pdl_spawner.slurm_jobs.queue_position`), the
+    columns of :func:`slurm_reservation_rows` but the slot, node and times, ``gpus``
+    asked for, Slurm's ``reason``, ``never_starts`` (a reason waiting will not clear) and
+    ``expected_start`` (Slurm's estimate, ISO UTC; ``""`` when it gives none)."""
+    rows = []
+    for job in jobs:
+        if not (job.waiting and job.gpus):
+            continue
+        expected = slurm_epoch(job.start_time, tz)
+        rows.append({"position": queue_position(job, jobs), **_job_columns(job), "gpus": job.gpus,
+                     "reason": job.reason, "never_starts": job.never_starts,
+                     "expected_start": iso_utc(expected) if expected is not None else ""})
+    return sorted(rows, key=lambda r: (r["partition"], r["position"], r["job"]))
+
+
+def slurm_status_model(
+    jobs: list[SlurmJob], nodes: list[SlurmNode], hostnames_of: Callable[[str], list[str]], now: float, *,
+    partition: str = "", default_partition: str = "", tz: tzinfo | None = None, error: str | None = None,
+) -> dict:
+    """Everything the view shows on Slurm, JSON-ready: ``source`` (``"slurm"``),
+    ``partition`` (PDL's: ``partition``, else ``default_partition``; ``""``: every
+    node), ``nodes`` (its nodes' names) and ``unavailable`` (those Slurm gives no jobs
+    now: down, drained...), ``now`` (ISO UTC), ``pool`` (every GPU of its nodes, as
+    ``"<node>/gpu:<index>"``) and ``free`` (those on available nodes no job holds),
+    ``reservations`` (:func:`slurm_reservation_rows`), ``queue``
+    (:func:`slurm_queue_rows`) and ``error``: None, or why Slurm could not be read
+    (then ``pool`` and ``free`` are None). No ``reclaims``: Slurm keeps no PDL log
+    (:data:`SLURM_RECLAIMS_NOTE`). ``now`` is epoch seconds; ``hostnames_of`` and
+    ``tz`` as in :func:`slurm_reservation_rows`."""
+    mine = sorted(in_partition(partition, nodes, default_partition), key=lambda n: node_order(n.name))
+    reservations = slurm_reservation_rows(jobs, hostnames_of, now, tz)
+    held = {gpu_name(r["node"], r["slot"]) for r in reservations}
+    pool = [gpu_name(n.name, f"gpu:{i}") for n in mine for i in range(n.gpus)]
+    usable = {gpu_name(n.name, f"gpu:{i}") for n in mine if n.usable for i in range(n.gpus)}
+    known = error is None
+    return {
+        "source": "slurm",
+        "partition": partition or default_partition,
+        "nodes": [n.name for n in mine],
+        "unavailable": [n.name for n in mine if not n.usable],
+        "now": iso_utc(now),
+        "pool": pool if known else None,
+        "free": [g for g in pool if g in usable and g not in held] if known else None,
+        "reservations": reservations,
+        "queue": slurm_queue_rows(jobs, tz),
+        "error": error,
+    }
+
+
 def _table(caption: str, headers: list[str], rows: list[list[str]], empty: str) -> str:
     """An HTML table; every header and cell is escaped here."""
     if not rows:
@@ -225,32 +356,29 @@ def _table(caption: str, headers: list[str], rows: list[list[str]], empty: str) 
 
 
 def _summary(status: dict) -> tuple[str, str]:
-    """The summary line's subject (the node, or on Swarm PDL's nodes) and what it says of the pool."""
+    """The summary line's subject (the node, or on Swarm and Slurm PDL's nodes) and what it says of the pool."""
     if "nodes" not in status:
         if status["pool"] is None:
             return f"Node {status['node']}", f"{len(status['reservations'])} slot(s) reserved"
         return f"Node {status['node']}", f"{len(status['free'])} of {len(status['pool'])} slot(s) free"
     nodes = status["nodes"]
     subject = f"{'Node' if len(nodes) == 1 else 'Nodes'} {', '.join(nodes) or '(none)'}"
+    if status.get("partition"):
+        subject = f"Partition {status['partition']}, {subject[0].lower()}{subject[1:]}"
     if status["pool"] is None:
         return subject, "GPUs unknown"
     text = f"{len(status['free'])} of {len(status['pool'])} GPU(s) free"
-    if status["other_services"]:
+    if status.get("other_services"):
         text += f", {len(status['other_services'])} held by other services"
     if status["unavailable"]:
         text += f"; not available: {', '.join(status['unavailable'])}"
     return subject, text
 
 
-def render_page(status: dict) -> str:
-    """The admin page for a :func:`status_model` or :func:`swarm_status_model` dict: a
-    summary line (and on Swarm why Docker could not be read, if so) and the tables
-    Reservations, Queue and Recent reclaims (each says so when empty). Every value is
-    HTML-escaped."""
+def _local_or_swarm_sections(status: dict) -> str:
+    """The tables Reservations, Queue and Recent reclaims of a local or Swarm model."""
     swarm = "nodes" in status
     header, noun = ("GPU", "GPU") if swarm else ("Slot", "slot")
-    subject, summary = _summary(status)
-    error = f'\n<p class="error">Docker could not be read: {escape(status["error"])}</p>' if status.get("error") else ""
     reservations = _table(
         "Reservations", [header, "Node", "User/server", "Since (UTC)", "Held for"],
         [[r["slot"], r["node"], r["owner"], r["since"], duration_text(r["held_s"])] for r in status["reservations"]],
@@ -267,6 +395,40 @@ def render_page(status: dict) -> str:
         [[r["at"], r["owner"], ", ".join(r["slots"]), r["reason"]] for r in status["reclaims"]],
         f"No {noun} was reclaimed.",
     )
+    return f"{reservations}\n{queue}\n{reclaims}"
+
+
+def _slurm_sections(status: dict) -> str:
+    """The tables Reservations and Queue of a Slurm model, and where its reclaims are."""
+    reservations = _table(
+        "Reservations", ["GPU", "Node", "User/server", "Account", "Job", "State", "Since (UTC)", "Held for"],
+        [[r["slot"], r["node"], r["owner"], r["account"], r["job"], r["state"], r["since"],
+          "" if r["held_s"] is None else duration_text(r["held_s"])] for r in status["reservations"]],
+        "No GPU is held.",
+    )
+    queue = _table(
+        "Queue", ["Position", "Partition", "User/server", "Account", "Job", "GPUs", "Slurm's reason",
+                  "Expected start (UTC)"],
+        [[q["position"], q["partition"], q["owner"], q["account"], q["job"], q["gpus"],
+          q["reason"] + (" (will not start)" if q["never_starts"] else ""), q["expected_start"] or "unknown"]
+         for q in status["queue"]],
+        "Nobody is waiting.",
+    )
+    return f'{reservations}\n{queue}\n<h2>Recent reclaims</h2>\n<p class="empty">{escape(SLURM_RECLAIMS_NOTE)}</p>'
+
+
+def render_page(status: dict) -> str:
+    """The admin page for a :func:`status_model`, :func:`swarm_status_model` or
+    :func:`slurm_status_model` dict: a summary line (and on Swarm or Slurm why Docker
+    or Slurm could not be read, if so), the tables Reservations and Queue, and Recent
+    reclaims (on Slurm, where to find them); each table says so when empty. Every
+    value is HTML-escaped."""
+    slurm = status.get("source") == "slurm"
+    subject, summary = _summary(status)
+    error = ""
+    if status.get("error"):
+        error = f'\n<p class="error">{"Slurm" if slurm else "Docker"} could not be read: {escape(status["error"])}</p>'
+    sections = _slurm_sections(status) if slurm else _local_or_swarm_sections(status)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -286,9 +448,7 @@ th {{ background: #f3f3f3; }}
 <h1>PDL admin view</h1>
 <p class="summary">{escape(subject)}: {escape(summary)}. As of {escape(status["now"])}
 (<a href="api/status">JSON</a>).</p>{error}
-{reservations}
-{queue}
-{reclaims}
+{sections}
 </body>
 </html>
 """
@@ -345,6 +505,35 @@ def read_swarm_status(db_path: str | Path, *, docker_host: str, resource: str, n
         logging.getLogger("pdl.admin_view").warning("cannot read the swarm: %s", error)
         snapshot = SwarmSnapshot(nodes=list(node_names))
     return swarm_status_model(snapshot, waiters, reclaims, now=time.time(), error=error)
+
+
+async def read_slurm(commands: SlurmCommands, partition: str) -> tuple[list[SlurmJob], list[SlurmNode], str,
+                                                                      dict[str, list[str]]]:
+    """What the Slurm source reads, through Slurm's own commands (``scontrol``, each
+    within :data:`~pdl_spawner.slurm_cli.COMMAND_TIMEOUT_S` seconds): every job, every
+    node, the default partition (``""`` when ``partition`` names one) and the host names
+    of each node list that a job holding GPUs names (``scontrol show hostnames``).
+    Raises :class:`~pdl_spawner.slurm_cli.SlurmError`."""
+    jobs, nodes = await commands.jobs(), await commands.nodes()
+    default = "" if partition else await commands.default_partition()
+    lists = sorted({nodelist for job in jobs if job.holding and job.gpus for nodelist in job.node_gpus})
+    return jobs, nodes, default, {nodelist: await commands.hostnames(nodelist) for nodelist in lists}
+
+
+def read_slurm_status(*, partition: str, slurm_env: Mapping[str, str]) -> dict:
+    """:func:`slurm_status_model` now, from Slurm's commands run with ``slurm_env``
+    (``PATH``, ``SLURM_CONF``...); PDL's partition is ``partition`` ("": Slurm's
+    default). No file is read: Slurm is the one source. When Slurm cannot be read the
+    model carries the error (one line) instead. Blocking: run it off the event loop."""
+    try:
+        jobs, nodes, default, hostnames = asyncio.run(read_slurm(SlurmCommands(dict(slurm_env)), partition))
+        error = None
+    except (SlurmError, ValueError) as exc:
+        error = " ".join(str(exc).split())[:500]
+        logging.getLogger("pdl.admin_view").warning("cannot read Slurm: %s", error)
+        jobs, nodes, default, hostnames = [], [], "", {}
+    return slurm_status_model(jobs, nodes, hostnames.__getitem__, time.time(), partition=partition,
+                              default_partition=default, error=error)
 
 
 class _ViewHandler(HubOAuthenticated, web.RequestHandler):
@@ -433,10 +622,24 @@ def nodes_from_env(env=os.environ) -> list[str]:
     return [n.strip() for n in env.get("PDL_NODES", "").split(",") if n.strip()]
 
 
+def slurm_env_from(env=os.environ) -> dict[str, str]:
+    """The environment of Slurm's commands: ``PATH`` (default ``/usr/bin:/bin``), ``LANG``
+    and, when set, ``SLURM_CONF``."""
+    slurm_env = {"PATH": env.get("PATH") or "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if env.get("SLURM_CONF"):
+        slurm_env["SLURM_CONF"] = env["SLURM_CONF"]
+    return slurm_env
+
+
 def reader_from_env(env=os.environ) -> Callable[[], dict]:
-    """The status reader the environment asks for: the Swarm source when
-    ``PDL_DOCKER_HOST`` is set (with ``PDL_GPU_RESOURCE`` and ``PDL_NODES``), else the
-    local slot ledger (with ``PDL_POOL``); both read ``PDL_RESERVATIONS_DB``."""
+    """The status reader the environment asks for: the Slurm source when ``PDL_SLURM``
+    is ``1`` (with ``PDL_SLURM_PARTITION``, ``PATH`` and ``SLURM_CONF``; no file), else
+    the Swarm source when ``PDL_DOCKER_HOST`` is set (with ``PDL_GPU_RESOURCE`` and
+    ``PDL_NODES``), else the local slot ledger (with ``PDL_POOL``); these two read
+    ``PDL_RESERVATIONS_DB``."""
+    if env.get("PDL_SLURM") == "1":
+        return partial(read_slurm_status, partition=env.get("PDL_SLURM_PARTITION", "").strip(),
+                       slurm_env=slurm_env_from(env))
     db_path = env["PDL_RESERVATIONS_DB"]
     if env.get("PDL_DOCKER_HOST"):
         return partial(read_swarm_status, db_path, docker_host=env["PDL_DOCKER_HOST"],
