@@ -128,12 +128,13 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         current by :meth:`worker_usage`)."""
         if self.partition not in PDLSlurmSpawner._capacity:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.slurm_env}
-            cmd = os.path.join(self.slurm_bin_dir, "scontrol") if self.slurm_bin_dir else "scontrol"
+            bin_dir = self.slurm_bin_dir
             try:
-                out = subprocess.run([cmd, "-o", "show", "node"], env=env, capture_output=True, text=True,
-                                     timeout=10, check=True).stdout
-                parts = subprocess.run([cmd, "-o", "show", "partition"], env=env, capture_output=True, text=True,
-                                       timeout=10, check=True).stdout
+                out = subprocess.run([os.path.join(bin_dir, "sinfo") if bin_dir else "sinfo", "--json"], env=env,
+                                     capture_output=True, text=True, timeout=10, check=True).stdout
+                parts = subprocess.run([os.path.join(bin_dir, "scontrol") if bin_dir else "scontrol", "-o", "show",
+                                        "partition"], env=env, capture_output=True, text=True, timeout=10,
+                                       check=True).stdout
             except (OSError, subprocess.SubprocessError) as e:
                 raise web.HTTPError(503, f"cannot read Slurm's nodes: {e}") from None
             default_part = slurm_jobs.default_partition(parts)

@@ -1,6 +1,6 @@
 """Slurm's own commands, run by the hub: the one place PDL talks to Slurm.
 
-Reading (``scontrol``) runs as the hub's user; a reservation is submitted as the
+Reading (``squeue``, ``sinfo``, ``scontrol``) runs as the hub's user; a reservation is submitted as the
 user's own Unix account (``sbatch`` as that uid, with its groups), so Slurm's limits,
 fair share and accounting apply to the person, not to the hub. Cancelling runs as the
 hub's user (root can cancel any job; PDL cancels only jobs it submitted, by id).
@@ -67,14 +67,14 @@ class SlurmCommands:
 
     async def jobs(self) -> list[SlurmJob]:
         """Every job in Slurm's queue (pending, running, completing), all users."""
-        return slurm_jobs.parse_jobs(await self.run(["scontrol", "-d", "-o", "show", "job"]))
+        return slurm_jobs.parse_jobs(await self.run(["squeue", "--all", "--json"]))
 
     async def job(self, job_id: int) -> SlurmJob | None:
         """Job ``job_id``, or None once Slurm has forgotten it."""
         return next((j for j in await self.jobs() if j.id == job_id), None)
 
     async def nodes(self) -> list[SlurmNode]:
-        return slurm_jobs.parse_nodes(await self.run(["scontrol", "-o", "show", "node"]))
+        return slurm_jobs.parse_nodes(await self.run(["sinfo", "--json"]))
 
     async def default_partition(self) -> str:
         return slurm_jobs.default_partition(await self.run(["scontrol", "-o", "show", "partition"]))

@@ -1,8 +1,11 @@
 """What Slurm says, read into PDL's terms: pure functions, no I/O.
 
 :mod:`~pdl_spawner.slurm_cli` runs Slurm's own commands; this module builds their
-argument lists and reads their one-line-per-record output (``scontrol -d -o show
-job``, ``scontrol -o show node``) into :class:`SlurmJob` and :class:`SlurmNode`.
+argument lists and reads their JSON (``squeue --json``, ``sinfo --json``: Slurm 21.08
+or later; both the 0.0.38 schema of 22.05 and the newer number and state forms) into
+:class:`SlurmJob` and :class:`SlurmNode`. JSON, not the ``key=value`` text of
+``scontrol``, because users choose job names and paths: in text, a name such as
+``x JobId=9 UserId=root(0)`` would pose as other fields.
 Slurm is the one source of truth for who holds which GPU: PDL keeps no table of its
 own, it only reads these.
 
@@ -15,7 +18,9 @@ server (``srun --jobid``).
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from dataclasses import dataclass, field
 
 from .usage import WorkerUsage
@@ -36,9 +41,7 @@ HOLDING_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
 #: Job states of a job still in the queue.
 WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING")
 
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z_:/]+)=(\S*)")
-_NODE_GRES = re.compile(r"\bNodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)")
-_GPU_COUNT = re.compile(r"\bgpu(?::[\w.-]+)?:(\d+)")
+_GPU_COUNT = re.compile(r"\bgpu(?::[\w.-]+)?[:=](\d+)")
 _GPU_INDEXES = re.compile(r"\bgpu(?::[\w.-]+)?:\d+\(IDX:([\d,-]+)\)")
 
 
@@ -89,7 +92,7 @@ def expand_indexes(text: str) -> list[int]:
 
 @dataclass(frozen=True)
 class SlurmJob:
-    """One job as ``scontrol -d -o show job`` reports it."""
+    """One job as ``squeue --json`` reports it."""
 
     id: int
     name: str
@@ -97,10 +100,10 @@ class SlurmJob:
     state: str            #: PENDING, RUNNING, COMPLETING, ...
     reason: str           #: why it waits ("None" when it does not)
     partition: str
-    gpus: int             #: GPUs asked for (JOB_GRES, else the per-task request times tasks)
+    gpus: int             #: GPUs it holds (running) or asks for (pending)
     priority: int = 0
-    start_time: str = ""  #: when it started, or Slurm's estimate while pending ("" unknown)
-    #: compressed node list -> GPU indexes on each of those nodes (running jobs)
+    start_time: float = 0.0  #: epoch s it started, or Slurm's estimate while pending (0: unknown)
+    #: node -> GPU indexes it holds there (running jobs)
     node_gpus: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -117,72 +120,91 @@ class SlurmJob:
         return self.waiting and self.reason.split(",")[0] in NEVER_REASONS
 
 
-def _fields(line: str) -> dict[str, str]:
-    return {k: v for k, v in _FIELD.findall(line)}
+def _number(value) -> float:
+    """A JSON number of Slurm's REST schema: a plain number, or (newer versions)
+    ``{"set": bool, "infinite": bool, "number": n}``; 0 when unset."""
+    if isinstance(value, dict):
+        return float(value.get("number", 0)) if value.get("set", True) and not value.get("infinite") else 0.0
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
 
 
-def _user(text: str) -> str:
-    return text.split("(", 1)[0]
+def _word(value) -> str:
+    """A state of Slurm's REST schema: a string, or (newer versions) a list of them."""
+    if isinstance(value, list):
+        return str(value[0]) if value else ""
+    return str(value or "")
+
+
+def _requested_gpus(job: dict) -> int:
+    """GPUs a job asks for: per task times tasks, per node times nodes, or per job."""
+    for key, times in (("tres_per_task", _number(job.get("tasks")) or 1),
+                       ("tres_per_node", _number(job.get("node_count")) or 1), ("tres_per_job", 1)):
+        found = _GPU_COUNT.search(str(job.get(key) or ""))
+        if found:
+            return int(found.group(1)) * int(times)
+    return 0
+
+
+def _held_gpus(job: dict) -> dict[str, list[int]]:
+    """Node -> GPU indexes a running job holds there: ``gres_detail`` lists one entry per
+    allocated node, in the order of ``job_resources.allocated_nodes``."""
+    resources = job.get("job_resources") or {}
+    names = [n.get("nodename", "") for n in resources.get("allocated_nodes") or [] if isinstance(n, dict)]
+    held = {}
+    for name, detail in zip(names, job.get("gres_detail") or []):
+        found = _GPU_INDEXES.search(str(detail))
+        held[name] = expand_indexes(found.group(1)) if found else []
+    return held
 
 
 def parse_jobs(text: str) -> list[SlurmJob]:
-    """Jobs from ``scontrol -d -o show job`` output (one job per line)."""
+    """Jobs from ``squeue --json`` output. Every field is a JSON value of its own, so
+    text a user chose (a job name, a path) cannot pose as another field."""
     jobs = []
-    for line in text.splitlines():
-        if not line.startswith("JobId="):
-            continue
-        f = _fields(line)
-        gres = _GPU_COUNT.search(f.get("JOB_GRES", ""))
-        per_task = _GPU_COUNT.search(f.get("TresPerTask", ""))
-        tasks = int(f.get("NumTasks", "1") or 1) if f.get("NumTasks", "").isdigit() else 1
-        if gres:
-            gpus = int(gres.group(1))
-        elif per_task:
-            gpus = int(per_task.group(1)) * tasks
-        else:
-            total = _GPU_COUNT.search(f.get("TresPerJob", "") + " " + f.get("TresPerNode", ""))
-            gpus = int(total.group(1)) if total else 0
-        node_gpus = {}
-        for nodes, node_gres in _NODE_GRES.findall(line):
-            idx = _GPU_INDEXES.search(node_gres)
-            node_gpus[nodes] = expand_indexes(idx.group(1)) if idx else []
-        start = f.get("StartTime", "")
+    for job in json.loads(text).get("jobs", []):
+        held = _held_gpus(job)
+        held_count = sum(len(v) for v in held.values())
         jobs.append(SlurmJob(
-            id=int(f["JobId"]), name=f.get("JobName", ""), user=_user(f.get("UserId", "")),
-            state=f.get("JobState", ""), reason=f.get("Reason", "None"), partition=f.get("Partition", ""),
-            gpus=gpus, priority=int(f["Priority"]) if f.get("Priority", "").isdigit() else 0,
-            start_time="" if start in ("Unknown", "None", "N/A") else start, node_gpus=node_gpus,
+            id=int(_number(job.get("job_id"))), name=str(job.get("name") or ""), user=str(job.get("user_name") or ""),
+            state=_word(job.get("job_state")), reason=str(job.get("state_reason") or "None"),
+            partition=str(job.get("partition") or ""), gpus=held_count or _requested_gpus(job),
+            priority=int(_number(job.get("priority"))), start_time=_number(job.get("start_time")), node_gpus=held,
         ))
     return jobs
 
 
 @dataclass(frozen=True)
 class SlurmNode:
-    """One node as ``scontrol -o show node`` reports it."""
+    """One node as ``sinfo --json`` reports it."""
 
     name: str
     addr: str
-    gpus: int                 #: GPUs it declares (Gres=gpu:N)
-    state: str                #: IDLE, MIXED, ALLOCATED, DOWN*, DRAIN, ...
+    gpus: int                 #: GPUs it declares (gres gpu:N)
+    state: str                #: idle, mixed, allocated, down, drain, ... (lower case)
     partitions: tuple[str, ...] = ()
 
     @property
     def usable(self) -> bool:
         """False for a node Slurm will not give jobs to (down, drained, failing)."""
-        return not any(word in self.state for word in ("DOWN", "DRAIN", "FAIL", "INVAL", "NOT_RESPONDING"))
+        return not any(word in self.state.upper() for word in ("DOWN", "DRAIN", "FAIL", "INVAL", "NOT_RESPONDING"))
 
 
 def parse_nodes(text: str) -> list[SlurmNode]:
-    """Nodes from ``scontrol -o show node`` output (one node per line)."""
-    nodes = []
-    for line in text.splitlines():
-        if not line.startswith("NodeName="):
+    """Nodes from ``sinfo --json`` output (each once)."""
+    nodes, seen = [], set()
+    for node in json.loads(text).get("nodes", []):
+        name = str(node.get("name") or "")
+        if not name or name in seen:
             continue
-        f = _fields(line)
-        gres = _GPU_COUNT.search(f.get("Gres", ""))
-        nodes.append(SlurmNode(name=f["NodeName"], addr=f.get("NodeAddr", ""), gpus=int(gres.group(1)) if gres else 0,
-                               state=f.get("State", ""), partitions=tuple(p for p in f.get("Partitions", "").split(",")
-                                                                          if p)))
+        seen.add(name)
+        gres = _GPU_COUNT.search(str(node.get("gres") or ""))
+        flags = [_word(f) for f in node.get("state_flags") or []]
+        nodes.append(SlurmNode(name=name, addr=str(node.get("address") or ""), gpus=int(gres.group(1)) if gres else 0,
+                               state="+".join([_word(node.get("state"))] + flags),
+                               partitions=tuple(str(p) for p in node.get("partitions") or [])))
     return nodes
 
 
@@ -218,16 +240,18 @@ def queue_position(job: SlurmJob, jobs: list[SlurmJob]) -> int:
 def pending_message(job: SlurmJob, jobs: list[SlurmJob]) -> str:
     """One line for a spawn waiting in Slurm's queue: Slurm's reason, the position,
     and the estimated start when Slurm gives one."""
-    start = f"; Slurm expects it to start at {job.start_time}" if job.start_time else ""
+    start = (f"; Slurm expects it to start at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(job.start_time))}"
+             if job.start_time else "")
     return (f"Waiting in Slurm's queue for {job.gpus} GPU(s): job {job.id}, number "
             f"{queue_position(job, jobs)} in partition {job.partition}, reason {job.reason}{start}. "
             f"Cancel to leave the queue.")
 
 
 def default_partition(scontrol_partitions: str) -> str:
-    """The partition marked ``Default=YES`` in ``scontrol -o show partition`` output ("" if none)."""
+    """The partition marked ``Default=YES`` in ``scontrol -o show partition`` output ("" if
+    none). Its words are the admin's (partition names hold no spaces)."""
     for line in scontrol_partitions.splitlines():
-        f = _fields(line)
-        if f.get("Default") == "YES":
-            return f.get("PartitionName", "")
+        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if words.get("Default") == "YES":
+            return words.get("PartitionName", "")
     return ""

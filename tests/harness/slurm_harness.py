@@ -245,18 +245,20 @@ class SlurmSim(SimulatedCluster):
     # -- client commands -------------------------------------------------------------------
 
     def run(self, *cmd: str, user: str | None = None, netns: str | None = CONTROLLER, check: bool = False,
-            timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+            timeout: float = 60, input: str | None = None, home: str | None = None) -> subprocess.CompletedProcess:
         """Run a command (sbatch, srun, squeue, scancel, sinfo, scontrol...) as ``user``
         (a Unix user, e.g. :data:`ANN`; None: root) in the network namespace of ``netns``
         (``ctl``, ``n1``...; None: the root namespace, as a hub there would), from the
-        user's home, with ``SLURM_CONF`` set. Returns the CompletedProcess (text); with
+        user's home (``home``: for an account that is not a test user's), with
+        ``SLURM_CONF`` set. Returns the CompletedProcess (text); with
         ``check``, a non-zero exit raises RuntimeError with its stderr."""
         argv = list(cmd)
         if user:
             argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--", *argv]
         if netns:
             argv = ["nsenter", f"--net={self.netns_path(netns)}", *argv]
-        return run(*argv, check=check, env=self.env(user), cwd=self.home(user) if user else self.run_dir,
+        env = self.env(user) if home is None else {**self.env(user), "HOME": home}
+        return run(*argv, check=check, env=env, cwd=home or (self.home(user) if user else self.run_dir),
                    timeout=timeout, input=input)
 
     def sbatch(self, *args: str, user: str) -> int:

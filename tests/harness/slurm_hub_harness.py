@@ -8,7 +8,23 @@ Users' homes are under the test's folder, which every node sees (one file system
 
 from __future__ import annotations
 
-from hub_harness import Hub, running
+from hub_harness import Hub, pids_matching, process_env, running
+from waiting import wait_until
+
+
+def slurm_engines(root) -> dict[int, dict[str, str]]:
+    """Engine processes (job steps, on any node) of users whose homes are under ``root``
+    -> their PDL_* variables, SLURM_JOB_ID, SLURMD_NODENAME and CUDA_VISIBLE_DEVICES."""
+    found = {}
+    def engine(cmd: str, cwd: str) -> bool:  # the engine, not the srun that started its step
+        return "-m pdl.runtime.slurm_boot" in cmd and not cmd.startswith("srun ") and cwd.startswith(str(root))
+
+    for pid in pids_matching(engine):
+        env = process_env(pid)
+        if env is not None:
+            found[pid] = {k: v for k, v in env.items() if k.startswith("PDL_") or k in (
+                "SLURM_JOB_ID", "SLURMD_NODENAME", "CUDA_VISIBLE_DEVICES", "HOME")}
+    return found
 
 
 class SlurmHub(Hub):
@@ -37,10 +53,9 @@ c.Spawner.start_timeout = 120
 
     def check_nothing_left(self) -> None:
         """After :meth:`close`: what :meth:`Hub.check_nothing_left` checks, and no job of
-        this hub's users left in Slurm's queue."""
-        from waiting import wait_until
-
+        this hub's users left in Slurm's queue, and no engine on any node."""
         super().check_nothing_left()
+        wait_until(lambda: not slurm_engines(self.root), 30, what="every engine step to end")
         wait_until(lambda: not [j for j in self.slurm.jobs() if j["user"].startswith(self.account_prefix)], 60,
                    what=f"the jobs of {self.account_prefix}* to leave Slurm's queue: {self.slurm.jobs()}")
 

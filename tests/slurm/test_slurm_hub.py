@@ -4,13 +4,16 @@ Slurm's own view says who holds which GPU."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
 
 import slurm_harness
 from hub_harness import Kernel, Progress, queue_up
-from slurm_hub_harness import slurm_hub_fixture
+from fault_cells import SUM, magic
+from slurm_hub_harness import slurm_engines, slurm_hub_fixture
 from swarm_hub_harness import DDP_CELL, DDP_RESULT
 from waiting import wait_until
 
@@ -97,3 +100,79 @@ def test_cancelling_a_queued_spawn_cancels_its_job(hub, slurm):
     wait_until(lambda: not hub.pdl_jobs("ben"), 30, what=lambda: f"ben's job cancelled: {slurm.jobs()}")
     wait_until(lambda: not hub.user_model("ben")["servers"], 30, what="ben's spawn to end")
     slurm.reset()
+
+
+def test_a_dead_engine_comes_back_as_a_new_step_of_the_same_job_and_a_hub_restart_reattaches(hub, slurm):
+    r = hub.spawn("ann", 3)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("ann", timeout=120)
+    [job] = hub.pdl_jobs("ann")
+    engines = wait_until(lambda: e if len(e := slurm_engines(hub.root)) == 3 else None, 60, what="3 engine steps")
+    assert {env["SLURM_JOB_ID"] for env in engines.values()} == {job["id"]}
+    assert sorted(env["SLURMD_NODENAME"] for env in engines.values()) == ["n1", "n2", "n3"]
+
+    kernel = Kernel(hub, "ann")
+    try:
+        kernel.execute_ok("%load_ext pdl_magics")
+        assert "sum 3" in kernel.execute_ok(magic(SUM, 3), timeout=120)["stdout"]
+        kernel.execute_ok("x = 41")
+
+        # an engine dies on its node: the server starts a new step in the same allocation
+        victim = next(pid for pid, env in engines.items() if env["SLURMD_NODENAME"] == "n2")
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: len(e := slurm_engines(hub.root)) == 3 and victim not in e, 60,
+                   what="a new engine step in place of the killed one")
+        assert "sum 3" in kernel.execute_ok(magic(SUM, 3), timeout=180)["stdout"]
+        assert [j["id"] for j in hub.pdl_jobs("ann")] == [job["id"]]
+        kernel.detach()
+
+        # the hub restarts (and then is killed and restarts): same job, engines, kernel state
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            steps = set(slurm_engines(hub.root))
+            hub.stop_hub(sig)
+            hub.start()
+            hub.wait_ready("ann", timeout=60)
+            assert [(j["id"], j["state"]) for j in hub.pdl_jobs("ann")] == [(job["id"], "RUNNING")]
+            assert set(slurm_engines(hub.root)) == steps
+        kernel = Kernel(hub, "ann", kernel.id)
+        out = kernel.execute_ok(magic(SUM, 3), timeout=180)
+        assert "sum 3" in out["stdout"]
+        assert kernel.execute_ok("print(x + 1)")["stdout"].strip() == "42"
+    finally:
+        kernel.close()
+    hub.api("DELETE", "/users/ann/server")
+    wait_until(lambda: not hub.pdl_jobs() and not slurm_engines(hub.root), 60,
+               what=lambda: f"ann's job and engines gone: {slurm.jobs()}")
+
+
+def test_ben_cannot_reach_anns_job_engines_or_files(hub, slurm):
+    """Guards that ann's job, its steps and her files are hers alone: the job is submitted
+    as her own account (pdl_spawner/slurm.py: ``submit(argv, account=self.account)``), so
+    Slurm's owner checks refuse ben's scancel, srun into it and scontrol update; her
+    engines run as her account, so ben cannot signal them; her home is hers (mode 0700,
+    unix_accounts). With one account shared by all users' jobs, each of these would work."""
+    for user, gpus in (("ann", 2), ("ben", 1)):
+        r = hub.spawn(user, gpus)
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(user, timeout=120)
+    [job] = hub.pdl_jobs("ann")
+    assert job["user"] == hub.account("ann")
+    ben, ben_home = hub.account("ben"), str(hub.home("ben"))
+    anns_engine = wait_until(lambda: next((p for p, env in slurm_engines(hub.root).items()
+                                           if env["HOME"] == str(hub.home("ann"))), None), 60, what="ann's engine")
+
+    tried = {
+        "scancel": slurm.run("scancel", job["id"], user=ben, netns=None, home=ben_home),
+        "srun": slurm.run("srun", f"--jobid={job['id']}", "--overlap", "-n1", "hostname", user=ben, netns=None, home=ben_home),
+        "scontrol update": slurm.run("scontrol", "update", f"JobId={job['id']}", "TimeLimit=1", user=ben, netns=None, home=ben_home),
+        "home": slurm.run("ls", str(hub.home("ann")), user=ben, netns=None, home=ben_home),
+        "signal": slurm.run("kill", "-KILL", str(anns_engine), user=ben, netns=None, home=ben_home),
+    }
+    for what, done in tried.items():
+        assert done.returncode != 0, f"ben could {what}: {done.stdout} {done.stderr}"
+    assert "Access/permission denied" in tried["scancel"].stderr + tried["scancel"].stdout, tried["scancel"]
+    assert [(j["id"], j["state"]) for j in hub.pdl_jobs("ann")] == [(job["id"], "RUNNING")]
+    assert anns_engine in slurm_engines(hub.root)
+    for user in ("ann", "ben"):
+        hub.api("DELETE", f"/users/{user}/server")
+    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
