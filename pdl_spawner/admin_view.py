@@ -23,14 +23,15 @@ Three sources of holdings, read on every request:
 - **Slurm** (``PDLSlurmSpawner``, when ``PDL_SLURM=1``): Slurm is the one source, read
   through its own commands (:mod:`~pdl_spawner.slurm_cli`, parsed by
   :mod:`~pdl_spawner.slurm_jobs`); no file. The holdings are the GPUs of every job
-  that holds some (``scontrol -d -o show job``; PDL's jobs, named ``pdl:<hub
-  user>[:<server>]``, show the hub user, any other job its Unix account), each on its
-  node (node lists expanded by ``scontrol show hostnames``), since the job's
-  StartTime. The pool is every GPU of the nodes of PDL's partition (``scontrol -o
-  show node``), as ``"<node>/gpu:<index>"``; the queue is Slurm's pending jobs that
-  ask for GPUs, with Slurm's reason and the position in their partition. There is no
-  reclaims table: a reclaim cancels the job, and the hub's log records it. When Slurm
-  cannot be read the page says so in one line.
+  that holds some (``squeue --all --json``; PDL's jobs, named ``pdl:<hub
+  user>[:<server>]``, show the hub user, any other job its Unix account), each on the
+  node Slurm names for it, since the job's start time. The pool is every GPU of the
+  nodes of PDL's partition (``sinfo --json``; Slurm's default partition from
+  ``scontrol -o show partition`` when PDL names none), as ``"<node>/gpu:<index>"``;
+  the queue is Slurm's pending jobs that ask for GPUs, with Slurm's reason and the
+  position in their partition. There is no reclaims table: a reclaim cancels the
+  job, and the hub's log records it. When Slurm cannot be read (or its output
+  cannot be understood) the page says so in one line.
 
 Locally and on Swarm the queue (:class:`~pdl_spawner.wait_queue.WaitQueue`) and the
 recent reclaims (:meth:`~pdl_spawner.reservations.SlotLedger.reclaims`) come from the
@@ -61,8 +62,8 @@ Environment (set in the service definition):
 - ``PDL_SLURM`` (Slurm): ``1`` selects the Slurm source (before ``PDL_DOCKER_HOST``);
 - ``PDL_SLURM_PARTITION`` (Slurm): PDL's partition, as ``c.PDLSlurmSpawner.partition``
   (empty: Slurm's default partition);
-- ``PATH`` and ``SLURM_CONF`` (Slurm): where ``scontrol`` is, and the cluster's
-  configuration when not the default;
+- ``PATH`` and ``SLURM_CONF`` (Slurm): where ``squeue``, ``sinfo`` and ``scontrol``
+  are, and the cluster's configuration when not the default;
 - ``PDL_ADMIN_VIEW_PORT`` (read by ``jupyterhub_config.py``, not here): the port on
   127.0.0.1 in the service's URL, default 8002. The service listens where
   ``$JUPYTERHUB_SERVICE_URL`` says.
@@ -83,7 +84,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone, tzinfo
+from datetime import datetime, timezone
 from functools import partial
 from html import escape
 from pathlib import Path
@@ -239,16 +240,6 @@ def swarm_status_model(
     }
 
 
-def slurm_epoch(text: str, tz: tzinfo | None = None) -> float | None:
-    """A time as ``scontrol`` prints it (``"2026-11-24T23:33:41"``, the local time of the
-    machine it runs on; ``tz`` when given) in epoch seconds; None for ``""`` (unknown)
-    or anything else that is not such a time."""
-    try:
-        return datetime.fromisoformat(text).replace(tzinfo=tz).timestamp() if text else None
-    except ValueError:
-        return None
-
-
 def slurm_job_owner(job: SlurmJob) -> tuple[str, str, str]:
     """(owner, hub user, server name) of a job: from the name of a PDL reservation
     (``pdl:<user>[:<server>]``, owner ``"user"`` or ``"user/server"``), else the job's
@@ -270,23 +261,20 @@ def node_order(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def slurm_reservation_rows(jobs: list[SlurmJob], hostnames_of: Callable[[str], list[str]], now: float,
-                           tz: tzinfo | None = None) -> list[dict]:
+def slurm_reservation_rows(jobs: list[SlurmJob], now: float) -> list[dict]:
     """One row per GPU a job holds (running, completing or suspended; PDL's jobs and
     every other), by node then GPU: ``slot`` (``"gpu:<index>"`` on its node, ``"gpu:?"``
     where Slurm did not say), ``node`` (``""`` where Slurm did not say), ``state``, the
     columns of :func:`slurm_job_owner` plus ``account`` (the Unix account), ``job``
-    (its id), ``pdl`` (a PDL reservation) and ``partition``; ``since`` (StartTime, ISO
-    UTC, ``""`` unknown) and ``held_s`` (whole seconds at ``now``, epoch seconds; None
-    unknown). ``hostnames_of`` expands a compressed node list (``"n[1-2]"`` ->
-    ``["n1", "n2"]``); ``tz``: the zone of Slurm's times (None: this machine's)."""
+    (its id), ``pdl`` (a PDL reservation) and ``partition``; ``since`` (the job's start
+    time, ISO UTC, ``""`` unknown) and ``held_s`` (whole seconds at ``now``, epoch
+    seconds; None unknown)."""
     rows = []
     for job in jobs:
         if not (job.holding and job.gpus):
             continue
-        since = slurm_epoch(job.start_time, tz)
-        placed = [(node, f"gpu:{index}") for nodes, indexes in job.node_gpus.items()
-                  for node in hostnames_of(nodes) for index in indexes]
+        since = job.start_time or None
+        placed = [(node, f"gpu:{index}") for node, indexes in job.node_gpus.items() for index in indexes]
         placed += [("", "gpu:?")] * (job.gpus - len(placed))
         for node, slot in placed:
             rows.append({"slot": slot, "node": node, "state": job.state, **_job_columns(job),
@@ -295,7 +283,7 @@ def slurm_reservation_rows(jobs: list[SlurmJob], hostnames_of: Callable[[str], l
     return sorted(rows, key=lambda r: (r["node"] == "", node_order(r["node"]), node_order(r["slot"]), r["job"]))
 
 
-def slurm_queue_rows(jobs: list[SlurmJob], tz: tzinfo | None = None) -> list[dict]:
+def slurm_queue_rows(jobs: list[SlurmJob]) -> list[dict]:
     """One row per pending job that asks for GPUs, by partition then Slurm's order:
     ``position`` in its partition (:func:`~pdl_spawner.slurm_jobs.queue_position`), the
     columns of :func:`slurm_reservation_rows` but the slot, node and times, ``gpus``
@@ -305,16 +293,15 @@ def slurm_queue_rows(jobs: list[SlurmJob], tz: tzinfo | None = None) -> list[dic
     for job in jobs:
         if not (job.waiting and job.gpus):
             continue
-        expected = slurm_epoch(job.start_time, tz)
         rows.append({"position": queue_position(job, jobs), **_job_columns(job), "gpus": job.gpus,
                      "reason": job.reason, "never_starts": job.never_starts,
-                     "expected_start": iso_utc(expected) if expected is not None else ""})
+                     "expected_start": iso_utc(job.start_time) if job.start_time else ""})
     return sorted(rows, key=lambda r: (r["partition"], r["position"], r["job"]))
 
 
 def slurm_status_model(
-    jobs: list[SlurmJob], nodes: list[SlurmNode], hostnames_of: Callable[[str], list[str]], now: float, *,
-    partition: str = "", default_partition: str = "", tz: tzinfo | None = None, error: str | None = None,
+    jobs: list[SlurmJob], nodes: list[SlurmNode], now: float, *,
+    partition: str = "", default_partition: str = "", error: str | None = None,
 ) -> dict:
     """Everything the view shows on Slurm, JSON-ready: ``source`` (``"slurm"``),
     ``partition`` (PDL's: ``partition``, else ``default_partition``; ``""``: every
@@ -324,10 +311,9 @@ def slurm_status_model(
     ``reservations`` (:func:`slurm_reservation_rows`), ``queue``
     (:func:`slurm_queue_rows`) and ``error``: None, or why Slurm could not be read
     (then ``pool`` and ``free`` are None). No ``reclaims``: Slurm keeps no PDL log
-    (:data:`SLURM_RECLAIMS_NOTE`). ``now`` is epoch seconds; ``hostnames_of`` and
-    ``tz`` as in :func:`slurm_reservation_rows`."""
+    (:data:`SLURM_RECLAIMS_NOTE`). ``now`` is epoch seconds."""
     mine = sorted(in_partition(partition, nodes, default_partition), key=lambda n: node_order(n.name))
-    reservations = slurm_reservation_rows(jobs, hostnames_of, now, tz)
+    reservations = slurm_reservation_rows(jobs, now)
     held = {gpu_name(r["node"], r["slot"]) for r in reservations}
     pool = [gpu_name(n.name, f"gpu:{i}") for n in mine for i in range(n.gpus)]
     usable = {gpu_name(n.name, f"gpu:{i}") for n in mine if n.usable for i in range(n.gpus)}
@@ -341,7 +327,7 @@ def slurm_status_model(
         "pool": pool if known else None,
         "free": [g for g in pool if g in usable and g not in held] if known else None,
         "reservations": reservations,
-        "queue": slurm_queue_rows(jobs, tz),
+        "queue": slurm_queue_rows(jobs),
         "error": error,
     }
 
@@ -507,33 +493,36 @@ def read_swarm_status(db_path: str | Path, *, docker_host: str, resource: str, n
     return swarm_status_model(snapshot, waiters, reclaims, now=time.time(), error=error)
 
 
-async def read_slurm(commands: SlurmCommands, partition: str) -> tuple[list[SlurmJob], list[SlurmNode], str,
-                                                                      dict[str, list[str]]]:
-    """What the Slurm source reads, through Slurm's own commands (``scontrol``, each
-    within :data:`~pdl_spawner.slurm_cli.COMMAND_TIMEOUT_S` seconds): every job, every
-    node, the default partition (``""`` when ``partition`` names one) and the host names
-    of each node list that a job holding GPUs names (``scontrol show hostnames``).
-    Raises :class:`~pdl_spawner.slurm_cli.SlurmError`."""
+async def read_slurm(commands: SlurmCommands, partition: str) -> tuple[list[SlurmJob], list[SlurmNode], str]:
+    """What the Slurm source reads, through Slurm's own commands (each within
+    :data:`~pdl_spawner.slurm_cli.COMMAND_TIMEOUT_S` seconds): every job (``squeue
+    --all --json``), every node (``sinfo --json``) and the default partition
+    (``scontrol -o show partition``; not asked, ``""``, when ``partition`` names one).
+    Raises :class:`~pdl_spawner.slurm_cli.SlurmError`, and what parsing output that is
+    not Slurm's JSON raises (``ValueError``...)."""
     jobs, nodes = await commands.jobs(), await commands.nodes()
     default = "" if partition else await commands.default_partition()
-    lists = sorted({nodelist for job in jobs if job.holding and job.gpus for nodelist in job.node_gpus})
-    return jobs, nodes, default, {nodelist: await commands.hostnames(nodelist) for nodelist in lists}
+    return jobs, nodes, default
 
 
 def read_slurm_status(*, partition: str, slurm_env: Mapping[str, str]) -> dict:
     """:func:`slurm_status_model` now, from Slurm's commands run with ``slurm_env``
     (``PATH``, ``SLURM_CONF``...); PDL's partition is ``partition`` ("": Slurm's
-    default). No file is read: Slurm is the one source. When Slurm cannot be read the
-    model carries the error (one line) instead. Blocking: run it off the event loop."""
+    default). No file is read: Slurm is the one source. When Slurm cannot be read, or
+    its output is not the JSON expected, the model carries the error (one line)
+    instead. Blocking: run it off the event loop."""
     try:
-        jobs, nodes, default, hostnames = asyncio.run(read_slurm(SlurmCommands(dict(slurm_env)), partition))
+        jobs, nodes, default = asyncio.run(read_slurm(SlurmCommands(dict(slurm_env)), partition))
         error = None
-    except (SlurmError, ValueError) as exc:
+    except SlurmError as exc:
         error = " ".join(str(exc).split())[:500]
+    except (ValueError, TypeError, AttributeError) as exc:  # not the JSON parse_jobs / parse_nodes expect
+        error = " ".join(f"Slurm's output could not be understood: {type(exc).__name__}: {exc}".split())[:500]
+    if error is not None:
         logging.getLogger("pdl.admin_view").warning("cannot read Slurm: %s", error)
-        jobs, nodes, default, hostnames = [], [], "", {}
-    return slurm_status_model(jobs, nodes, hostnames.__getitem__, time.time(), partition=partition,
-                              default_partition=default, error=error)
+        jobs, nodes, default = [], [], ""
+    return slurm_status_model(jobs, nodes, time.time(), partition=partition, default_partition=default,
+                              error=error)
 
 
 class _ViewHandler(HubOAuthenticated, web.RequestHandler):

@@ -1,6 +1,7 @@
 """The admin view's Slurm source (pdl_spawner/admin_view.py): the pure model and page
-from recorded ``scontrol`` output (Slurm 22.05), the reader with Slurm's commands
-answered from that recording, and the choice of source; no Slurm, no hub."""
+from ``squeue --json`` / ``sinfo --json`` output shaped as Slurm 22.05 writes it, the
+reader with Slurm's commands answered from that, and the choice of source; no Slurm,
+no hub."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import pytest
 
 from pdl_spawner import admin_view
 from pdl_spawner.admin_view import (
-    SLURM_RECLAIMS_NOTE, read_slurm_status, reader_from_env, render_page, slurm_epoch, slurm_job_owner,
-    slurm_status_model,
+    SLURM_RECLAIMS_NOTE, read_slurm_status, reader_from_env, render_page, slurm_job_owner, slurm_status_model,
 )
 from pdl_spawner.slurm_cli import SlurmCommands
 from pdl_spawner.slurm_jobs import parse_jobs, parse_nodes
@@ -23,69 +23,71 @@ pytestmark = pytest.mark.unit
 SCRIPT = "<script>alert(1)</script>"
 NOW = datetime(2026, 11, 25, tzinfo=timezone.utc).timestamp()  # 2026-11-25T00:00:00Z
 
-#: ``scontrol -d -o show job``: ann's PDL job on n1 and n2 (GPU 0 of each), cat's own
-#: job (not PDL's) on n3 (GPUs 0-1) and n10, gus's PDL job completing with no detail,
-#: and four pending jobs: ben's (2 GPUs, Resources), dan's named server (1 GPU, higher
-#: priority, an estimated start), fay's (a partition limit) and eve's without GPUs.
-JOBS = "\n".join([
-    "JobId=1 JobName=pdl:ann UserId=t1a2-ann(999) GroupId=t1a2-ann(999) MCS_label=N/A Priority=4294901759 Nice=0 "
-    "Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=0 Restarts=0 BatchFlag=1 "
-    "Reboot=0 ExitCode=0:0 DerivedExitCode=0:0 RunTime=00:26:19 TimeLimit=UNLIMITED TimeMin=N/A "
-    "SubmitTime=2026-11-24T23:33:40 EligibleTime=2026-11-24T23:33:40 AccrueTime=2026-11-24T23:33:40 "
-    "StartTime=2026-11-24T23:33:41 EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
-    "LastSchedEval=2026-11-24T23:33:41 Scheduler=Main Partition=gpu AllocNode:Sid=login:4242 ReqNodeList=(null) "
-    "ExcNodeList=(null) NodeList=n[1-2] BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 "
-    "ReqB:S:C:T=0:0:*:* TRES=cpu=2,node=2,billing=2 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
-    "JOB_GRES=gpu:2 Nodes=n[1-2] CPU_IDs=1 Mem=0 GRES=gpu:1(IDX:0) MinCPUsNode=1 MinMemoryNode=0 "
-    "MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) "
-    "Network=(null) Command=(null) WorkDir=/home/t1a2-ann StdErr=/dev/null StdIn=/dev/null StdOut=/dev/null "
-    "Power= CpusPerTres=gres:gpu:1 TresPerTask=gres:gpu:1",
-    "JobId=3 JobName=train UserId=t1a2-cat(996) GroupId=t1a2-cat(996) MCS_label=N/A Priority=4294901760 Nice=0 "
-    "Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) StartTime=2026-11-24T22:00:00 "
-    "EndTime=Unknown Partition=gpu NodeList=n[3,10] BatchHost=n3 NumNodes=2 NumCPUs=3 NumTasks=3 CPUs/Task=1 "
-    "TRES=cpu=3,node=2,billing=3 JOB_GRES=gpu:3 Nodes=n3 CPU_IDs=0-1 Mem=0 GRES=gpu:2(IDX:0-1) "
-    "Nodes=n10 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0) MinCPUsNode=1 Features=(null) Command=/home/t1a2-cat/train.sh "
-    "TresPerNode=gres:gpu:2",
-    "JobId=7 JobName=pdl:gus UserId=t1a2-gus(993) GroupId=t1a2-gus(993) Priority=4294901755 Nice=0 "
-    "JobState=COMPLETING Reason=None StartTime=2026-11-24T23:59:00 EndTime=2026-11-24T23:59:50 Partition=gpu "
-    "NodeList=n2 NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 JOB_GRES=gpu:1 TresPerTask=gres:gpu:1",
-    "JobId=2 JobName=pdl:ben UserId=t1a2-ben(995) GroupId=t1a2-ben(995) MCS_label=N/A Priority=4294901758 Nice=0 "
-    "Account=(null) QOS=(null) JobState=PENDING Reason=Resources Dependency=(null) StartTime=Unknown "
-    "EndTime=Unknown Partition=gpu NodeList=(null) NumNodes=1-2 NumCPUs=2 NumTasks=2 CPUs/Task=1 "
-    "TRES=cpu=2,node=1,billing=2 JOB_GRES=(null) TresPerTask=gres:gpu:1",
-    "JobId=4 JobName=pdl:dan:big UserId=t1a2-dan(994) GroupId=t1a2-dan(994) Priority=4294901800 Nice=0 "
-    "JobState=PENDING Reason=Priority StartTime=2026-11-25T01:00:00 EndTime=Unknown Partition=gpu "
-    "NodeList=(null) NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 JOB_GRES=(null) TresPerTask=gres:gpu:1",
-    "JobId=6 JobName=pdl:fay UserId=t1a2-fay(992) GroupId=t1a2-fay(992) Priority=4294901757 Nice=0 "
-    "JobState=PENDING Reason=PartitionNodeLimit StartTime=Unknown Partition=gpu NodeList=(null) NumNodes=8 "
-    "NumCPUs=8 NumTasks=8 CPUs/Task=1 JOB_GRES=(null) TresPerTask=gres:gpu:1",
-    "JobId=5 JobName=etl UserId=t1a2-eve(991) GroupId=t1a2-eve(991) Priority=1 Nice=0 JobState=PENDING "
-    "Reason=Priority StartTime=Unknown Partition=gpu NodeList=(null) NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1",
-])
 
-#: ``scontrol -o show node``: partition gpu has n1, n2, n3, n10 (two GPUs each, n10 one)
-#: and n4, down; n5 is in partition cpu only.
-_NODE = ("NodeName={name} Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 CPUEfctv=2 CPUTot=2 CPULoad=0.87 "
-         "AvailableFeatures=(null) ActiveFeatures=(null) Gres={gres} GresDrain=N/A GresUsed=gpu:1 "
-         "NodeAddr=10.78.0.{ip} NodeHostName={name} Version=22.05.8 OS=Linux 6.18.44 #1 SMP PREEMPT_DYNAMIC "
-         "RealMemory=1000 AllocMem=0 FreeMem=N/A Sockets=2 Boards=1 State={state} ThreadsPerCore=1 TmpDisk=0 "
-         "Weight=1 Owner=N/A MCS_label=N/A Partitions={parts} BootTime=2026-11-24T23:30:00 "
-         "SlurmdStartTime=2026-11-24T23:30:05 CfgTRES=cpu=2,mem=1000M,billing=2 AllocTRES=cpu=1")
-NODES = "\n".join(_NODE.format(name=name, gres=gres, ip=ip, state=state, parts=parts) for name, gres, ip, state, parts in [
-    ("n1", "gpu:2", 11, "MIXED", "gpu"), ("n10", "gpu:1", 20, "MIXED", "gpu"), ("n2", "gpu:2(S:0)", 12, "MIXED", "gpu"),
-    ("n3", "gpu:2", 13, "ALLOCATED", "gpu"), ("n4", "gpu:2", 14, "DOWN*", "gpu"), ("n5", "gpu:4", 15, "IDLE", "cpu"),
-])
+def at(hour: int, minute: int = 0, second: int = 0, day: int = 24) -> int:
+    """Epoch seconds of a time of 2026-11-``day``, UTC."""
+    return int(datetime(2026, 11, day, hour, minute, second, tzinfo=timezone.utc).timestamp())
+
+
+def sjob(job_id: int, name: str, user: str, state: str, *, reason: str = "None", priority: int = 4294901759,
+         start: int = 0, tasks: int = 1, node_count: int = 1, per_task: str = "gres:gpu:1", per_node: str = "",
+         placed: dict[str, str] | None = None) -> dict:
+    """One ``squeue --json`` job (the fields read, and a few others); ``placed``: node ->
+    its ``gres_detail`` entry, for a job Slurm has placed."""
+    placed = placed or {}
+    return {"job_id": job_id, "name": name, "user_name": user, "user_id": 900 + job_id, "account": "",
+            "job_state": state, "state_reason": reason, "partition": "gpu", "priority": priority,
+            "start_time": start, "end_time": 0, "nodes": ",".join(placed), "gres_detail": list(placed.values()),
+            "tres_per_task": per_task, "tres_per_job": "", "tres_per_node": per_node, "node_count": node_count,
+            "tasks": tasks,
+            "job_resources": {"nodes": ",".join(placed), "allocated_hosts": len(placed), "allocated_nodes": [
+                {"sockets": {"1": {"cores": {"0": "allocated"}}}, "nodename": node, "cpus_used": 0,
+                 "memory_used": 0, "memory_allocated": 0} for node in placed]} if placed else None}
+
+
+def squeue(*jobs: dict) -> str:
+    return json.dumps({"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "errors": [], "jobs": list(jobs)})
+
+
+#: ann's PDL job on n1 and n2 (GPU 0 of each), cat's own job (not PDL's) on n3 (GPUs
+#: 0-1) and n10, gus's PDL job completing with no placement, and four pending jobs:
+#: ben's (2 GPUs, Resources), dan's named server (1 GPU, higher priority, an estimated
+#: start), fay's (a partition limit) and eve's without GPUs.
+JOB_LIST = [
+    sjob(1, "pdl:ann", "t1a2-ann", "RUNNING", start=at(23, 33, 41), tasks=2, node_count=2,
+         placed={"n1": "gpu:1(IDX:0)", "n2": "gpu:1(IDX:0)"}),
+    sjob(3, "train", "t1a2-cat", "RUNNING", priority=4294901760, start=at(22), tasks=3, node_count=2, per_task="",
+         per_node="gres:gpu:2", placed={"n3": "gpu:2(IDX:0-1)", "n10": "gpu:1(IDX:0)"}),
+    sjob(7, "pdl:gus", "t1a2-gus", "COMPLETING", priority=4294901755, start=at(23, 59)),
+    sjob(2, "pdl:ben", "t1a2-ben", "PENDING", reason="Resources", priority=4294901758, tasks=2, node_count=2),
+    sjob(4, "pdl:dan:big", "t1a2-dan", "PENDING", reason="Priority", priority=4294901800, start=at(1, day=25)),
+    sjob(6, "pdl:fay", "t1a2-fay", "PENDING", reason="PartitionNodeLimit", priority=4294901757, tasks=8,
+         node_count=8),
+    sjob(5, "etl", "t1a2-eve", "PENDING", reason="Priority", priority=1, per_task=""),
+]
+JOBS = squeue(*JOB_LIST)
+
+#: ``sinfo --json``: partition gpu has n1, n2, n3, n10 (two GPUs each, n10 one) and n4,
+#: down; n5 is in partition cpu only. sinfo may list a node more than once.
+NODE_LIST = [
+    {"name": name, "hostname": name, "address": f"10.78.0.{ip}", "gres": gres, "gres_used": "gpu:1",
+     "state": state, "state_flags": flags, "partitions": parts, "operating_system": "Linux 6.18.44 #1 SMP"}
+    for name, gres, ip, state, flags, parts in [
+        ("n1", "gpu:2", 11, "mixed", [], ["gpu"]), ("n10", "gpu:1", 20, "mixed", [], ["gpu"]),
+        ("n2", "gpu:2(S:0)", 12, "mixed", [], ["gpu"]), ("n3", "gpu:2", 13, "allocated", [], ["gpu"]),
+        ("n4", "gpu:2", 14, "down", ["NOT_RESPONDING"], ["gpu"]), ("n5", "gpu:4", 15, "idle", [], ["cpu"]),
+        ("n1", "gpu:2", 11, "mixed", [], ["gpu"]),
+    ]
+]
+NODES = json.dumps({"meta": {}, "errors": [], "nodes": NODE_LIST})
 PARTITIONS = ("PartitionName=gpu AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL Default=YES QoS=N/A "
               "Nodes=n[1-4,10] State=UP TotalCPUs=10\n"
               "PartitionName=cpu AllowGroups=ALL Default=NO Nodes=n5 State=UP TotalCPUs=2\n")
-#: ``scontrol show hostnames <list>``, for the lists the jobs above name.
-HOSTNAMES = {"n[1-2]": ["n1", "n2"], "n3": ["n3"], "n10": ["n10"]}
 
 
 def model(jobs=JOBS, nodes=NODES, **kwargs) -> dict:
     kwargs.setdefault("default_partition", "gpu")
-    return slurm_status_model(parse_jobs(jobs), parse_nodes(nodes), HOSTNAMES.__getitem__, NOW, tz=timezone.utc,
-                              **kwargs)
+    return slurm_status_model(parse_jobs(jobs), parse_nodes(nodes), NOW, **kwargs)
 
 
 def test_one_row_per_held_gpu_by_node_pdl_jobs_as_their_hub_user_others_as_their_account():
@@ -128,21 +130,39 @@ def test_the_queue_is_the_pending_jobs_that_want_gpus_in_slurms_order_with_its_r
     ]  # eve's job asks for no GPU
 
 
-def test_owners_and_times_as_slurm_writes_them():
+def test_owners_as_slurm_writes_them():
     def job(name):
-        return parse_jobs(f"JobId=9 JobName={name} UserId=t1a2-x(1) JobState=RUNNING Partition=gpu")[0]
+        return parse_jobs(squeue(sjob(9, name, "t1a2-x", "RUNNING")))[0]
 
     assert slurm_job_owner(job("pdl:ann")) == ("ann", "ann", "")
     assert slurm_job_owner(job("pdl:ann:big")) == ("ann/big", "ann", "big")
     assert slurm_job_owner(job("pdl:")) == ("t1a2-x", "t1a2-x", "")
     assert slurm_job_owner(job("jupyter")) == ("t1a2-x", "t1a2-x", "")
-    assert slurm_epoch("2026-11-24T23:33:41", timezone.utc) == datetime(2026, 11, 24, 23, 33, 41,
-                                                                      tzinfo=timezone.utc).timestamp()
-    assert slurm_epoch("") is None and slurm_epoch("Unknown") is None
+
+
+def test_a_job_name_that_looks_like_other_fields_shows_as_the_jobs_own_account():
+    forged = sjob(1, "x JobId=9 UserId=root(0) y", "pdl-sl-ann", "RUNNING", start=at(23), tasks=2, node_count=2,
+                  placed={"n1": "gpu:1(IDX:0)", "n2": "gpu:1(IDX:0)"})
+    rows = model(jobs=squeue(forged))["reservations"]
+    assert [(r["node"], r["slot"], r["job"], r["owner"], r["account"], r["pdl"]) for r in rows] == [
+        ("n1", "gpu:0", 1, "pdl-sl-ann", "pdl-sl-ann", False), ("n2", "gpu:0", 1, "pdl-sl-ann", "pdl-sl-ann", False)]
+
+
+def test_times_are_slurms_epoch_seconds_and_unknown_when_zero():
+    running = sjob(1, "pdl:ann", "t1a2-ann", "RUNNING", start=0, placed={"n1": "gpu:1(IDX:1)"})
+    [row] = model(jobs=squeue(running))["reservations"]
+    assert (row["node"], row["slot"], row["since"], row["held_s"]) == ("n1", "gpu:1", "", None)
+    assert "<td>gpu:1</td><td>n1</td><td>ann</td><td>t1a2-ann</td><td>1</td><td>RUNNING</td><td></td><td></td>" \
+        in render_page(model(jobs=squeue(running)))
+    newer = {**running, "start_time": {"set": True, "infinite": False, "number": at(23)}, "job_state": ["RUNNING"],
+             "job_id": {"set": True, "infinite": False, "number": 1}}
+    [row] = model(jobs=squeue(newer))["reservations"]
+    assert (row["job"], row["state"], row["since"], row["held_s"]) == (1, "RUNNING", "2026-11-24T23:00:00Z", 3600)
 
 
 def test_the_slurm_page_escapes_names_shows_both_tables_and_says_where_reclaims_are():
-    hostile = JOBS.replace("JobName=train", f"JobName={SCRIPT}").replace("JobName=pdl:ben", f"JobName=pdl:{SCRIPT}")
+    names = {"train": SCRIPT, "pdl:ben": f"pdl:{SCRIPT}"}
+    hostile = squeue(*({**j, "name": names.get(j["name"], j["name"])} for j in JOB_LIST))
     page = render_page(model(jobs=hostile))
     assert "<script" not in page
     assert "Partition gpu, nodes n1, n2, n3, n4, n10: 2 of 9 GPU(s) free; not available: n4." in page
@@ -155,29 +175,41 @@ def test_the_slurm_page_escapes_names_shows_both_tables_and_says_where_reclaims_
     assert "<td>PartitionNodeLimit (will not start)</td><td>unknown</td>" in page
     assert f"<h2>Recent reclaims</h2>\n<p class=\"empty\">{escape(SLURM_RECLAIMS_NOTE)}</p>" in page
     assert "could not be read" not in page
-    empty = render_page(model(jobs=""))
+    empty = render_page(model(jobs=squeue()))
     assert "No GPU is held." in empty and "Nobody is waiting." in empty and "7 of 9 GPU(s) free" in empty
 
 
 def test_an_unreadable_slurm_is_one_line_on_the_page_not_an_exception(tmp_path):
-    status = read_slurm_status(partition="gpu", slurm_env={"PATH": str(tmp_path)})  # no scontrol there
+    status = read_slurm_status(partition="gpu", slurm_env={"PATH": str(tmp_path)})  # no squeue there
     assert status["pool"] is None and status["free"] is None and status["reservations"] == []
-    assert status["partition"] == "gpu" and status["error"].startswith("scontrol: cannot run it")
+    assert status["partition"] == "gpu" and status["error"].startswith("squeue: cannot run it")
     assert "\n" not in status["error"]
     page = render_page(status)
-    assert '<p class="error">Slurm could not be read: scontrol: cannot run it' in page
+    assert '<p class="error">Slurm could not be read: squeue: cannot run it' in page
     assert "Partition gpu, nodes (none): GPUs unknown." in page
 
 
-def test_the_reader_asks_slurms_own_commands_and_expands_node_lists_with_them(monkeypatch):
+@pytest.mark.parametrize("out", ["squeue: error: invalid option\nnot JSON\n", "[1, 2]", '{"jobs": null}',
+                                 '{"jobs": [null]}'])
+def test_slurm_output_that_is_not_the_json_expected_is_one_line_on_the_page(monkeypatch, out):
+    async def run(self, argv, *, account=None, timeout=30.0):
+        return out if argv[0] == "squeue" else {"sinfo": NODES, "scontrol": PARTITIONS}[argv[0]]
+
+    monkeypatch.setattr(SlurmCommands, "run", run)
+    status = read_slurm_status(partition="gpu", slurm_env={"PATH": "/usr/bin"})
+    assert status["pool"] is None and status["reservations"] == [] and status["queue"] == []
+    assert status["error"].startswith("Slurm's output could not be understood: ") and "\n" not in status["error"]
+    assert '<p class="error">Slurm could not be read: Slurm&#x27;s output could not be understood' in \
+        render_page(status)
+
+
+def test_the_reader_asks_slurms_own_commands_for_json_and_expands_no_node_list(monkeypatch):
     asked = []
 
     async def run(self, argv, *, account=None, timeout=30.0):
         asked.append(argv)
         assert account is None and self.env["SLURM_CONF"] == "/etc/lab/slurm.conf"
-        if argv[:3] == ["scontrol", "show", "hostnames"]:
-            return "\n".join(HOSTNAMES[argv[3]]) + "\n"
-        return {("scontrol", "-d", "-o", "show", "job"): JOBS, ("scontrol", "-o", "show", "node"): NODES,
+        return {("squeue", "--all", "--json"): JOBS, ("sinfo", "--json"): NODES,
                 ("scontrol", "-o", "show", "partition"): PARTITIONS}[tuple(argv)]
 
     monkeypatch.setattr(SlurmCommands, "run", run)
@@ -186,10 +218,10 @@ def test_the_reader_asks_slurms_own_commands_and_expands_node_lists_with_them(mo
     assert status["error"] is None and status["partition"] == "gpu" and status["free"] == ["n1/gpu:1", "n2/gpu:1"]
     assert [(r["node"], r["slot"], r["job"]) for r in status["reservations"]][:5] == \
         [("n1", "gpu:0", 1), ("n2", "gpu:0", 1), ("n3", "gpu:0", 3), ("n3", "gpu:1", 3), ("n10", "gpu:0", 3)]
-    assert sorted(a[3] for a in asked if a[1] == "show") == ["n10", "n3", "n[1-2]"]  # each list once
+    assert asked == [["squeue", "--all", "--json"], ["sinfo", "--json"], ["scontrol", "-o", "show", "partition"]]
     asked.clear()
     assert read_slurm_status(partition="cpu", slurm_env=env)["nodes"] == ["n5"]
-    assert ["scontrol", "-o", "show", "partition"] not in asked  # PDL named its partition
+    assert asked == [["squeue", "--all", "--json"], ["sinfo", "--json"]]  # PDL named its partition
 
 
 def test_the_environment_picks_the_slurm_source_with_no_file():
