@@ -201,9 +201,11 @@ def parse_nodes(text: str) -> list[SlurmNode]:
             continue
         seen.add(name)
         gres = _GPU_COUNT.search(str(node.get("gres") or ""))
-        flags = [_word(f) for f in node.get("state_flags") or []]
+        state = node.get("state")
+        words = [str(w) for w in state] if isinstance(state, list) else [str(state or "")]
+        words += [str(f) for f in node.get("state_flags") or []]
         nodes.append(SlurmNode(name=name, addr=str(node.get("address") or ""), gpus=int(gres.group(1)) if gres else 0,
-                               state="+".join([_word(node.get("state"))] + flags),
+                               state="+".join(w for w in words if w),
                                partitions=tuple(str(p) for p in node.get("partitions") or [])))
     return nodes
 

@@ -140,8 +140,6 @@ def test_the_newer_schema_numbers_as_dicts_and_states_as_lists():
     assert not parse_nodes(sinfo(changed(NODE, state=["DOWN"])))[0].usable
 
 
-@pytest.mark.xfail(strict=True, reason="parse_nodes keeps only the first word of a state list (_word), so a newer "
-                   "Slurm's drained node, state ['IDLE', 'DRAIN'], reads as 'IDLE' and counts as usable")
 def test_a_node_drained_in_the_newer_state_list_is_not_usable():
     [n2] = parse_nodes(sinfo(changed(NODE, state=["IDLE", "DRAIN"])))
     assert not n2.usable

@@ -1,0 +1,61 @@
+"""Idle engines on Slurm: the server stops its steps, the hub cancels the job, so Slurm
+has the GPUs back; the next cell asks Slurm for a new job, and says why not while
+Slurm cannot start one."""
+
+from __future__ import annotations
+
+import pytest
+
+from fault_cells import SUM, magic
+from hub_harness import Kernel
+from slurm_hub_harness import slurm_engines, slurm_hub_fixture
+from waiting import wait_until
+
+pytestmark = pytest.mark.slurm
+
+IDLE_S = 10  # long enough for the test's steps between two idle periods on a busy machine
+
+
+@pytest.fixture(scope="module")
+def hub(slurm, tmp_path_factory):
+    yield from slurm_hub_fixture(tmp_path_factory.mktemp("slurm-reclaim"), slurm, ["admin", "ann", "ben"],
+                                 hub_env={"PDL_ENGINE_IDLE_TIMEOUT": str(IDLE_S)})
+
+
+def test_idle_engines_end_the_job_and_the_next_cell_asks_slurm_again(hub, slurm):
+    hub.spawn("ann", 2)
+    hub.wait_ready("ann", timeout=120)
+    [first] = hub.pdl_jobs("ann")
+    kernel = Kernel(hub, "ann")
+    try:
+        kernel.execute_ok("%load_ext pdl_magics")
+        assert "sum 2" in kernel.execute_ok(magic(SUM, 2), timeout=120)["stdout"]
+        kernel.execute_ok("x = 41")  # kernel state, which must survive the release
+
+        # idle: the job ends, in Slurm's own view, and the notebook server stays
+        wait_until(lambda: not hub.pdl_jobs("ann"), 90, what=lambda: f"ann's idle job to end: {slurm.jobs()}")
+        wait_until(lambda: not slurm_engines(hub.root), 30, what="her engine steps to end")
+        assert hub.server_ready("ann")
+        assert f"Reclaimed Slurm job {first['id']} from ann: engines idle for {IDLE_S} s" in hub.log_tail(400)
+
+        # Slurm's GPUs go to ben; ann's next cell is refused with Slurm's reason
+        hub.spawn("ben", 2)
+        hub.wait_ready("ben", timeout=120)
+        out = kernel.execute(magic(SUM, 2), timeout=120)
+        assert "Slurm cannot start 2 GPU(s) for you now (reason Resources)" in out["stderr"], out
+        assert "sum" not in out["stdout"]
+
+        # ben stops: ann's next cell gets a new job and runs, with her kernel's state
+        hub.api("DELETE", "/users/ben/server")
+        wait_until(lambda: not hub.pdl_jobs("ben"), 60, what="ben's job to end")
+        out = kernel.execute_ok(magic(SUM, 2), timeout=180)
+        assert "sum 2" in out["stdout"], out
+        [second] = hub.pdl_jobs("ann")
+        assert second["id"] != first["id"] and second["state"] == "RUNNING"
+        assert {env["SLURM_JOB_ID"] for env in slurm_engines(hub.root).values()} == {second["id"]}
+        assert kernel.execute_ok("print(x + 1)")["stdout"].strip() == "42"
+    finally:
+        kernel.close()
+        hub.api("DELETE", "/users/ann/server")
+        hub.api("DELETE", "/users/ben/server")
+    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
