@@ -20,7 +20,7 @@ A spawner adds only its own I/O and specs, by providing:
 The core owns the rules: every count, whatever its source (the form, a REST body, a
 lease request), passes :meth:`SpawnerCore.checked_workers` against the same
 :attr:`SpawnerCore.workers_limit`; only ``workers`` and ``queue`` are options a user
-may set; a request is refused (HTTP 409, one line) while others wait in the queue,
+may set, and those the spawner adds (:meth:`SpawnerCore.more_user_options`); a request is refused (HTTP 409, one line) while others wait in the queue,
 and when it asks for more than are free; takes are serialised within the hub process.
 """
 
@@ -75,6 +75,12 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         answer for the user's server. HTTPError (one line) when they cannot be had."""
         raise NotImplementedError
 
+    def more_user_options(self) -> dict[str, str]:
+        """Options besides ``workers`` and ``queue`` that this spawner lets users set,
+        each with what is valid for it (for the refusal's one line); the spawner checks
+        their values. None by default."""
+        return {}
+
     # -- how many ---------------------------------------------------------------------
 
     @property
@@ -98,7 +104,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         ``env``, ...) is refused."""
         try:
             return form.requested_workers(self.user_options, default=self.default_workers,
-                                          maximum=self.workers_limit)
+                                          maximum=self.workers_limit, more=self.more_user_options())
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 

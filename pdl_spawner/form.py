@@ -98,17 +98,21 @@ def check_workers(n, *, maximum: int) -> None:
 USER_OPTIONS = ("workers", "queue")
 
 
-def requested_workers(user_options, *, default: int, maximum: int) -> int:
+def requested_workers(user_options, *, default: int, maximum: int, more: dict[str, str] | None = None) -> int:
     """How many workers a spawn asks for, from its ``user_options`` (REST body or form).
 
     ``default`` when ``workers`` is not given. ValueError, one line naming the valid
-    option and its range, when the options hold any other key (``image``,
+    options and their range, when the options hold any other key (``image``,
     ``volumes``, ``env``, ...) or ``workers`` is not a whole number from 1 to ``maximum``.
+    ``more``: further options this spawner lets users set -> what is valid for each
+    (e.g. ``{"partition": "gpu or big"}``); their values are the spawner's to check.
     """
-    valid = f"the options are 'workers', a whole number from 1 to {maximum}, and 'queue', true or false"
+    more = more or {}
+    extra = "".join(f", {name!r}, {valid_values}" for name, valid_values in more.items())
+    valid = f"the options are 'workers', a whole number from 1 to {maximum}{extra}, and 'queue', true or false"
     if not isinstance(user_options, dict):
         raise ValueError(f"spawn options must be a JSON object; {valid}")
-    unknown = sorted(ascii(str(key)[:30]) for key in user_options if key not in USER_OPTIONS)
+    unknown = sorted(ascii(str(key)[:30]) for key in user_options if key not in USER_OPTIONS and key not in more)
     if unknown:
         raise ValueError(f"spawn option not allowed: {', '.join(unknown)}; {valid}")
     if not isinstance(user_options.get("queue", False), bool):

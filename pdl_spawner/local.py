@@ -226,7 +226,7 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
         except NotEnoughSlots as e:
             raise NotEnoughWorkers(e.wanted, WorkerUsage(total=len(self.pool), holders=e.holders)) from None
 
-    def _release_now(self) -> list[str]:
+    def release_blocking(self) -> list[str]:
         """Free every slot the ledger holds for this server (blocks on the ledger)."""
         released = self.ledger.release(self.owner)
         if released:
@@ -239,7 +239,7 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
 
     async def release(self) -> None:
         self.forget_port()
-        await off_loop(self._release_now)
+        await off_loop(self.release_blocking)
 
     # -- process -------------------------------------------------------------
 
@@ -459,7 +459,7 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
         never recorded). Queued on the database thread: done before any later call."""
         super().clear_state()
         self.forget_port()
-        submit(self._release_now)
+        submit(self.release_blocking)
         self.slots = []
 
 

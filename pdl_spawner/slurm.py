@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
 
 from tornado import web
@@ -41,7 +40,7 @@ from traitlets import Dict, Integer, List, Unicode, default
 
 from pdl_server.contract import ServerContract
 
-from . import slurm_jobs
+from . import slurm_form, slurm_jobs
 from .local import PDLLocalSpawner
 from .slurm_cli import SlurmCommands, SlurmError
 from .slurm_jobs import SlurmJob
@@ -62,9 +61,21 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         help="Slurm partition of the reservations; empty: the cluster's default partition.",
     )
 
+    partitions = List(
+        Unicode(), config=True,
+        help="""Partitions users may choose in the spawn form (the first is the default);
+        with fewer than two, there is no choice and `partition` is used.""",
+    )
+
     time_limit = Integer(
         0, config=True,
         help="Time limit of a reservation (minutes, sbatch --time); 0: the partition's default.",
+    )
+
+    max_time_limit = Integer(
+        0, config=True,
+        help="""Longest time limit (minutes) users may choose in the spawn form, which then
+        asks for one (pre-filled with `time_limit`, else this); 0: no choice.""",
     )
 
     cpus_per_gpu = Integer(1, config=True, help="CPU cores each engine's task gets (sbatch --cpus-per-task).")
@@ -98,7 +109,7 @@ class PDLSlurmSpawner(PDLLocalSpawner):
 
     job_id = Integer(0, help="This server's reservation job (spawner state); 0: none.")
 
-    #: GPUs of each partition, as last read from Slurm: partition ("" default) -> count.
+    #: GPUs of each partition, as last read from Slurm: partition ("": the default) -> count.
     _capacity: dict[str, int] = {}
 
     # -- Slurm ------------------------------------------------------------------------
@@ -126,29 +137,67 @@ class PDLSlurmSpawner(PDLLocalSpawner):
     def worker_capacity(self) -> int:
         """The GPUs of the partition's usable nodes (read once from Slurm, then kept
         current by :meth:`worker_usage`)."""
-        if self.partition not in PDLSlurmSpawner._capacity:
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.slurm_env}
-            bin_dir = self.slurm_bin_dir
+        partition = self.chosen_partition
+        if partition not in PDLSlurmSpawner._capacity:
             try:
-                out = subprocess.run([os.path.join(bin_dir, "sinfo") if bin_dir else "sinfo", "--json"], env=env,
-                                     capture_output=True, text=True, timeout=10, check=True).stdout
-                parts = subprocess.run([os.path.join(bin_dir, "scontrol") if bin_dir else "scontrol", "-o", "show",
-                                        "partition"], env=env, capture_output=True, text=True, timeout=10,
-                                       check=True).stdout
-            except (OSError, subprocess.SubprocessError) as e:
-                raise web.HTTPError(503, f"cannot read Slurm's nodes: {e}") from None
-            default_part = slurm_jobs.default_partition(parts)
-            nodes = slurm_jobs.in_partition(self.partition, slurm_jobs.parse_nodes(out), default_part)
-            PDLSlurmSpawner._capacity[self.partition] = sum(n.gpus for n in nodes if n.usable)
-        return max(1, PDLSlurmSpawner._capacity[self.partition])
+                PDLSlurmSpawner._capacity[partition] = self.slurm.partition_gpus_sync(partition)
+            except SlurmError as e:
+                raise web.HTTPError(503, str(e), reason=str(e)) from None
+        return max(1, PDLSlurmSpawner._capacity[partition])
 
     async def worker_usage(self) -> WorkerUsage:
         nodes, jobs, default_part = await asyncio.gather(self.slurm.nodes(), self.slurm.jobs(),
                                                          self.slurm.default_partition())
-        usage = slurm_jobs.gpu_usage(nodes, jobs, partition=self.partition, default_partition=default_part,
+        partition = self.chosen_partition
+        usage = slurm_jobs.gpu_usage(nodes, jobs, partition=partition, default_partition=default_part,
                                      exclude_job=self.job_id or None)
-        PDLSlurmSpawner._capacity[self.partition] = usage.total
+        PDLSlurmSpawner._capacity[partition] = usage.total
         return usage
+
+    # -- what the user may choose ------------------------------------------------------
+
+    def more_user_options(self) -> dict[str, str]:
+        """``partition`` and ``time_limit``, where the admin offers a choice."""
+        more = {}
+        if len(self.partitions) > 1:
+            more["partition"] = slurm_form.valid_partitions(self.partitions)
+        if self.max_time_limit:
+            more["time_limit"] = slurm_form.valid_time_limits(self.max_time_limit)
+        return more
+
+    def _chosen(self, name: str, check, *args):
+        options = self.user_options if isinstance(self.user_options, dict) else {}
+        if name not in options or name not in self.more_user_options():
+            return None
+        try:
+            return check(options[name], *args)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
+
+    @property
+    def chosen_partition(self) -> str:
+        """The partition of this spawn: the user's choice among `partitions`, else `partition`."""
+        chosen = self._chosen("partition", slurm_form.check_partition, self.partitions)
+        return chosen or (self.partitions[0] if len(self.partitions) > 1 else self.partition)
+
+    @property
+    def chosen_time_limit(self) -> int:
+        """The time limit (minutes) of this spawn: the user's choice up to `max_time_limit`, else `time_limit`."""
+        chosen = self._chosen("time_limit", slurm_form.check_time_limit, self.max_time_limit)
+        return chosen or self.time_limit
+
+    async def render_options_form(self, spawner=None) -> str:
+        return await super().render_options_form(spawner) + slurm_form.render_fields(
+            partitions=list(self.partitions), max_time_min=self.max_time_limit, default_time_min=self.time_limit)
+
+    def options_from_form(self, formdata):
+        options = super().options_from_form(formdata)
+        try:
+            options.update(slurm_form.parse_fields(formdata, partitions=list(self.partitions),
+                                                   max_time_min=self.max_time_limit))
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        return options
 
     # -- the reservation: one job -------------------------------------------------------
 
@@ -172,6 +221,9 @@ class PDLSlurmSpawner(PDLLocalSpawner):
     async def claim_workers(self) -> list[str]:
         """The spawn's GPUs: the user's account first (the job is submitted as it)."""
         n = self.requested_workers()
+        partition, time_limit = self.chosen_partition, self.chosen_time_limit  # a bad choice: 400, nothing made
+        self.log.info("%s asks Slurm for %d GPU(s) in partition %s, time limit %s", self.owner, n,
+                      partition or "(default)", f"{time_limit} min" if time_limit else "(default)")
         await asyncio.to_thread(self.prepare_account)
         return await self.take_workers(n, wait=self.wants_queue)
 
@@ -182,7 +234,8 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         ``queue_timeout`` in Slurm's queue.
         Returns the engines' slots ``gpu:0..n-1``; the job is :attr:`job_id`."""
         await self.slurm.cancel_named(self.account, self.job_name)  # left by a crash mid-spawn
-        argv = slurm_jobs.sbatch_argv(self.job_name, n, partition=self.partition, time_limit_min=self.time_limit,
+        argv = slurm_jobs.sbatch_argv(self.job_name, n, partition=self.chosen_partition,
+                                      time_limit_min=self.chosen_time_limit,
                                       cpus_per_gpu=self.cpus_per_gpu, extra=tuple(self.sbatch_args))
         try:
             self.job_id = await self.slurm.submit(argv, account=self.account)
@@ -241,14 +294,11 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         await self._cancel_job()
         await self.slurm.cancel_named(self.account, self.job_name)
 
-    def _release_now(self) -> list[str]:
+    def release_blocking(self) -> list[str]:
         """From clear_state (on the hub's worker thread): cancel the server's PDL jobs by name."""
-        cmd = os.path.join(self.slurm_bin_dir, "scancel") if self.slurm_bin_dir else "scancel"
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.slurm_env}
         try:
-            subprocess.run([cmd, f"--user={self.account}", f"--name={self.job_name}"], env=env,
-                           capture_output=True, timeout=30)
-        except (OSError, subprocess.SubprocessError, web.HTTPError) as e:
+            self.slurm.cancel_named_sync(self.account, self.job_name)
+        except (SlurmError, web.HTTPError) as e:
             self.log.warning("could not cancel the Slurm jobs of %s: %s", self.owner, e)
         return []
 

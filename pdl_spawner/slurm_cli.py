@@ -65,6 +65,30 @@ class SlurmCommands:
             raise SlurmError(f"{argv[0]}: {said}")
         return out.decode(errors="replace")
 
+    def run_sync(self, argv: list[str], *, timeout: float = COMMAND_TIMEOUT_S) -> str:
+        """:meth:`run` as the hub's user, blocking: for the few places that cannot await
+        (a first look at the GPUs there are; JupyterHub's synchronous clear_state)."""
+        import subprocess
+
+        try:
+            done = subprocess.run(self._argv(argv), env=self.env, cwd="/", stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=timeout)
+        except OSError as e:
+            raise SlurmError(f"{argv[0]}: cannot run it ({e.strerror}); is Slurm's client installed on the hub's "
+                             f"machine?") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{argv[0]} did not answer within {timeout:g} s (is slurmctld up?)") from None
+        if done.returncode != 0:
+            said = " ".join((done.stderr or done.stdout).decode(errors="replace").split())[:300]
+            raise SlurmError(f"{argv[0]}: {said or f'exit status {done.returncode}'}")
+        return done.stdout.decode(errors="replace")
+
+    def partition_gpus_sync(self, partition: str) -> int:
+        """GPUs of the usable nodes of ``partition`` ("" : the default one), blocking."""
+        default = slurm_jobs.default_partition(self.run_sync(["scontrol", "-o", "show", "partition"]))
+        nodes = slurm_jobs.in_partition(partition, slurm_jobs.parse_nodes(self.run_sync(["sinfo", "--json"])), default)
+        return sum(n.gpus for n in nodes if n.usable)
+
     async def jobs(self) -> list[SlurmJob]:
         """Every job in Slurm's queue (pending, running, completing), all users."""
         return slurm_jobs.parse_jobs(await self.run(["squeue", "--all", "--json"]))
@@ -99,3 +123,7 @@ class SlurmCommands:
     async def cancel_named(self, account: str, name: str) -> None:
         """Cancel every job of ``account`` named ``name`` (none is no error)."""
         await self.run(["scancel", f"--user={account}", f"--name={name}"])
+
+    def cancel_named_sync(self, account: str, name: str) -> None:
+        """:meth:`cancel_named`, blocking."""
+        self.run_sync(["scancel", f"--user={account}", f"--name={name}"])

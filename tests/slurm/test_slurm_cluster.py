@@ -31,7 +31,7 @@ def wait_job(slurm, job_id: int, timeout: float = 30, **expected: str) -> dict:
 
 
 def test_sinfo_shows_three_idle_nodes_with_one_gpu_each(clean_slurm):
-    sinfo = ("sinfo", "-N", "-h", "-o", "%N %t %G")
+    sinfo = ("sinfo", "-N", "-h", "-p", "gpu", "-o", "%N %t %G")
     expected = [f"{n} idle gpu:1" for n in NODES]
     assert clean_slurm.run(*sinfo, user=ANN, check=True).stdout.splitlines() == expected
     # the same from the root namespace (over pdl-sl-host), where PDL's hub runs

@@ -4,6 +4,7 @@ Slurm's own view says who holds which GPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def hub(slurm, tmp_path_factory):
-    yield from slurm_hub_fixture(tmp_path_factory.mktemp("slurm-hub"), slurm, ["admin", "ann", "ben"])
+    yield from slurm_hub_fixture(tmp_path_factory.mktemp("slurm-hub"), slurm, ["admin", "ann", "ben"],
+                                 extra_config='c.PDLSlurmSpawner.partitions = ["gpu", "short"]\n'
+                                              'c.PDLSlurmSpawner.max_time_limit = 30')
 
 
 def test_three_gpus_are_one_job_of_the_users_account_and_ddp_trains_across_the_nodes(hub, slurm):
@@ -175,4 +178,32 @@ def test_ben_cannot_reach_anns_job_engines_or_files(hub, slurm):
     assert anns_engine in slurm_engines(hub.root)
     for user in ("ann", "ben"):
         hub.api("DELETE", f"/users/{user}/server")
+    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+
+
+def test_the_form_offers_the_admins_partitions_and_time_limits_and_refuses_others(hub, slurm):
+    """Guards PDLSlurmSpawner.more_user_options and slurm_form: a partition or time
+    limit the admin did not offer is refused in one line naming the valid ones, and
+    nothing is submitted."""
+    page = hub.login("ann").get(f"{hub.url}/hub/spawn").text
+    assert "3 of 3 GPUs free" in page
+    assert 'name="partition"' in page and '<option value="gpu">' in page and '<option value="short">' in page
+    assert 'name="time_limit"' in page and 'max="30"' in page
+    for options, refusal in (({"workers": 1, "partition": "secret"}, "partition must be one of 'gpu', 'short'"),
+                             ({"workers": 1, "time_limit": 99}, "time_limit must be minutes, a whole number from 1 "
+                                                                "to 30, got 99"),
+                             ({"workers": 1, "qos": "high"}, "spawn option not allowed: 'qos'")):
+        r = hub.api("POST", "/users/ann/server", json=options)
+        assert r.status_code == 400 and refusal in r.json()["message"], (options, r.text)
+    assert not hub.pdl_jobs("ann")
+
+    # the user's choice reaches Slurm
+    r = hub.api("POST", "/users/ann/server", json={"workers": 2, "partition": "short", "time_limit": 20})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("ann", timeout=120)
+    [job] = hub.pdl_jobs("ann")
+    seen = next(j for j in json.loads(slurm.run("squeue", "--json", check=True).stdout)["jobs"]
+                if str(j["job_id"]) == job["id"])
+    assert seen["partition"] == "short" and seen["time_limit"] in (20, {"set": True, "infinite": False, "number": 20})
+    hub.api("DELETE", "/users/ann/server")
     wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
