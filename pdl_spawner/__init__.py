@@ -13,6 +13,11 @@
   :mod:`pdl_spawner.swarm_state` (the server's state, task facts, ports; pure) and
   :mod:`pdl_spawner.swarm_networks` (each server's private network); and
   :mod:`pdl_spawner.hub_address` (where the hub's proxy listens on a manager).
+- :mod:`pdl_spawner.slurm`: a Slurm cluster (each server's GPUs one job of the user's
+  account, its engines the job's steps), with :mod:`pdl_spawner.slurm_cli` (the one
+  place that runs Slurm's commands), :mod:`pdl_spawner.slurm_jobs` (their arguments
+  and JSON read into jobs and nodes; pure) and :mod:`pdl_spawner.slurm_form` (the
+  form's partition and time limit; pure). Slurm holds the reservations: no ledger.
 - :mod:`pdl_spawner.queueing` and :mod:`pdl_spawner.wait_queue`: the fair queue for
   busy workers; :mod:`pdl_spawner.idle_engines`: idle engines giving them back.
 - :mod:`pdl_spawner.reservations`: the persistent slot ledger (one machine).

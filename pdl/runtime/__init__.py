@@ -12,4 +12,5 @@ controller), never in the hub or the notebook's kernel.
 - :mod:`pdl.runtime.boot`: the engine and controller process entry point (pinned to
   its slot, dies with its parent, no new privileges).
 - :mod:`pdl.runtime.swarm_boot`: ``pdl-engine``, an engine in a Docker Swarm task.
+- :mod:`pdl.runtime.slurm_boot`: an engine as a step of the user's Slurm job.
 """
