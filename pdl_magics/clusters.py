@@ -103,13 +103,14 @@ def srun_engine_cmd(slurm_job: int) -> list[str]:
 
 def start_slot_engines(cluster, slots: list[str], pool_size: int, slurm_job: int = 0) -> None:
     """Start one engine per slot (blocking): a process pinned to it (its own pinning
-    environment), or, with ``slurm_job``, a step of that job on a GPU Slurm binds."""
+    environment), or, with ``slurm_job``, a step of that job on a GPU Slurm binds (the
+    slot then names the engine's worker of the reservation, not a GPU index)."""
     for slot in slots:
         on_launcher_thread(
             cluster.start_engines_sync,
             n=1,
             engine_set_id=slot_engine_set_id(slot),
-            environment={} if slurm_job else engine_env(slot, pool_size),
+            environment={"PDL_SLOT": slot} if slurm_job else engine_env(slot, pool_size),
             engine_cmd=srun_engine_cmd(slurm_job) if slurm_job else [*_BOOT, "engine"],
         )
 

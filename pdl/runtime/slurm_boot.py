@@ -22,8 +22,10 @@ from pdl.runtime.swarm_boot import collective_iface_env
 def slurm_engine_env(environ: Mapping[str, str]) -> dict[str, str]:
     """What an engine in a Slurm step sets, from Slurm's variables:
 
-    - ``PDL_SLOT``: ``gpu:<index>`` of the first GPU Slurm bound on this node
-      (``SLURM_STEP_GPUS``), ``cpu:0`` without one; ``PDL_GPU``: Slurm's list;
+    - ``PDL_SLOT``: the worker of the reservation the server started this engine for
+      (``PDL_SLOT`` as srun passed it on), else ``gpu:<index>`` of the first GPU Slurm
+      bound on this node (``SLURM_STEP_GPUS``), ``cpu:0`` without one; ``PDL_GPU``:
+      Slurm's list of the GPUs bound on this node;
     - ``PDL_ENGINE_HOST``: the node's Slurm name (``SLURMD_NODENAME``);
     - ``PDL_ENGINE_ADDR``: this node's address on the route to the controller
       (``PDL_CONTROLLER_IP``), where the other ranks reach it, and
@@ -35,7 +37,7 @@ def slurm_engine_env(environ: Mapping[str, str]) -> dict[str, str]:
     gpus = environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or ""
     first = gpus.split(",")[0].strip()
     env = {
-        "PDL_SLOT": f"gpu:{int(first)}" if first.isdigit() else "cpu:0",
+        "PDL_SLOT": environ.get("PDL_SLOT") or (f"gpu:{int(first)}" if first.isdigit() else "cpu:0"),
         "PDL_GPU": gpus,
         "PDL_ENGINE_HOST": environ.get("SLURMD_NODENAME", ""),
         "OMP_NUM_THREADS": environ.get("SLURM_CPUS_PER_TASK", "1"),

@@ -44,3 +44,10 @@ def test_the_admins_interface_and_address_are_kept():
     assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("ib0", "lo")
     given = slurm_engine_env({**STEP, "PDL_CONTROLLER_IP": "127.0.0.1", "PDL_ENGINE_ADDR": "127.0.0.2"})
     assert given["PDL_ENGINE_ADDR"] == "127.0.0.2" and given["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_the_servers_worker_name_wins_over_the_gpu_index():
+    """The Cluster panel matches engines to the reservation's workers (gpu:0..n-1) by
+    slot: engines on two nodes both bound to their node's GPU 0 must not both be gpu:0."""
+    env = slurm_engine_env({"SLURM_STEP_GPUS": "0", "SLURMD_NODENAME": "n2", "PDL_SLOT": "gpu:1"})
+    assert env["PDL_SLOT"] == "gpu:1" and env["PDL_GPU"] == "0" and env["PDL_ENGINE_HOST"] == "n2"

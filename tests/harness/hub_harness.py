@@ -379,6 +379,14 @@ def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict
         yield hub
 
 
+def admin_status(hub) -> dict:
+    """The admin view's JSON (``/services/pdl-admin/api/status``), as the admin sees it."""
+    r = requests.get(f"{hub.url}/services/pdl-admin/api/status",
+                     headers={"Authorization": f"token {hub.user_token('admin')}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def page_alert(page: str) -> str:
     """The text of a hub page's alert (the sign-up form's answer) or login error, on one line."""
     found = re.search(r'class="(?:alert [^"]*|login_error)"[^>]*>(.*?)</(?:div|p)>', page, re.S)
@@ -446,9 +454,10 @@ class Kernel:
         return msg_id
 
     def execute(self, code: str, timeout: float = 300, on_output=None) -> dict:
-        """Run ``code``; returns {"stdout", "stderr", "error": {ename, evalue, traceback} | None, "seconds"}."""
+        """Run ``code``; returns {"stdout", "stderr", "display" (the text/plain of what it
+        displayed), "error": {ename, evalue, traceback} | None, "seconds"}."""
         msg_id = self.send(code)
-        out = {"stdout": "", "stderr": "", "error": None}
+        out = {"stdout": "", "stderr": "", "display": "", "error": None}
         start = time.monotonic()
         while True:
             if time.monotonic() - start > timeout:
@@ -466,6 +475,8 @@ class Kernel:
                     on_output(time.monotonic() - start, content["text"])
             elif kind == "error":
                 out["error"] = content
+            elif kind in ("display_data", "execute_result"):
+                out["display"] += content.get("data", {}).get("text/plain", "") + "\n"
             elif kind == "status" and content["execution_state"] == "idle":
                 out["seconds"] = time.monotonic() - start
                 return out

@@ -30,10 +30,13 @@ def slurm_engines(root) -> dict[int, dict[str, str]]:
 class SlurmHub(Hub):
     """The project's hub config in its Slurm mode (``PDL_SPAWNER=slurm``), on the simulated cluster."""
 
-    def __init__(self, root, slurm, users: list[str], extra_config: str = "", hub_env: dict | None = None):
+    def __init__(self, root, slurm, users: list[str], extra_config: str = "", hub_env: dict | None = None,
+                 spawner_env: dict | None = None):
+        """``spawner_env``: more of the servers' (and so the engines') environment."""
+        env = {"PDL_PREFLIGHT_SKIP": "gpu", **(spawner_env or {})}
         config = f"""
 # the simulated nodes declare fake GPUs that torch cannot see: the preflight's GPU check is off
-c.Spawner.environment = {{"PDL_PREFLIGHT_SKIP": "gpu"}}
+c.Spawner.environment = {env!r}
 c.Spawner.start_timeout = 120
 {extra_config}
 """
@@ -60,9 +63,11 @@ c.Spawner.start_timeout = 120
                    what=f"the jobs of {self.account_prefix}* to leave Slurm's queue: {self.slurm.jobs()}")
 
 
-def slurm_hub_fixture(root, slurm, users: list[str], extra_config: str = "", hub_env: dict | None = None):
+def slurm_hub_fixture(root, slurm, users: list[str], extra_config: str = "", hub_env: dict | None = None,
+                      spawner_env: dict | None = None):
     """For a ``hub`` fixture on the simulated Slurm cluster (``yield from``): a
     :class:`SlurmHub` :func:`~hub_harness.running` in ``root``; afterwards no job of its
     users is left."""
-    with running(SlurmHub(root, slurm, users, extra_config=extra_config, hub_env=hub_env)) as hub:
+    with running(SlurmHub(root, slurm, users, extra_config=extra_config, hub_env=hub_env,
+                          spawner_env=spawner_env)) as hub:
         yield hub

@@ -9,7 +9,7 @@ import re
 import requests
 from docker.errors import DockerException
 
-from hub_harness import Hub, running
+from hub_harness import Hub, admin_status, running  # noqa: F401 - admin_status: the swarm tests' too
 from waiting import wait_until
 
 IMAGE = "pdl-notebook:test"
@@ -130,9 +130,3 @@ def swarm_hub_fixture(root, swarm, users: list[str], extra_config: str = "", hub
         yield hub
 
 
-def admin_status(hub) -> dict:
-    """The admin view's JSON (``/services/pdl-admin/api/status``), as the admin sees it."""
-    r = requests.get(f"{hub.url}/services/pdl-admin/api/status",
-                     headers={"Authorization": f"token {hub.user_token('admin')}"}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()

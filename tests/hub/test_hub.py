@@ -8,14 +8,13 @@ concurrent users and a hub restart.
 from __future__ import annotations
 
 import concurrent.futures
-import re
 import signal
 import time
 
-import nbformat
 import pytest
 
-from hub_harness import REPO, Kernel, engine_processes, hub_fixture
+from hub_harness import Kernel, engine_processes, hub_fixture
+from notebook_run import check_failure_and_interrupt, run_notebook, small_run_env
 from pdl.process import pid_alive
 from waiting import wait_until
 
@@ -23,16 +22,12 @@ pytestmark = pytest.mark.hub
 
 POOL = ["cpu:0", "cpu:1", "cpu:2", "cpu:3", "cpu:4", "cpu:5"]
 USERS = ["admin", "alice", "bob", "carol", "dave", "erin"]
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
-    # A small, fast run of the notebook: a width-16 ResNet-18 on the generated sample.
-    env = {"CINIC10_DIR": str(root / "no-cinic10-here"), "CINIC10_EPOCHS": "6", "CINIC10_WIDTH": "16",
-           "CINIC10_BATCH": "32"}
-    yield from hub_fixture(root, USERS, POOL, spawner_env=env)
+    yield from hub_fixture(root, USERS, POOL, spawner_env=small_run_env(str(root / "no-cinic10-here")))
 
 
 @pytest.fixture
@@ -43,11 +38,6 @@ def clean(hub):
         hub.api("DELETE", f"/users/{user}/server")
     wait_until(lambda: not hub.running_servers(), 60, what="servers to stop")
     assert hub.reservations() == {}
-
-
-def notebook_cells() -> list[str]:
-    nb = nbformat.read(REPO / "notebooks" / "cinic10_distributed.ipynb", as_version=4)
-    return [c.source for c in nb.cells if c.cell_type == "code"]
 
 
 def test_login_form_admits_listed_users_only(hub):
@@ -93,52 +83,8 @@ def test_notebook_trains_on_three_engines_and_recovers_from_failures(clean):
 
     kernel = Kernel(hub, "alice")
     try:
-        outputs = []
-        for source in notebook_cells():
-            out = kernel.execute(source, timeout=400)
-            assert out["error"] is None, f"cell failed:\n{source}\n{out}"
-            outputs.append(out["stdout"])
-        log = "".join(outputs)
-        assert "synthetic sample" in log and "3 ranks on cpu" in log
-        assert re.search(r"epoch\s+6/6", log), log
-        accuracy = float(re.search(r"test accuracy: ([\d.]+)%", log).group(1))
-        assert accuracy >= 50.0, f"the model did not learn (chance is 10%): {log}"
-
-        # a rank's exception comes back with its traceback, rank and host
-        out = kernel.execute("%%distributed -n 3\nif rank == 1:\n    raise ValueError('bad shard on purpose')\n")
-        assert out["error"] is not None
-        shown = ANSI.sub("", "\n".join(out["error"]["traceback"]))
-        assert "Rank 1 on host" in shown and "bad shard on purpose" in shown
-        assert "raise ValueError('bad shard on purpose')" in shown
-
-        # the stop button interrupts every rank in the middle of training
-        seen = []
-        kernel.ws.settimeout(1)
-        loop = ("%%distributed -n 3\nimport torch.distributed as dist\n"
-                "for step in range(10**6):\n    loss = model(torch.randn(8, 3, 32, 32)).sum()\n"
-                "    loss.backward()\n    if step == 0 and rank == 0: print('training', flush=True)\n")
-        started = time.monotonic()
-        import threading
-
-        def interrupt_when_training():
-            wait_until(lambda: seen, 60, what="training output")
-            time.sleep(1)
-            kernel.interrupt()
-
-        t = threading.Thread(target=interrupt_when_training)
-        t.start()
-        out = kernel.execute(loop, timeout=120, on_output=lambda at, text: seen.append(text))
-        t.join()
-        assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt"
-        assert out["error"]["traceback"] == ["KeyboardInterrupt"], out  # not PDL's own frames
-        assert "all 3 ranks stopped" in out["stderr"]
-        assert time.monotonic() - started < 90
-
-        # and the engines are usable afterwards, with their state
-        out = kernel.execute("%%distributed -n 3 --all-output\nx = torch.ones(1)\ndist.all_reduce(x)\n"
-                             "print('sum', int(x.item()), 'model', type(model).__name__)")
-        assert out["error"] is None, out
-        assert out["stdout"].count("sum 3 model ResNet18") == 3
+        run_notebook(kernel)
+        check_failure_and_interrupt(kernel)
     finally:
         kernel.close()
 
