@@ -646,10 +646,14 @@ async def _serve() -> None:
 
 
 def main() -> None:
-    """Serve until the hub stops the service; never outlive the hub (even after ``kill -9``)."""
+    """Serve until the hub stops the service; never outlive the hub (even after ``kill -9``).
+    Ctrl-C in the hub's terminal reaches this process too: it ends quietly, as the hub does."""
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s %(asctime)s %(name)s] %(message)s")
-    asyncio.run(_serve())
+    try:
+        asyncio.run(_serve())
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":
