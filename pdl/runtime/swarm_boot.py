@@ -12,7 +12,7 @@ each engine service, with this environment (no secrets in it):
 - ``PDL_ENGINE_HOST``: the node's host name (the ``{{.Node.Hostname}}`` template).
 
 It then forbids privilege gain, pins itself to its slot (:func:`gpu_slot_env`,
-:func:`pdl.slots.engine_env`), records the address peers reach it at
+:func:`pdl.slots.engine_env`; thread counts the admin set are kept, :func:`admin_threads`), records the address peers reach it at
 (``PDL_ENGINE_ADDR``, the interface collectives use), and runs the engine in this
 process.
 """
@@ -51,6 +51,17 @@ def gpu_slot_env(assigned: str | None, n_cpus: int) -> dict[str, str]:
     return {**engine_env(slot, 1, n_cpus), "CUDA_VISIBLE_DEVICES": assigned, "PDL_GPU": assigned}
 
 
+#: Thread counts an admin may set for every engine (``Spawner.environment``); kept over
+#: the default of one thread per core of the node.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def admin_threads(environ) -> dict[str, str]:
+    """The thread counts of :data:`THREAD_VARIABLES` set in ``environ`` (the service's
+    environment, the admin's), to keep over :func:`gpu_slot_env`'s."""
+    return {name: environ[name] for name in THREAD_VARIABLES if environ.get(name)}
+
+
 def collective_iface_env(addr: str, environ) -> dict[str, str]:
     """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``: the interface holding ``addr``, so
     torch.distributed listens where peers on other nodes reach it (the node's host name
@@ -69,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     path = os.environ.get("PDL_ENGINE_CONNECTION", "/run/secrets/pdl-engine.json")
     controller = read_secret(path)["location"]
     resource = os.environ.get("PDL_GPU_RESOURCE") or DEFAULT_GPU_RESOURCE
-    env = gpu_slot_env(os.environ.get(f"DOCKER_RESOURCE_{resource}"), os.cpu_count() or 1)
+    env = {**gpu_slot_env(os.environ.get(f"DOCKER_RESOURCE_{resource}"), os.cpu_count() or 1),
+           **admin_threads(os.environ)}
     env["PDL_ENGINE_ADDR"] = os.environ.get("PDL_ENGINE_ADDR") or route_addr(controller)
     env.update(collective_iface_env(env["PDL_ENGINE_ADDR"], os.environ))
     os.environ.update(env)

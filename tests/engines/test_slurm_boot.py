@@ -51,3 +51,4 @@ def test_the_servers_worker_name_wins_over_the_gpu_index():
     slot: engines on two nodes both bound to their node's GPU 0 must not both be gpu:0."""
     env = slurm_engine_env({"SLURM_STEP_GPUS": "0", "SLURMD_NODENAME": "n2", "PDL_SLOT": "gpu:1"})
     assert env["PDL_SLOT"] == "gpu:1" and env["PDL_GPU"] == "0" and env["PDL_ENGINE_HOST"] == "n2"
+

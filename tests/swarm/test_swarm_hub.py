@@ -17,6 +17,7 @@ import time
 import pytest
 
 from hub_harness import Kernel
+from notebook_run import check_failure_and_interrupt, run_notebook, small_run_env
 from swarm_hub_harness import DDP_CELL, DDP_RESULT, inspect_task, pdl_objects, swarm_hub_fixture
 from waiting import wait_until
 
@@ -34,7 +35,11 @@ HVD_RESULT = re.compile(r"hvd (\d)/3 local 0/1 cross (\d)/3 host (\S+) sum 6")
 
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
-    yield from swarm_hub_fixture(tmp_path_factory.mktemp("swarm-hub"), swarm, ["admin", "alice", "bob"])
+    # the notebook's small run (tests/harness/notebook_run.py), on the engines' own generated sample,
+    # one thread per engine as on the embedded default and Slurm here (the same arithmetic)
+    env = {**small_run_env("/tmp/no-cinic10-here"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    yield from swarm_hub_fixture(tmp_path_factory.mktemp("swarm-hub"), swarm, ["admin", "alice", "bob"],
+                                 extra_config=f"c.Spawner.environment.update({env!r})")
 
 
 def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, swarm):
@@ -116,3 +121,18 @@ def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, sw
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("bob", timeout=240)
     assert pdl_objects(swarm, "bob")[0] == ["pdl-bob", "pdl-bob-engine-0", "pdl-bob-engine-1"]
+
+
+def test_the_cinic10_notebook_trains_across_the_nodes_and_recovers_from_failures(hub, swarm):
+    """The same notebook, unchanged, as on the embedded default and on Slurm."""
+    r = hub.spawn("alice", 3)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("alice", timeout=240)
+    kernel = Kernel(hub, "alice")
+    try:
+        run_notebook(kernel)
+        check_failure_and_interrupt(kernel)
+    finally:
+        kernel.close()
+        hub.api("DELETE", "/users/alice/server")
+    wait_until(lambda: pdl_objects(swarm, "alice") == ([], []), 120, what="alice's services to go")

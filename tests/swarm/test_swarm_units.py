@@ -233,3 +233,10 @@ def test_the_swarm_spawner_takes_the_queue_option_from_the_api_and_the_form(tmp_
     assert spawner.requested_workers() == 2 and spawner.wants_queue
     assert spawner.options_from_form({"workers": ["1"], "queue": ["on"]}) == {"workers": 1, "queue": True}
     assert spawner.options_from_form({"workers": ["1"]}) == {"workers": 1}
+
+
+def test_a_swarm_engine_keeps_the_thread_counts_the_admin_set():
+    from pdl.runtime.swarm_boot import admin_threads
+
+    assert admin_threads({"OMP_NUM_THREADS": "1", "PATH": "/bin"}) == {"OMP_NUM_THREADS": "1"}
+    assert admin_threads({"OMP_NUM_THREADS": ""}) == {}
