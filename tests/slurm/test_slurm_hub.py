@@ -207,3 +207,19 @@ def test_the_form_offers_the_admins_partitions_and_time_limits_and_refuses_other
     assert seen["partition"] == "short" and seen["time_limit"] in (20, {"set": True, "infinite": False, "number": 20})
     hub.api("DELETE", "/users/ann/server")
     wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+
+
+def test_a_hub_killed_while_a_spawn_waits_in_slurms_queue_leaves_no_job(hub, slurm):
+    """Guards PDLSlurmSpawner.release_blocking (clear_state): the restarted hub finds no
+    server for ben and cancels the job his interrupted spawn submitted, by its name and
+    his account; without it the job would start later and hold GPUs for nobody."""
+    slurm.sbatch("--ntasks=3", "--gpus-per-task=1", "--output=/dev/null", "--wrap=sleep 600", user=slurm_harness.ANN)
+    r = hub.api("POST", "/users/ben/server", json={"workers": 1, "queue": True})
+    assert r.status_code in (201, 202), r.text
+    wait_until(lambda: [j["state"] for j in hub.pdl_jobs("ben")] == ["PENDING"], 30,
+               what=lambda: f"ben's job pending: {slurm.jobs()}")
+    hub.stop_hub(signal.SIGKILL)
+    hub.start()
+    wait_until(lambda: not hub.pdl_jobs("ben"), 60, what=lambda: f"ben's orphaned job cancelled: {slurm.jobs()}")
+    assert not hub.server_ready("ben")
+    slurm.reset()
