@@ -240,7 +240,8 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         try:
             self.job_id = await self.slurm.submit(argv, account=self.account)
         except SlurmError as e:
-            raise web.HTTPError(409, str(e), reason=str(e)) from None
+            message = f"Slurm refused a job for {n} GPU(s) in partition {self.chosen_partition or '(default)'}: {e.said}"
+            raise web.HTTPError(409, message, reason=message) from None
         self.log.info("Submitted Slurm job %d for %d GPU(s) of %s", self.job_id, n, self.owner)
         started = False
         try:

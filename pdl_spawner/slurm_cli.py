@@ -22,7 +22,20 @@ COMMAND_TIMEOUT_S = 30.0
 
 
 class SlurmError(RuntimeError):
-    """A Slurm command failed; the message is one line."""
+    """A Slurm command failed: ``str()`` is one line naming the command, ``said`` what
+    Slurm said (without its own ``sbatch: error:`` prefix)."""
+
+    def __init__(self, command: str, said: str):
+        self.command, self.said = command, said
+        super().__init__(f"{command}: {said}")
+
+
+def _what_slurm_said(command: str, output: bytes, returncode: int) -> str:
+    said = " ".join(output.decode(errors="replace").split())[:300]
+    for prefix in (f"{command}: ", "error: "):
+        while said.startswith(prefix):
+            said = said[len(prefix):]
+    return said or f"exit status {returncode}"
 
 
 class SlurmCommands:
@@ -52,17 +65,16 @@ class SlurmCommands:
                 *self._argv(argv), env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, **kwargs)
         except OSError as e:
-            raise SlurmError(f"{argv[0]}: cannot run it ({e.strerror}); is Slurm's client installed on the hub's "
-                             f"machine?") from None
+            raise SlurmError(argv[0], f"cannot run it ({e.strerror}); is Slurm's client installed on the hub's "
+                                      f"machine?") from None
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
-            raise SlurmError(f"{argv[0]} did not answer within {timeout:g} s (is slurmctld up?)") from None
+            raise SlurmError(argv[0], f"no answer within {timeout:g} s (is slurmctld up?)") from None
         if proc.returncode != 0:
-            said = " ".join((err or out).decode(errors="replace").split())[:300] or f"exit status {proc.returncode}"
-            raise SlurmError(f"{argv[0]}: {said}")
+            raise SlurmError(argv[0], _what_slurm_said(argv[0], err or out, proc.returncode))
         return out.decode(errors="replace")
 
     def run_sync(self, argv: list[str], *, timeout: float = COMMAND_TIMEOUT_S) -> str:
@@ -74,13 +86,12 @@ class SlurmCommands:
             done = subprocess.run(self._argv(argv), env=self.env, cwd="/", stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=timeout)
         except OSError as e:
-            raise SlurmError(f"{argv[0]}: cannot run it ({e.strerror}); is Slurm's client installed on the hub's "
-                             f"machine?") from None
+            raise SlurmError(argv[0], f"cannot run it ({e.strerror}); is Slurm's client installed on the hub's "
+                                      f"machine?") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{argv[0]} did not answer within {timeout:g} s (is slurmctld up?)") from None
+            raise SlurmError(argv[0], f"no answer within {timeout:g} s (is slurmctld up?)") from None
         if done.returncode != 0:
-            said = " ".join((done.stderr or done.stdout).decode(errors="replace").split())[:300]
-            raise SlurmError(f"{argv[0]}: {said or f'exit status {done.returncode}'}")
+            raise SlurmError(argv[0], _what_slurm_said(argv[0], done.stderr or done.stdout, done.returncode))
         return done.stdout.decode(errors="replace")
 
     def partition_gpus_sync(self, partition: str) -> int:

@@ -65,7 +65,7 @@ DEFAULT_RUN_DIR = "/var/tmp/pdl-slurm"
 ANN, BEN = "pdl-sl-ann", "pdl-sl-ben"
 TEST_USERS = (ANN, BEN)
 PARTITION = "gpu"
-#: A second partition over the same nodes, with a time limit of 60 minutes.
+#: A second partition over the same nodes: at most 60 minutes and 2 nodes a job.
 SHORT_PARTITION = "short"
 CONTROLLER = "ctl"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -160,8 +160,8 @@ def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str
         lines.append(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory=1000 Gres=gpu:1 State=UNKNOWN")
     names = ",".join(name for name, _ in nodes)
     lines.append(f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP {partition}".rstrip())
-    # a second partition over the same nodes, as labs have for short jobs
-    lines.append(f"PartitionName={SHORT_PARTITION} Nodes={names} Default=NO MaxTime=60 State=UP")
+    # a second partition over the same nodes, as labs have for short, small jobs
+    lines.append(f"PartitionName={SHORT_PARTITION} Nodes={names} Default=NO MaxTime=60 MaxNodes=2 State=UP")
     return "\n".join(lines) + "\n"
 
 

@@ -197,6 +197,16 @@ def test_the_form_offers_the_admins_partitions_and_time_limits_and_refuses_other
         assert r.status_code == 400 and refusal in r.json()["message"], (options, r.text)
     assert not hub.pdl_jobs("ann")
 
+    # Slurm's own limits decide, and the user reads Slurm's words at once: 3 GPUs are 3
+    # nodes here, and the short partition allows 2 a job (Slurm refuses it at submission)
+    started = time.monotonic()
+    r = hub.api("POST", "/users/ann/server", json={"workers": 3, "partition": "short"})
+    assert r.status_code == 409, r.text
+    assert r.json()["message"] == ("Slurm refused a job for 3 GPU(s) in partition short: Batch job submission failed: "
+                                   "Requested node configuration is not available"), r.text
+    assert time.monotonic() - started < 20
+    wait_until(lambda: not hub.pdl_jobs("ann"), 30, what=lambda: f"ann's refused job to go: {slurm.jobs()}")
+
     # the user's choice reaches Slurm
     r = hub.api("POST", "/users/ann/server", json={"workers": 2, "partition": "short", "time_limit": 20})
     assert r.status_code in (201, 202), r.text
