@@ -184,9 +184,13 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
     async def tend_lease(self) -> None:
         """One look at the server's lease: reclaim the workers of engines released for
         idleness, then answer a request to have them again (its count checked like a
-        spawn's). Nothing of the lease's text reaches the hub's log."""
+        spawn's). While an answer waits for the server to take it up, nothing: the
+        release it still shows is the one the answer ends, and reclaiming then would
+        take back the workers just granted. Nothing of the lease's text reaches the hub's log."""
         lease = await self.lease()
         if not lease or not lease.get("released"):
+            return
+        if lease.get("grant"):  # answered; until the server takes the grant up, its release is old news
             return
         reclaimed = await self.reclaim_idle_workers()
         if reclaimed:

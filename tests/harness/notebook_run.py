@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 
+from hub_harness import Kernel
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,3 +83,17 @@ def check_failure_and_interrupt(kernel, ranks: int = 3) -> None:
                          "print('sum', int(x.item()), 'model', type(model).__name__)")
     assert out["error"] is None, out
     assert out["stdout"].count(f"sum {ranks} model ResNet18") == ranks
+
+
+def check_notebook(hub, user: str, ranks: int = 3, then=None) -> None:
+    """In a new kernel of ``user``'s server: :func:`run_notebook`, then
+    :func:`check_failure_and_interrupt`, then ``then(kernel)`` if given; the kernel is
+    closed either way."""
+    kernel = Kernel(hub, user)
+    try:
+        run_notebook(kernel, ranks)
+        check_failure_and_interrupt(kernel, ranks)
+        if then is not None:
+            then(kernel)
+    finally:
+        kernel.close()

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from hub_harness import Kernel, engine_processes, hub_fixture
-from notebook_run import check_failure_and_interrupt, run_notebook, small_run_env
+from notebook_run import check_notebook, small_run_env
 from pdl.process import pid_alive
 from waiting import wait_until
 
@@ -81,12 +81,7 @@ def test_notebook_trains_on_three_engines_and_recovers_from_failures(clean):
     engines = engine_processes(hub.root)
     assert sorted(e["PDL_SLOT"] for e in engines.values()) == ["cpu:0", "cpu:1", "cpu:2"]
 
-    kernel = Kernel(hub, "alice")
-    try:
-        run_notebook(kernel)
-        check_failure_and_interrupt(kernel)
-    finally:
-        kernel.close()
+    check_notebook(hub, "alice")
 
 
 def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):

@@ -259,6 +259,17 @@ def test_a_granted_request_gets_slots_from_the_ledger(tmp_path):
     assert spawner.lease.answers == [{"slots": ["cpu:1", "cpu:2"]}] == [{"slots": spawner.slots}]
 
 
+def test_workers_just_granted_are_not_reclaimed_before_the_server_takes_them_up(tmp_path):
+    """Guards ``SpawnerCore.tend_lease`` waiting while its answer is unread: the server
+    takes a grant up within seconds, and until then its lease still says "released";
+    the hub's next look must not reclaim the slots it has just granted."""
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 2}, "grant": {"slots": ["cpu:0", "cpu:1"]}})
+    SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
+    asyncio.run(spawner.tend_lease())
+    assert SlotLedger(spawner.reservations_db).reclaims() == [] and spawner.lease.answers == []
+    assert sorted(h.slot for h in SlotLedger(spawner.reservations_db).holdings()) == ["cpu:0", "cpu:1"]
+
+
 @pytest.mark.parametrize("n", [0, -1, True, 1.0, "1"])
 def test_the_ledger_itself_refuses_counts_below_one(tmp_path, n):
     """Guards the check at the top of ``SlotLedger.reserve``: whoever calls it."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from hub_harness import Kernel, Progress, admin_status
-from notebook_run import check_failure_and_interrupt, run_notebook, small_run_env
+from hub_harness import Progress, admin_status
+from notebook_run import check_notebook, small_run_env
 from slurm_hub_harness import slurm_hub_fixture
 from waiting import wait_until
 
@@ -28,16 +28,13 @@ def test_the_cinic10_notebook_trains_across_the_nodes_and_recovers_from_failures
     hub.wait_ready("ann", timeout=120)
     [job] = hub.pdl_jobs("ann")
 
-    kernel = Kernel(hub, "ann")
-    try:
-        run_notebook(kernel)
-        check_failure_and_interrupt(kernel)
+    def preflight_shows_the_nodes(kernel):
         checked = kernel.execute("%pdl check -n 3", timeout=300)
         assert checked["error"] is None, checked
         rows = [line.split() for line in checked["display"].splitlines()[2:] if line.strip()]
         assert sorted(row[1] for row in rows) == ["n1", "n2", "n3"] and all(row[-1] == "✓" for row in rows), checked
-    finally:
-        kernel.close()
+
+    check_notebook(hub, "ann", then=preflight_shows_the_nodes)
 
     def panel():  # what her Cluster panel shows, once it has looked at the engines
         seen = hub.server_api("ann", "/pdl/api/cluster")
