@@ -101,6 +101,21 @@ def srun_engine_cmd(slurm_job: int) -> list[str]:
             "--quit-on-interrupt", "--kill-on-bad-exit=1", "--job-name=pdl-engine", sys.executable, "-m", "pdl.runtime.slurm_boot"]
 
 
+def slurm_job_running(slurm_job: int) -> bool:
+    """False once Slurm says job ``slurm_job`` has ended (its time limit, scancel) or is
+    not running; True while it runs, and when Slurm cannot be asked (never end on doubt)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", str(slurm_job), "-o", "%T"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    if done.returncode != 0:
+        return "Invalid job id" not in done.stderr
+    return done.stdout.strip() in ("RUNNING", "CONFIGURING", "SUSPENDED")
+
+
 def start_slot_engines(cluster, slots: list[str], pool_size: int, slurm_job: int = 0) -> None:
     """Start one engine per slot (blocking): a process pinned to it (its own pinning
     environment), or, with ``slurm_job``, a step of that job on a GPU Slurm binds (the

@@ -87,7 +87,10 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
     ``remote_engines`` (the hub runs that many engines elsewhere, on Docker Swarm),
     record the release only, and forget it once the hub grants ``{"engines": n}``: the
     hub stops and starts those engines. With ``slurm_job``, each engine is a step of
-    that job, and the hub's grant names the new job the engines come back in.
+    that job, and the hub's grant names the new job the engines come back in; when the
+    job ends under the engines (its time limit, scancel), they are not restarted: with
+    the lease, that is recorded as a release (the next cell asks for a new job), else
+    supervision ends with one line saying so.
     """
     tracker = IdleTracker(cluster) if idle_timeout_s and lease is not None else None
     released = tracker is not None and engine_lease.read(lease, engine_lease.RELEASED) is not None
@@ -98,7 +101,8 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
                 engine_lease.remove(lease, engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT)
                 print(f"pdl-singleuser: the hub started {grant['engines']} engine(s) again", file=sys.stderr,
                       flush=True)
-                tracker.reset()
+                if tracker is not None:
+                    tracker.reset()
                 released = False
             elif grant and grant.get("slots"):
                 slots = list(grant["slots"])
@@ -109,7 +113,8 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
                 engine_lease.write(lease, engine_lease.SLOTS, {"slots": slots})
                 engine_lease.remove(lease, engine_lease.RELEASED, engine_lease.WANT, engine_lease.GRANT)
                 print(f"pdl-singleuser: engines back on {','.join(slots)}", file=sys.stderr, flush=True)
-                tracker.reset()
+                if tracker is not None:
+                    tracker.reset()
                 released = False
             continue
         if tracker is not None:
@@ -135,17 +140,35 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
                       file=sys.stderr, flush=True)
                 released = True
                 continue
+        job_ended = False
         for slot in slots:
             engine_set = cluster.engines.get(clusters.slot_engine_set_id(slot))
             if engine_set is not None and clusters.engine_set_running(engine_set):
                 continue
             if stop.is_set():  # shutting down: the cluster is being stopped, not crashing
                 return
+            if slurm_job and not clusters.slurm_job_running(slurm_job):
+                job_ended = True
+                break
             print(f"pdl-singleuser: engine for {slot} exited; restarting it", file=sys.stderr, flush=True)
             try:
                 clusters.restart_slot_engine(cluster, slot, len(slots), slurm_job=slurm_job)
             except Exception as e:  # keep supervising the other slots
                 print(f"pdl-singleuser: could not restart {slot}: {e}", file=sys.stderr, flush=True)
+        if job_ended:  # its time limit, or scancel: no step can start in it any more
+            for slot in slots:
+                esid = clusters.slot_engine_set_id(slot)
+                if esid in cluster.engines:
+                    cluster.stop_engines_sync(esid)
+            reason = f"Slurm job {slurm_job} ended"
+            if lease is None:
+                print(f"pdl-singleuser: {reason}; stop and start the server for GPUs again", file=sys.stderr,
+                      flush=True)
+                return
+            engine_lease.write(lease, engine_lease.RELEASED, {"reason": reason, "slots": slots})
+            print(f"pdl-singleuser: {reason}; the next %%distributed cell asks for GPUs again", file=sys.stderr,
+                  flush=True)
+            released = True
 
 
 def remote_engines_secret(contract: ServerContract) -> dict | None:

@@ -87,9 +87,14 @@ class IdleEngines(HasTraits):
             return None
         return body
 
+    #: Watch the lease even without idle reclaim: where engines can lose their workers
+    #: by other ways (a Slurm job's time limit), and the next cell asks for them again.
+    always_watch_lease = False
+
     def watch_lease(self) -> None:
-        """Start the watch (once) when idle reclaim is on."""
-        if self.engine_idle_timeout and (self._lease_task is None or self._lease_task.done()):
+        """Start the watch (once) when idle reclaim is on, or :attr:`always_watch_lease`."""
+        if (self.engine_idle_timeout or self.always_watch_lease) and (
+                self._lease_task is None or self._lease_task.done()):
             self._lease_task = asyncio.ensure_future(self._lease_loop())
 
     def unwatch_lease(self) -> None:

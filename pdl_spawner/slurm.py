@@ -109,6 +109,10 @@ class PDLSlurmSpawner(PDLLocalSpawner):
 
     job_id = Integer(0, help="This server's reservation job (spawner state); 0: none.")
 
+    #: A job can end under a running server (its time limit, scancel): the server then
+    #: records a release, and the next cell asks for a new job through the lease.
+    always_watch_lease = True
+
     #: GPUs of each partition, as last read from Slurm: partition ("": the default) -> count.
     _capacity: dict[str, int] = {}
 
@@ -309,8 +313,14 @@ class PDLSlurmSpawner(PDLLocalSpawner):
     # -- idle engines -----------------------------------------------------------------
 
     async def reclaim_idle_workers(self) -> list[str]:
-        """Cancel the job: its GPUs go back to Slurm."""
+        """Cancel the job: its GPUs go back to Slurm. A job that has already ended (its
+        time limit, scancel) is only forgotten, and logged as such."""
         if not self.job_id:
+            return []
+        found = await self.slurm.job(self.job_id)
+        if found is None or not (found.holding or found.waiting):
+            self.log.info("Slurm job %d of %s has ended", self.job_id, self.owner)
+            self.job_id, self.slots = 0, []
             return []
         job = f"Slurm job {self.job_id}"
         await self._cancel_job()

@@ -233,3 +233,34 @@ def test_a_hub_killed_while_a_spawn_waits_in_slurms_queue_leaves_no_job(hub, slu
     wait_until(lambda: not hub.pdl_jobs("ben"), 60, what=lambda: f"ben's orphaned job cancelled: {slurm.jobs()}")
     assert not hub.server_ready("ben")
     slurm.reset()
+
+
+def test_a_job_that_ends_under_its_engines_is_a_release_and_the_next_cell_gets_a_new_one(hub, slurm):
+    """Guards pdl-singleuser's supervision on Slurm (pdl_server/singleuser.py: a dead
+    engine whose job has ended is not restarted, the job's end is recorded as a
+    release): without it the server starts steps in the ended job forever, and the
+    next cell waits for engines that never come."""
+    hub.spawn("ann", 2)
+    hub.wait_ready("ann", timeout=120)
+    [first] = hub.pdl_jobs("ann")
+    kernel = Kernel(hub, "ann")
+    try:
+        kernel.execute_ok("%load_ext pdl_magics")
+        assert "sum 2" in kernel.execute_ok(magic(SUM, 2), timeout=120)["stdout"]
+        slurm.run("scancel", first["id"], check=True)  # as its time limit would, or an admin
+        wait_until(lambda: not hub.pdl_jobs("ann") and not slurm_engines(hub.root), 60,
+                   what=lambda: f"ann's job and engines gone: {slurm.jobs()}")
+        # her Cluster panel says so, as it does for idle engines
+        released = (f"Engines released (Slurm job {first['id']} ended): "
+                    "the next %%distributed cell asks for them again.")
+        wait_until(lambda: hub.server_api("ann", "/pdl/api/cluster")["message"] == released, 30,
+                   what=lambda: f"the panel to say: {released}")
+        out = kernel.execute_ok(magic(SUM, 2), timeout=180)
+        assert f"Your engines were stopped (Slurm job {first['id']} ended)" in out["stderr"], out
+        assert "sum 2" in out["stdout"], out
+        [second] = hub.pdl_jobs("ann")
+        assert second["id"] != first["id"] and second["state"] == "RUNNING"
+    finally:
+        kernel.close()
+        hub.api("DELETE", "/users/ann/server")
+    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
