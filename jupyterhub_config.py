@@ -214,11 +214,13 @@ if _cull_idle_s:
 # only: it needs the scope access:services!service=pdl-admin, which the admin role has.
 # It listens on 127.0.0.1, port PDL_ADMIN_VIEW_PORT (default 8002). On a swarm it asks
 # the manager's Docker engine who runs which engine task on which GPU; on Slurm it asks
-# Slurm (scontrol), the one source there: no file.
+# Slurm (squeue, sinfo), the one source there: no file.
 if os.environ.get("PDL_SPAWNER", "local") == "slurm":
     _admin_view_env = {
         "PDL_SLURM": "1",
         "PDL_SLURM_PARTITION": c.PDLSlurmSpawner.partition,
+        # tells PDL's jobs from others' (a config that changes the prefix sets this too)
+        "PDL_ACCOUNT_PREFIX": c.PDLLocalSpawner.account_prefix if "account_prefix" in c.PDLLocalSpawner else "pdl-",
         "SLURM_CONF": os.environ.get("SLURM_CONF", ""),
         "PATH": os.environ.get("PATH", ""),
     }

@@ -60,6 +60,9 @@ Environment (set in the service definition):
   comma-separated, as ``c.PDLSwarmSpawner.nodes`` (empty: every node); the GPUs of
   other nodes are not in the pool;
 - ``PDL_SLURM`` (Slurm): ``1`` selects the Slurm source (before ``PDL_DOCKER_HOST``);
+- ``PDL_ACCOUNT_PREFIX`` (Slurm): the prefix of the users' Unix accounts, as
+  ``c.PDLLocalSpawner.account_prefix`` (default ``pdl-``): a job is PDL's, and shown as
+  a hub user's, only when its name and its account agree;
 - ``PDL_SLURM_PARTITION`` (Slurm): PDL's partition, as ``c.PDLSlurmSpawner.partition``
   (empty: Slurm's default partition);
 - ``PATH`` and ``SLURM_CONF`` (Slurm): where ``squeue``, ``sinfo`` and ``scontrol``
@@ -99,7 +102,7 @@ from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, slot_index
 
 from .reservations import Holding, Reclaim, SlotLedger
 from .slurm_cli import SlurmCommands, SlurmError
-from .slurm_jobs import JOB_NAME_PREFIX, SlurmJob, SlurmNode, in_partition, queue_position
+from .slurm_jobs import DEFAULT_ACCOUNT_PREFIX, SlurmJob, SlurmNode, in_partition, pdl_job_owner, queue_position
 from .swarm_gpus import GpuHolding, SwarmSnapshot, swarm_snapshot
 from .swarm_specs import LABEL_PREFIX
 from .wait_queue import Waiter, WaitQueue
@@ -240,20 +243,22 @@ def swarm_status_model(
     }
 
 
-def slurm_job_owner(job: SlurmJob) -> tuple[str, str, str]:
-    """(owner, hub user, server name) of a job: from the name of a PDL reservation
-    (``pdl:<user>[:<server>]``, owner ``"user"`` or ``"user/server"``), else the job's
-    Unix account as owner and user, server ``""``."""
-    if not job.name.startswith(JOB_NAME_PREFIX) or len(job.name) == len(JOB_NAME_PREFIX):
+def slurm_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> tuple[str, str, str]:
+    """(owner, hub user, server name) of a job: for one of PDL's reservations
+    (:func:`~pdl_spawner.slurm_jobs.pdl_job_owner`: its name and its account agree),
+    owner ``"user"`` or ``"user/server"``; else the job's Unix account as owner and
+    user, server ``""`` (also for a job named after another user)."""
+    found = pdl_job_owner(job, account_prefix)
+    if found is None:
         return job.user, job.user, ""
-    user, _, server = job.name[len(JOB_NAME_PREFIX):].partition(":")
+    user, server = found
     return (f"{user}/{server}" if server else user), user, server
 
 
-def _job_columns(job: SlurmJob) -> dict:
-    owner, user, server = slurm_job_owner(job)
+def _job_columns(job: SlurmJob, account_prefix: str) -> dict:
+    owner, user, server = slurm_job_owner(job, account_prefix)
     return {"owner": owner, "user": user, "server": server, "account": job.user, "job": job.id,
-            "pdl": job.name.startswith(JOB_NAME_PREFIX), "partition": job.partition}
+            "pdl": pdl_job_owner(job, account_prefix) is not None, "partition": job.partition}
 
 
 def node_order(name: str) -> list:
@@ -261,7 +266,8 @@ def node_order(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def slurm_reservation_rows(jobs: list[SlurmJob], now: float) -> list[dict]:
+def slurm_reservation_rows(jobs: list[SlurmJob], now: float,
+                           account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> list[dict]:
     """One row per GPU a job holds (running, completing or suspended; PDL's jobs and
     every other), by node then GPU: ``slot`` (``"gpu:<index>"`` on its node, ``"gpu:?"``
     where Slurm did not say), ``node`` (``""`` where Slurm did not say), ``state``, the
@@ -277,13 +283,13 @@ def slurm_reservation_rows(jobs: list[SlurmJob], now: float) -> list[dict]:
         placed = [(node, f"gpu:{index}") for node, indexes in job.node_gpus.items() for index in indexes]
         placed += [("", "gpu:?")] * (job.gpus - len(placed))
         for node, slot in placed:
-            rows.append({"slot": slot, "node": node, "state": job.state, **_job_columns(job),
+            rows.append({"slot": slot, "node": node, "state": job.state, **_job_columns(job, account_prefix),
                          "since": iso_utc(since) if since is not None else "",
                          "held_s": max(0, int(now - since)) if since is not None else None})
     return sorted(rows, key=lambda r: (r["node"] == "", node_order(r["node"]), node_order(r["slot"]), r["job"]))
 
 
-def slurm_queue_rows(jobs: list[SlurmJob]) -> list[dict]:
+def slurm_queue_rows(jobs: list[SlurmJob], account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> list[dict]:
     """One row per pending job that asks for GPUs, by partition then Slurm's order:
     ``position`` in its partition (:func:`~pdl_spawner.slurm_jobs.queue_position`), the
     columns of :func:`slurm_reservation_rows` but the slot, node and times, ``gpus``
@@ -293,7 +299,7 @@ def slurm_queue_rows(jobs: list[SlurmJob]) -> list[dict]:
     for job in jobs:
         if not (job.waiting and job.gpus):
             continue
-        rows.append({"position": queue_position(job, jobs), **_job_columns(job), "gpus": job.gpus,
+        rows.append({"position": queue_position(job, jobs), **_job_columns(job, account_prefix), "gpus": job.gpus,
                      "reason": job.reason, "never_starts": job.never_starts,
                      "expected_start": iso_utc(job.start_time) if job.start_time else ""})
     return sorted(rows, key=lambda r: (r["partition"], r["position"], r["job"]))
@@ -302,6 +308,7 @@ def slurm_queue_rows(jobs: list[SlurmJob]) -> list[dict]:
 def slurm_status_model(
     jobs: list[SlurmJob], nodes: list[SlurmNode], now: float, *,
     partition: str = "", default_partition: str = "", error: str | None = None,
+    account_prefix: str = DEFAULT_ACCOUNT_PREFIX,
 ) -> dict:
     """Everything the view shows on Slurm, JSON-ready: ``source`` (``"slurm"``),
     ``partition`` (PDL's: ``partition``, else ``default_partition``; ``""``: every
@@ -311,9 +318,10 @@ def slurm_status_model(
     ``reservations`` (:func:`slurm_reservation_rows`), ``queue``
     (:func:`slurm_queue_rows`) and ``error``: None, or why Slurm could not be read
     (then ``pool`` and ``free`` are None). No ``reclaims``: Slurm keeps no PDL log
-    (:data:`SLURM_RECLAIMS_NOTE`). ``now`` is epoch seconds."""
+    (:data:`SLURM_RECLAIMS_NOTE`). ``now`` is epoch seconds; ``account_prefix``: the
+    hub's users' account prefix, which tells PDL's jobs from others'."""
     mine = sorted(in_partition(partition, nodes, default_partition), key=lambda n: node_order(n.name))
-    reservations = slurm_reservation_rows(jobs, now)
+    reservations = slurm_reservation_rows(jobs, now, account_prefix)
     held = {gpu_name(r["node"], r["slot"]) for r in reservations}
     pool = [gpu_name(n.name, f"gpu:{i}") for n in mine for i in range(n.gpus)]
     usable = {gpu_name(n.name, f"gpu:{i}") for n in mine if n.usable for i in range(n.gpus)}
@@ -327,7 +335,7 @@ def slurm_status_model(
         "pool": pool if known else None,
         "free": [g for g in pool if g in usable and g not in held] if known else None,
         "reservations": reservations,
-        "queue": slurm_queue_rows(jobs),
+        "queue": slurm_queue_rows(jobs, account_prefix),
         "error": error,
     }
 
@@ -505,7 +513,8 @@ async def read_slurm(commands: SlurmCommands, partition: str) -> tuple[list[Slur
     return jobs, nodes, default
 
 
-def read_slurm_status(*, partition: str, slurm_env: Mapping[str, str]) -> dict:
+def read_slurm_status(*, partition: str, slurm_env: Mapping[str, str],
+                      account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> dict:
     """:func:`slurm_status_model` now, from Slurm's commands run with ``slurm_env``
     (``PATH``, ``SLURM_CONF``...); PDL's partition is ``partition`` ("": Slurm's
     default). No file is read: Slurm is the one source. When Slurm cannot be read, or
@@ -522,7 +531,7 @@ def read_slurm_status(*, partition: str, slurm_env: Mapping[str, str]) -> dict:
         logging.getLogger("pdl.admin_view").warning("cannot read Slurm: %s", error)
         jobs, nodes, default = [], [], ""
     return slurm_status_model(jobs, nodes, time.time(), partition=partition, default_partition=default,
-                              error=error)
+                              error=error, account_prefix=account_prefix)
 
 
 class _ViewHandler(HubOAuthenticated, web.RequestHandler):
@@ -622,13 +631,15 @@ def slurm_env_from(env=os.environ) -> dict[str, str]:
 
 def reader_from_env(env=os.environ) -> Callable[[], dict]:
     """The status reader the environment asks for: the Slurm source when ``PDL_SLURM``
-    is ``1`` (with ``PDL_SLURM_PARTITION``, ``PATH`` and ``SLURM_CONF``; no file), else
+    is ``1`` (with ``PDL_SLURM_PARTITION``, ``PDL_ACCOUNT_PREFIX``, ``PATH`` and
+    ``SLURM_CONF``; no file), else
     the Swarm source when ``PDL_DOCKER_HOST`` is set (with ``PDL_GPU_RESOURCE`` and
     ``PDL_NODES``), else the local slot ledger (with ``PDL_POOL``); these two read
     ``PDL_RESERVATIONS_DB``."""
     if env.get("PDL_SLURM") == "1":
         return partial(read_slurm_status, partition=env.get("PDL_SLURM_PARTITION", "").strip(),
-                       slurm_env=slurm_env_from(env))
+                       slurm_env=slurm_env_from(env),
+                       account_prefix=env.get("PDL_ACCOUNT_PREFIX", DEFAULT_ACCOUNT_PREFIX))
     db_path = env["PDL_RESERVATIONS_DB"]
     if env.get("PDL_DOCKER_HOST"):
         return partial(read_swarm_status, db_path, docker_host=env["PDL_DOCKER_HOST"],

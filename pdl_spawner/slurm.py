@@ -216,8 +216,8 @@ class PDLSlurmSpawner(PDLLocalSpawner):
             jobs = await self.slurm.jobs()
         except SlurmError:
             return []
-        return [(j.name[len(slurm_jobs.JOB_NAME_PREFIX):].split(":")[0], j.gpus) for j in jobs
-                if j.waiting and j.name.startswith(slurm_jobs.JOB_NAME_PREFIX)]
+        waiting = [(slurm_jobs.pdl_job_owner(j, self.account_prefix), j.gpus) for j in jobs if j.waiting]
+        return [(owner[0], gpus) for owner, gpus in waiting if owner is not None]
 
     async def refuse_while_others_wait(self, *, spawning: bool = True) -> None:
         """Nothing to do: Slurm's own queue orders the requests."""

@@ -50,6 +50,23 @@ def job_name(user: str, server: str = "") -> str:
     return f"{JOB_NAME_PREFIX}{user}:{server}" if server else f"{JOB_NAME_PREFIX}{user}"
 
 
+#: The hub's default prefix of its users' Unix accounts (``PDLLocalSpawner.account_prefix``).
+DEFAULT_ACCOUNT_PREFIX = "pdl-"
+
+
+def pdl_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> tuple[str, str] | None:
+    """(hub user, server name) of one of PDL's reservation jobs: named
+    ``pdl:<user>[:<server>]`` and owned by that user's account (``account_prefix`` +
+    user). None for any other job, also one a user named after someone else (a job's
+    name is the submitter's to choose, its account is not)."""
+    if not job.name.startswith(JOB_NAME_PREFIX):
+        return None
+    user, _, server = job.name[len(JOB_NAME_PREFIX):].partition(":")
+    if not user or job.user != f"{account_prefix}{user}":
+        return None
+    return user, server
+
+
 def sbatch_argv(name: str, gpus: int, *, partition: str = "", time_limit_min: int = 0, cpus_per_gpu: int = 1,
                 extra: tuple[str, ...] = ()) -> list[str]:
     """``sbatch`` arguments for a reservation of ``gpus`` GPUs, one task each, under

@@ -40,6 +40,11 @@ c.Spawner.environment = {env!r}
 c.Spawner.start_timeout = 120
 {extra_config}
 """
+        # the admin view tells PDL's jobs by the accounts' prefix, which Hub sets after
+        # jupyterhub_config.py made the service's environment
+        config += ("for _service in c.JupyterHub.services:\n"
+                   "    if _service['name'] == 'pdl-admin':\n"
+                   "        _service['environment']['PDL_ACCOUNT_PREFIX'] = c.PDLLocalSpawner.account_prefix\n")
         super().__init__(root, users, pool=["cpu:0"], hub_env={
             "PDL_SPAWNER": "slurm",
             "PDL_CONTROLLER_IP": slurm.host_addr,

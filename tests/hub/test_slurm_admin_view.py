@@ -87,6 +87,7 @@ PARTITIONS = ("PartitionName=gpu AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL 
 
 def model(jobs=JOBS, nodes=NODES, **kwargs) -> dict:
     kwargs.setdefault("default_partition", "gpu")
+    kwargs.setdefault("account_prefix", "t1a2-")  # the accounts of the jobs above
     return slurm_status_model(parse_jobs(jobs), parse_nodes(nodes), NOW, **kwargs)
 
 
@@ -131,13 +132,21 @@ def test_the_queue_is_the_pending_jobs_that_want_gpus_in_slurms_order_with_its_r
 
 
 def test_owners_as_slurm_writes_them():
-    def job(name):
-        return parse_jobs(squeue(sjob(9, name, "t1a2-x", "RUNNING")))[0]
+    def job(name, account="t1a2-ann"):
+        return parse_jobs(squeue(sjob(9, name, account, "RUNNING")))[0]
 
-    assert slurm_job_owner(job("pdl:ann")) == ("ann", "ann", "")
-    assert slurm_job_owner(job("pdl:ann:big")) == ("ann/big", "ann", "big")
-    assert slurm_job_owner(job("pdl:")) == ("t1a2-x", "t1a2-x", "")
-    assert slurm_job_owner(job("jupyter")) == ("t1a2-x", "t1a2-x", "")
+    assert slurm_job_owner(job("pdl:ann"), "t1a2-") == ("ann", "ann", "")
+    assert slurm_job_owner(job("pdl:ann:big"), "t1a2-") == ("ann/big", "ann", "big")
+    assert slurm_job_owner(job("pdl:", "t1a2-x"), "t1a2-") == ("t1a2-x", "t1a2-x", "")
+    assert slurm_job_owner(job("jupyter", "t1a2-x"), "t1a2-") == ("t1a2-x", "t1a2-x", "")
+
+
+def test_a_job_named_after_another_user_shows_as_its_own_account():
+    """Guards slurm_jobs.pdl_job_owner: a job's name is its submitter's to choose; ann
+    naming hers ``pdl:ben`` must not show ben holding GPUs."""
+    forged = parse_jobs(squeue(sjob(9, "pdl:ben", "t1a2-ann", "RUNNING")))[0]
+    assert slurm_job_owner(forged, "t1a2-") == ("t1a2-ann", "t1a2-ann", "")
+    assert slurm_job_owner(forged, "pdl-") == ("t1a2-ann", "t1a2-ann", "")
 
 
 def test_a_job_name_that_looks_like_other_fields_shows_as_the_jobs_own_account():
@@ -162,7 +171,9 @@ def test_times_are_slurms_epoch_seconds_and_unknown_when_zero():
 
 def test_the_slurm_page_escapes_names_shows_both_tables_and_says_where_reclaims_are():
     names = {"train": SCRIPT, "pdl:ben": f"pdl:{SCRIPT}"}
-    hostile = squeue(*({**j, "name": names.get(j["name"], j["name"])} for j in JOB_LIST))
+    accounts = {"pdl:ben": f"t1a2-{SCRIPT}"}  # as if an account could be so named: the page still escapes it
+    hostile = squeue(*({**j, "name": names.get(j["name"], j["name"]),
+                        "user_name": accounts.get(j["name"], j["user_name"])} for j in JOB_LIST))
     page = render_page(model(jobs=hostile))
     assert "<script" not in page
     assert "Partition gpu, nodes n1, n2, n3, n4, n10: 2 of 9 GPU(s) free; not available: n4." in page
@@ -228,10 +239,12 @@ def test_the_environment_picks_the_slurm_source_with_no_file():
     reader = reader_from_env({"PDL_SLURM": "1", "PDL_SLURM_PARTITION": " gpu ", "PATH": "/opt/slurm/bin:/usr/bin",
                               "SLURM_CONF": "/etc/lab/slurm.conf", "PDL_DOCKER_HOST": "tcp://m:2375"})
     assert reader.func is admin_view.read_slurm_status and reader.args == ()
-    assert reader.keywords == {"partition": "gpu", "slurm_env": {
+    assert reader.keywords == {"partition": "gpu", "account_prefix": "pdl-", "slurm_env": {
         "PATH": "/opt/slurm/bin:/usr/bin", "LANG": "C.UTF-8", "SLURM_CONF": "/etc/lab/slurm.conf"}}
     # as jupyterhub_config.py gives it: SLURM_CONF empty when the hub had none
-    default = reader_from_env({"PDL_SLURM": "1", "PDL_SLURM_PARTITION": "", "SLURM_CONF": "", "PATH": ""})
-    assert default.keywords == {"partition": "", "slurm_env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}
+    default = reader_from_env({"PDL_SLURM": "1", "PDL_SLURM_PARTITION": "", "SLURM_CONF": "", "PATH": "",
+                               "PDL_ACCOUNT_PREFIX": "lab-"})
+    assert default.keywords == {"partition": "", "account_prefix": "lab-",
+                                "slurm_env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}
     with pytest.raises(KeyError):  # any other value is not Slurm: the ledger file is needed
         reader_from_env({"PDL_SLURM": "0"})

@@ -13,7 +13,7 @@ import pytest
 
 from pdl_spawner.slurm_jobs import (
     JOB_NAME_PREFIX, SlurmJob, SlurmNode, default_partition, gpu_usage, job_name, parse_job_id, parse_jobs,
-    parse_nodes, pending_message, queue_position, sbatch_argv,
+    parse_nodes, pdl_job_owner, pending_message, queue_position, sbatch_argv,
 )
 
 pytestmark = pytest.mark.unit
@@ -248,3 +248,14 @@ def test_a_job_never_starts_only_while_it_waits_for_what_waiting_will_not_bring(
     assert not job(1, state="RUNNING", reason="PartitionNodeLimit").never_starts
     [limited] = parse_jobs(squeue(changed(PENDING, state_reason="PartitionNodeLimit")))
     assert limited.never_starts
+
+
+def test_a_job_is_pdls_only_when_its_name_and_its_account_agree():
+    """Guards pdl_job_owner: anyone may name a job ``pdl:ben``; only ben's account's is his."""
+    mine = job(1, user="ben")
+    assert pdl_job_owner(mine, "t1a2-") == ("ben", "")
+    assert pdl_job_owner(SlurmJob(**{**mine.__dict__, "name": "pdl:ben:big"}), "t1a2-") == ("ben", "big")
+    assert pdl_job_owner(SlurmJob(**{**mine.__dict__, "user": "t1a2-ann"}), "t1a2-") is None  # ann's, named ben's
+    assert pdl_job_owner(mine, "pdl-") is None  # not an account of this hub's users
+    assert pdl_job_owner(SlurmJob(**{**mine.__dict__, "name": "train"}), "t1a2-") is None
+    assert pdl_job_owner(SlurmJob(**{**mine.__dict__, "name": JOB_NAME_PREFIX}), "t1a2-") is None
