@@ -297,7 +297,10 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         self.forget_port()
         self.slots = []
         await self._cancel_job()
-        await self.slurm.cancel_named(self.account, self.job_name)
+        try:
+            await self.slurm.cancel_named(self.account, self.job_name)
+        except SlurmError as e:  # e.g. no such account any more: nothing of it can run
+            self.log.warning("could not cancel the Slurm jobs of %s by name: %s", self.owner, e)
 
     def release_blocking(self) -> list[str]:
         """From clear_state (on the hub's worker thread): cancel the server's PDL jobs by name."""
