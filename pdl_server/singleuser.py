@@ -92,6 +92,15 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
     the lease, that is recorded as a release (the next cell asks for a new job), else
     supervision ends with one line saying so.
     """
+    def release(reason: str, what_next: str) -> None:
+        """Stop the engines of every slot and record the release (``reason``, one line)."""
+        for slot in slots:
+            esid = clusters.slot_engine_set_id(slot)
+            if esid in cluster.engines:
+                cluster.stop_engines_sync(esid)
+        engine_lease.write(lease, engine_lease.RELEASED, {"reason": reason, "slots": slots})
+        print(f"pdl-singleuser: {reason}; {what_next}", file=sys.stderr, flush=True)
+
     tracker = IdleTracker(cluster) if idle_timeout_s and lease is not None else None
     released = tracker is not None and engine_lease.read(lease, engine_lease.RELEASED) is not None
     while not stop.wait(SUPERVISE_PERIOD_S):
@@ -130,14 +139,7 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
                 released = True
                 continue
             if idle >= idle_timeout_s:
-                for slot in slots:
-                    esid = clusters.slot_engine_set_id(slot)
-                    if esid in cluster.engines:
-                        cluster.stop_engines_sync(esid)
-                reason = f"engines idle for {idle_timeout_s:g} s"
-                engine_lease.write(lease, engine_lease.RELEASED, {"reason": reason, "slots": slots})
-                print(f"pdl-singleuser: {reason}; stopped them and gave back {','.join(slots)}",
-                      file=sys.stderr, flush=True)
+                release(f"engines idle for {idle_timeout_s:g} s", f"stopped them and gave back {','.join(slots)}")
                 released = True
                 continue
         job_ended = False
@@ -156,18 +158,11 @@ def supervise(cluster, slots: list[str], stop: threading.Event, idle_timeout_s: 
             except Exception as e:  # keep supervising the other slots
                 print(f"pdl-singleuser: could not restart {slot}: {e}", file=sys.stderr, flush=True)
         if job_ended:  # its time limit, or scancel: no step can start in it any more
-            for slot in slots:
-                esid = clusters.slot_engine_set_id(slot)
-                if esid in cluster.engines:
-                    cluster.stop_engines_sync(esid)
-            reason = f"Slurm job {slurm_job} ended"
             if lease is None:
-                print(f"pdl-singleuser: {reason}; stop and start the server for GPUs again", file=sys.stderr,
-                      flush=True)
+                print(f"pdl-singleuser: Slurm job {slurm_job} ended; stop and start the server for GPUs again",
+                      file=sys.stderr, flush=True)
                 return
-            engine_lease.write(lease, engine_lease.RELEASED, {"reason": reason, "slots": slots})
-            print(f"pdl-singleuser: {reason}; the next %%distributed cell asks for GPUs again", file=sys.stderr,
-                  flush=True)
+            release(f"Slurm job {slurm_job} ended", "the next %%distributed cell asks for GPUs again")
             released = True
 
 

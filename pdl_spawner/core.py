@@ -20,8 +20,9 @@ A spawner adds only its own I/O and specs, by providing:
 The core owns the rules: every count, whatever its source (the form, a REST body, a
 lease request), passes :meth:`SpawnerCore.checked_workers` against the same
 :attr:`SpawnerCore.workers_limit`; only ``workers`` and ``queue`` are options a user
-may set, and those the spawner adds (:meth:`SpawnerCore.more_user_options`); a request is refused (HTTP 409, one line) while others wait in the queue,
-and when it asks for more than are free; takes are serialised within the hub process.
+may set, and those the spawner adds (:meth:`SpawnerCore.more_user_options`); a request
+is refused (HTTP 409, one line) while others wait in the queue, and when it asks for
+more than are free; takes are serialised within the hub process.
 """
 
 from __future__ import annotations

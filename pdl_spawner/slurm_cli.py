@@ -114,10 +114,6 @@ class SlurmCommands:
     async def default_partition(self) -> str:
         return slurm_jobs.default_partition(await self.run(["scontrol", "-o", "show", "partition"]))
 
-    async def hostnames(self, nodelist: str) -> list[str]:
-        """``n[1-3]`` -> ``["n1", "n2", "n3"]`` (Slurm's own expansion)."""
-        return (await self.run(["scontrol", "show", "hostnames", nodelist])).split()
-
     async def submit(self, argv: list[str], *, account: str) -> int:
         """Submit ``sbatch`` ``argv`` as ``account``; the new job's id."""
         return slurm_jobs.parse_job_id(await self.run(argv, account=account))
