@@ -9,7 +9,7 @@ Environment variables tune it without editing this file:
   Unix user running the hub); the first one is the admin. More than one needs a hub
   running as root: each hub user's server and engines then run as their own Unix
   account, ``pdl-<name>``, made on the first spawn, with a home of mode 0700 in
-  ``PDL_HOMES_ROOT`` (default ``/home``);
+  ``PDL_HOMES_ROOT`` (default ``/home``); ``PDL_ACCOUNT_PREFIX`` changes ``pdl-``;
 - ``PDL_HUB_PORT``: port on 127.0.0.1 (default 8000); ``PDL_HUB_INTERNAL_PORT``
   and ``PDL_PROXY_API_PORT`` move the hub's own API (8081) and the proxy's (8001);
 - ``PDL_KEEP_SERVERS``: ``1`` (default) keeps users' servers running across a hub
@@ -127,6 +127,8 @@ for _notebook in (Path(__file__).resolve().parent / "notebooks").glob("*.ipynb")
 c.PDLLocalSpawner.skeleton_dir = str(_skeleton)
 if os.environ.get("PDL_HOMES_ROOT"):
     c.PDLLocalSpawner.homes_root = os.environ["PDL_HOMES_ROOT"]
+if os.environ.get("PDL_ACCOUNT_PREFIX"):  # hub user ann runs as <prefix>ann (default pdl-)
+    c.PDLLocalSpawner.account_prefix = os.environ["PDL_ACCOUNT_PREFIX"]
 c.PDLLocalSpawner.default_workers = 3
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 120

@@ -40,11 +40,6 @@ c.Spawner.environment = {env!r}
 c.Spawner.start_timeout = 120
 {extra_config}
 """
-        # the admin view tells PDL's jobs by the accounts' prefix, which Hub sets after
-        # jupyterhub_config.py made the service's environment
-        config += ("for _service in c.JupyterHub.services:\n"
-                   "    if _service['name'] == 'pdl-admin':\n"
-                   "        _service['environment']['PDL_ACCOUNT_PREFIX'] = c.PDLLocalSpawner.account_prefix\n")
         super().__init__(root, users, pool=["cpu:0"], hub_env={
             "PDL_SPAWNER": "slurm",
             "PDL_CONTROLLER_IP": slurm.host_addr,
@@ -52,6 +47,9 @@ c.Spawner.start_timeout = 120
             "PDL_DEFAULT_WORKERS": "1",
             **(hub_env or {}),
         }, extra_config=config)
+        # the admin view tells PDL's jobs by the accounts' prefix: jupyterhub_config.py
+        # gives it the one from the environment
+        self.hub_env["PDL_ACCOUNT_PREFIX"] = self.account_prefix
         self.slurm = slurm
 
     def pdl_jobs(self, user: str | None = None) -> list[dict[str, str]]:

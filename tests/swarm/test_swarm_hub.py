@@ -125,6 +125,9 @@ def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, sw
 
 def test_the_cinic10_notebook_trains_across_the_nodes_and_recovers_from_failures(hub, swarm):
     """The same notebook, unchanged, as on the embedded default and on Slurm."""
+    for user in ("alice", "bob"):  # what the module's other tests left running
+        hub.api("DELETE", f"/users/{user}/server")
+    wait_until(lambda: pdl_objects(swarm) == ([], []), 120, what="every server's services to go")
     r = hub.spawn("alice", 3)
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("alice", timeout=240)
