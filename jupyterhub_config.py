@@ -29,7 +29,9 @@ Environment variables tune it without editing this file:
 - ``PDL_SPAWNER=slurm``: the lab's Slurm cluster, with this machine as a login node
   (the hub must run as root): ``PDL_CONTROLLER_IP`` (required: this machine's address
   as the compute nodes reach it), ``PDL_SLURM_PARTITION`` (default: Slurm's default
-  partition) and ``PDL_DEFAULT_WORKERS``; Slurm's client commands and ``SLURM_CONF``
+  partition), ``PDL_SLURM_ACCOUNT`` (a Slurm account PDL adds each user to, whose QOS
+  and limits then apply; default: none, the users' own associations) and
+  ``PDL_DEFAULT_WORKERS``; Slurm's client commands and ``SLURM_CONF``
   as the login node has them (docs/admin.md, "A Slurm cluster");
 - ``PDL_ENGINE_IDLE_TIMEOUT``: seconds without a task after which a user's engines
   are stopped and their slots or GPUs released (default 0: never); the server and its files stay;
@@ -189,6 +191,8 @@ elif os.environ.get("PDL_SPAWNER", "local") == "slurm":
     c.JupyterHub.spawner_class = "pdl-slurm"
     c.PDLSlurmSpawner.controller_ip = os.environ["PDL_CONTROLLER_IP"]
     c.PDLSlurmSpawner.partition = os.environ.get("PDL_SLURM_PARTITION", "")
+    # the Slurm account PDL adds each user to (its QOS and limits then apply); "": their own
+    c.PDLSlurmSpawner.slurm_account = os.environ.get("PDL_SLURM_ACCOUNT", "")
     c.PDLSlurmSpawner.default_workers = int(os.environ.get("PDL_DEFAULT_WORKERS", "1"))
 elif os.environ.get("PDL_SPAWNER", "local") != "local":
     raise SystemExit(f"PDL_SPAWNER must be 'local', 'swarm' or 'slurm', got {os.environ['PDL_SPAWNER']!r}")

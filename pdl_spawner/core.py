@@ -89,6 +89,10 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         """The most workers one request may ask for: ``max_workers``, within :attr:`worker_capacity`."""
         return min(self.max_workers or self.worker_capacity, self.worker_capacity)
 
+    async def read_capacity(self) -> None:
+        """Learn what :attr:`worker_capacity` needs, off the event loop, before a count
+        is checked; nothing by default (a spawner that asks its cluster overrides it)."""
+
     def checked_workers(self, n) -> int:
         """``n`` if it is a whole number within :attr:`workers_limit`, else HTTPError(400)
         naming the valid range: the one check for every source of a count (the form,
@@ -201,6 +205,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         if not isinstance(want, dict) or lease.get("grant"):
             return
         try:
+            await self.read_capacity()
             answer = await self.grant_workers_again(self.checked_workers(want.get("workers")))
         except web.HTTPError as e:
             answer = {"refused": e.reason or e.log_message or str(e)}

@@ -9,8 +9,9 @@ GPUs: Slurm, and nobody else.
   user's account (:mod:`~pdl_spawner.slurm_cli`), named ``pdl:<user>``, holding one
   GPU per task (:func:`~pdl_spawner.slurm_jobs.sbatch_argv`). PDL keeps no table of
   its own: what is free, who holds what and who waits are read from Slurm each time
-  (``scontrol``), and Slurm's limits (QOS, ``MaxTRESPerUser``, partition limits),
-  fair share and accounting apply to the person.
+  (``squeue``, ``sinfo``), and Slurm's limits (QOS, ``MaxTRESPerUser``, partition limits),
+  fair share and accounting apply to the person. With :attr:`PDLSlurmSpawner.slurm_account`,
+  PDL adds each user to that Slurm account (an association) and charges the jobs there.
 - **Engines are job steps** of that job: the user's server runs one ``srun --jobid``
   per GPU (:mod:`pdl_magics.clusters`), on the nodes Slurm chose, with the GPU Slurm
   bound, and its ipyparallel controller listens on :attr:`PDLSlurmSpawner.controller_ip`,
@@ -51,6 +52,8 @@ from .usage import WorkerUsage
 SETTLE_S = 15.0
 #: Seconds between looks at a job waiting to start.
 JOB_POLL_S = 1.0
+#: :attr:`PDLSlurmSpawner.worker_capacity` before Slurm has been asked (no bound yet).
+UNREAD_CAPACITY = 1 << 20
 
 
 class PDLSlurmSpawner(PDLLocalSpawner):
@@ -83,6 +86,14 @@ class PDLSlurmSpawner(PDLLocalSpawner):
     sbatch_args = List(
         Unicode(), config=True,
         help="More sbatch options for every reservation, the admin's (e.g. ['--qos=lab']); users cannot set them.",
+    )
+
+    slurm_account = Unicode(
+        "", config=True,
+        help="""Slurm account of the reservations (sbatch --account). When set, PDL makes
+        each user it spawns for a member of this account (sacctmgr add user, once), so the
+        account's QOS and limits apply to them; empty: the users' default accounts, which
+        the admin makes (needed where AccountingStorageEnforce is set).""",
     )
 
     slurm_env = Dict(
@@ -139,15 +150,26 @@ class PDLSlurmSpawner(PDLLocalSpawner):
 
     @property
     def worker_capacity(self) -> int:
-        """The GPUs of the partition's usable nodes (read once from Slurm, then kept
-        current by :meth:`worker_usage`)."""
+        """The GPUs of the partition's usable nodes, as last read from Slurm
+        (:meth:`read_capacity`, :meth:`worker_usage`). Never asks Slurm itself (it is
+        read on the event loop): before the first read, ``max_workers`` (else no bound),
+        which only a form's first look uses; the spawn checks again once it has read."""
+        known = PDLSlurmSpawner._capacity.get(self.chosen_partition)
+        if known is None:
+            return self.max_workers or UNREAD_CAPACITY
+        return max(1, known)
+
+    async def read_capacity(self) -> None:
+        """Read the partition's GPUs from Slurm, off the event loop, the first time this
+        hub process needs them (503 in one line when Slurm does not answer)."""
         partition = self.chosen_partition
         if partition not in PDLSlurmSpawner._capacity:
             try:
-                PDLSlurmSpawner._capacity[partition] = self.slurm.partition_gpus_sync(partition)
+                gpus = await asyncio.to_thread(self.slurm.partition_gpus_sync, partition)
             except SlurmError as e:
                 raise web.HTTPError(503, str(e), reason=str(e)) from None
-        return max(1, PDLSlurmSpawner._capacity[partition])
+            PDLSlurmSpawner._capacity[partition] = gpus
+
 
     async def worker_usage(self) -> WorkerUsage:
         nodes, jobs, default_part = await asyncio.gather(self.slurm.nodes(), self.slurm.jobs(),
@@ -224,11 +246,19 @@ class PDLSlurmSpawner(PDLLocalSpawner):
 
     async def claim_workers(self) -> list[str]:
         """The spawn's GPUs: the user's account first (the job is submitted as it)."""
+        await self.read_capacity()
         n = self.requested_workers()
         partition, time_limit = self.chosen_partition, self.chosen_time_limit  # a bad choice: 400, nothing made
         self.log.info("%s asks Slurm for %d GPU(s) in partition %s, time limit %s", self.owner, n,
                       partition or "(default)", f"{time_limit} min" if time_limit else "(default)")
         await asyncio.to_thread(self.prepare_account)
+        if self.slurm_account:
+            try:
+                if await self.slurm.ensure_association(self.account, self.slurm_account):
+                    self.log.info("Added %s to Slurm account %s", self.account, self.slurm_account)
+            except SlurmError as e:
+                message = f"Could not add you to Slurm account {self.slurm_account}: {e}"
+                raise web.HTTPError(503, message, reason=message) from None
         return await self.take_workers(n, wait=self.wants_queue)
 
     async def take_workers(self, n: int, *, wait: bool = False) -> list[str]:
@@ -240,7 +270,8 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         await self.slurm.cancel_named(self.account, self.job_name)  # left by a crash mid-spawn
         argv = slurm_jobs.sbatch_argv(self.job_name, n, partition=self.chosen_partition,
                                       time_limit_min=self.chosen_time_limit,
-                                      cpus_per_gpu=self.cpus_per_gpu, extra=tuple(self.sbatch_args))
+                                      cpus_per_gpu=self.cpus_per_gpu, account=self.slurm_account,
+                                      extra=tuple(self.sbatch_args))
         try:
             self.job_id = await self.slurm.submit(argv, account=self.account)
         except SlurmError as e:

@@ -118,6 +118,17 @@ class SlurmCommands:
         """Submit ``sbatch`` ``argv`` as ``account``; the new job's id."""
         return slurm_jobs.parse_job_id(await self.run(argv, account=account))
 
+    async def ensure_association(self, user: str, account: str) -> bool:
+        """Make Unix user ``user`` a member of Slurm account ``account`` (``sacctmgr``, as
+        the hub: root is one of Slurm's administrators), unless it is already; so the
+        account's limits and QOS apply to the user's jobs. True when it was added."""
+        listed = await self.run(["sacctmgr", "--noheader", "--parsable2", "list", "associations",
+                                 f"users={user}", f"accounts={account}", "format=User"])
+        if user in listed.split():
+            return False
+        await self.run(["sacctmgr", "--immediate", "add", "user", user, f"account={account}"])
+        return True
+
     async def cancel(self, *job_ids: int) -> None:
         """Cancel these jobs (those already gone are no error)."""
         if job_ids:

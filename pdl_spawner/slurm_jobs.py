@@ -68,12 +68,12 @@ def pdl_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -
 
 
 def sbatch_argv(name: str, gpus: int, *, partition: str = "", time_limit_min: int = 0, cpus_per_gpu: int = 1,
-                extra: tuple[str, ...] = ()) -> list[str]:
+                account: str = "", extra: tuple[str, ...] = ()) -> list[str]:
     """``sbatch`` arguments for a reservation of ``gpus`` GPUs, one task each, under
     ``name``; the job's only step sleeps until it is cancelled or its time is up.
     ``time_limit_min``: minutes (0: the partition's default); ``cpus_per_gpu``: cores
-    each engine gets; ``extra``: the admin's own
-    sbatch options (e.g. ``--qos=lab``), never the user's."""
+    each engine gets; ``account``: the Slurm account charged ("": the user's default);
+    ``extra``: the admin's own sbatch options (e.g. ``--qos=lab``), never the user's."""
     argv = ["sbatch", "--parsable", f"--job-name={name}", f"--ntasks={gpus}", "--gpus-per-task=1",
             f"--cpus-per-task={cpus_per_gpu}", "--output=/dev/null", "--error=/dev/null", "--export=NONE",
             "--no-requeue"]
@@ -81,6 +81,8 @@ def sbatch_argv(name: str, gpus: int, *, partition: str = "", time_limit_min: in
         argv.append(f"--partition={partition}")
     if time_limit_min:
         argv.append(f"--time={time_limit_min}")
+    if account:
+        argv.append(f"--account={account}")
     argv += list(extra)
     argv.append("--wrap=exec sleep infinity")
     return argv

@@ -29,10 +29,15 @@ namespaces, naming the run directory or owned by a test user, and deletes the
 namespaces, veths and users. ``up()`` first cleans up what a crashed run left. A lock
 file makes a second session wait instead of tearing down the first's.
 
-There is no accounting (no slurmdbd): limits per user or account (associations, QOS
-with ``AccountingStorageEnforce=limits,qos``) need slurmdbd and a database. Partition
-limits (``MaxNodes=``, ``MaxTime=``, ``MaxCPUsPerNode=``) work without it: pass
-``partition=`` or ``extra_conf=`` to :class:`SlurmSim` (see :func:`slurm_conf`).
+Accounting is on, as a lab that sets limits per user has it: a MariaDB server
+(``mariadbd``, its data in ``db/``) and slurmdbd run in the controller's namespaces, and
+slurm.conf says ``AccountingStorageEnforce=associations,limits,qos``, so only users
+with an association may submit. ``up()`` makes the Slurm account :data:`LAB_ACCOUNT`
+with the two test users in it, and the QOS :data:`TWO_GPU_QOS` (at most 2 GPUs per
+user, ``MaxTRESPerUser=gres/gpu=2``), which the account may use (its default QOS stays
+``normal``, without limits). Partition limits (``MaxNodes=``, ``MaxTime=``) need no
+accounting: pass ``partition=`` or ``extra_conf=`` to :class:`SlurmSim` (see
+:func:`slurm_conf`).
 
 Notes for tests, all Slurm's defaults as a lab would have them: a batch job starts
 about 3 s after sbatch (the scheduler's pass), and a job that waits shows the reason
@@ -69,9 +74,18 @@ PARTITION = "gpu"
 SHORT_PARTITION = "short"
 CONTROLLER = "ctl"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PROGRAMS = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "munged", "munge")
+PROGRAMS = ("slurmctld", "slurmd", "slurmdbd", "sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol",
+            "sacctmgr", "munged", "munge", "mariadbd", "mariadb-install-db", "mariadb")
+#: The Slurm account of the test users (and of the accounts a test hub makes: PDL_SLURM_ACCOUNT).
+LAB_ACCOUNT = "pdl-lab"
+#: A QOS that the lab account may use: at most 2 GPUs per user (``MaxTRESPerUser``).
+TWO_GPU_QOS = "pdl-two"
+#: slurmdbd's port, on the controller's address.
+DBD_PORT = 6819
+#: MariaDB's port, on 127.0.0.1 in the controller's namespace (slurmdbd's database).
+DB_PORT = 3306
 # /proc/PID/comm prefixes of Slurm's programs (slurmctld, slurmd, slurmstepd and the clients)
-_SLURM_COMMANDS = ("slurm", "srun", "sbatch", "salloc", "squeue", "scancel", "sinfo", "scontrol")
+_SLURM_COMMANDS = ("slurm", "srun", "sbatch", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacctmgr")
 
 # Runs in a daemon's own network namespace (nsenter) and a new UTS namespace (unshare):
 # set the node's hostname (slurmctld starts only where it equals SlurmctldHost), exec.
@@ -117,13 +131,11 @@ def unavailable_reason() -> str | None:
 def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str, str]], cpus: int,
                partition: str = "", extra_conf: str = "") -> str:
     """slurm.conf for a controller ``(name, address)`` and ``nodes`` ``[(name, address)]``
-    with ``cpus`` CPUs and one GPU each, every path under ``run_dir``.
+    with ``cpus`` CPUs and one GPU each, every path under ``run_dir``, accounting through
+    the slurmdbd at the controller's address (:func:`slurmdbd_conf`).
 
     ``partition``: more settings for the one partition ``gpu`` (e.g. ``MaxNodes=2
-    MaxTime=60``); ``extra_conf``: more lines (e.g. ``SchedulerParameters=...``). Limits
-    per user, account or QOS need accounting: ``AccountingStorageType=
-    accounting_storage/slurmdbd``, ``AccountingStorageEnforce=limits,qos`` and a running
-    slurmdbd with its database; this cluster has none yet.
+    MaxTime=60``); ``extra_conf``: more lines (e.g. ``SchedulerParameters=...``).
     """
     r = run_dir
     lines = [
@@ -152,7 +164,13 @@ def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str
         "MailProg=/bin/true",
         "JobCompType=jobcomp/none",
         "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        # accounting: associations (who may submit), limits and QOS, GPUs counted as TRES
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={controller[1]}",
+        f"AccountingStoragePort={DBD_PORT}",
+        f"AccountingStoragePass={r}/munge/munge.socket",  # the munged of slurmdbd's connections
+        "AccountingStorageTRES=gres/gpu",
+        "AccountingStorageEnforce=associations,limits,qos",
     ]
     if extra_conf:
         lines.append(extra_conf.strip())
@@ -163,6 +181,29 @@ def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str
     # a second partition over the same nodes, as labs have for short, small jobs
     lines.append(f"PartitionName={SHORT_PARTITION} Nodes={names} Default=NO MaxTime=60 MaxNodes=2 State=UP")
     return "\n".join(lines) + "\n"
+
+
+def slurmdbd_conf(run_dir: Path, controller: tuple[str, str], db_port: int, db_password: str) -> str:
+    """slurmdbd.conf: slurmdbd on the controller ``(name, address)``, its database the
+    MariaDB server at 127.0.0.1:``db_port`` in the controller's namespace."""
+    r = run_dir
+    return "\n".join([
+        "# The simulated Slurm cluster's accounting daemon (tests/harness/slurm_harness.py). Written by up().",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={r}/munge/munge.socket",
+        f"DbdHost={controller[0]}",
+        f"DbdAddr={controller[1]}",
+        f"DbdPort={DBD_PORT}",
+        "SlurmUser=root",
+        f"PidFile={r}/run/slurmdbd.pid",
+        f"LogFile={r}/log/slurmdbd.log",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=127.0.0.1",
+        f"StoragePort={db_port}",
+        "StorageUser=slurm",
+        f"StoragePass={db_password}",
+        "StorageLoc=slurm_acct_db",
+    ]) + "\n"
 
 
 def gres_conf(nodes: list[str], device) -> str:
@@ -221,11 +262,13 @@ class SlurmSim(SimulatedCluster):
 
     @property
     def daemons(self) -> list[str]:
-        return ["munged", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)]
+        return ["munged", "mariadb", "slurmdbd", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)]
 
     def log_path(self, daemon: str) -> Path:
-        """The log of ``munged`` (its stderr: in the foreground it logs there), ``slurmctld``
-        or ``slurmd-<node>``."""
+        """The log of ``munged`` (its stderr: in the foreground it logs there), ``mariadb``,
+        ``slurmdbd``, ``slurmctld`` or ``slurmd-<node>``."""
+        if daemon == "mariadb":  # in its own folder: it runs as mysql
+            return self.run_dir / "db" / "mariadb.log"
         return self._out_path(daemon) if daemon == "munged" else self.run_dir / "log" / f"{daemon}.log"
 
     def _out_path(self, daemon: str) -> Path:
@@ -310,7 +353,8 @@ class SlurmSim(SimulatedCluster):
 
     def _stages(self):
         return [("files", self._write_files), ("users", self._users_up), ("munge", self._munge_up),
-                ("network", self._net_up), ("slurmctld", self._controller_up), ("nodes", self._nodes_up)]
+                ("network", self._net_up), ("database", self._database_up), ("slurmdbd", self._slurmdbd_up),
+                ("slurmctld", self._controller_up), ("accounts", self._accounts_up), ("nodes", self._nodes_up)]
 
     def _net_up(self) -> None:
         members = [Member(self.netns(h), f"{self.addr(h)}/24", f"{self.prefix}e-{h}", f"{self.prefix}b-{h}")
@@ -321,7 +365,7 @@ class SlurmSim(SimulatedCluster):
 
     def _write_files(self) -> None:
         r = self.run_dir
-        for sub in ("state", "spool", "run", "home", "dev", "munge", "log"):  # a fresh cluster every run
+        for sub in ("state", "spool", "run", "home", "dev", "munge", "log", "db"):  # a fresh cluster every run
             shutil.rmtree(r / sub, ignore_errors=True)
         for sub in ("etc", "state", "run", "log", "home", "dev", *(f"spool/{n}" for n in self.node_names)):
             (r / sub).mkdir(parents=True, exist_ok=True)
@@ -335,6 +379,10 @@ class SlurmSim(SimulatedCluster):
                                              self.extra_conf))
         (r / "etc" / "gres.conf").write_text(gres_conf(self.node_names, self.gpu_device))
         (r / "etc" / "plugstack.conf").write_text("")
+        self._db_password = os.urandom(12).hex()
+        dbd_conf = r / "etc" / "slurmdbd.conf"  # slurmdbd wants it private: it holds the database's password
+        dbd_conf.touch(mode=0o600)
+        dbd_conf.write_text(slurmdbd_conf(r, controller, DB_PORT, self._db_password))
 
     def _users_up(self) -> None:
         for user in self.users:
@@ -385,6 +433,53 @@ class SlurmSim(SimulatedCluster):
 
         wait_until(answers, 20, interval=0.05, what="munged")
 
+    def _database_up(self) -> None:
+        """MariaDB in the controller's namespace, its data under ``db/`` (owned by
+        ``mysql``), on 127.0.0.1:DB_PORT there; the database user ``slurm`` for slurmdbd."""
+        db = self.run_dir / "db"
+        db.mkdir(mode=0o750)
+        shutil.chown(db, "mysql", "mysql")
+        small = ("--innodb-log-file-size=8M", "--innodb-buffer-pool-size=16M")  # a test's few rows, not 192 MB
+        run("mariadb-install-db", "--no-defaults", "--user=mysql", f"--datadir={db}/data", "--skip-test-db",
+            "--auth-root-authentication-method=socket", *small, env={"PATH": PATH, "LANG": "C.UTF-8"})
+        socket = db / "mysqld.sock"
+        p = self._start("mariadb", [
+            "mariadbd", "--no-defaults", "--user=mysql", f"--datadir={db}/data", f"--socket={socket}",
+            f"--pid-file={db}/mariadbd.pid", "--bind-address=127.0.0.1", f"--port={DB_PORT}",
+            "--skip-name-resolve", f"--log-error={self.log_path('mariadb')}", *small],
+            host=CONTROLLER)
+        sql = (f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{self._db_password}'; "
+               "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
+
+        def answers():
+            self._check_running("mariadb", p)
+            return socket.exists() and run("mariadb", "--no-defaults", f"--socket={socket}", "-u", "root",
+                                           "-e", "SELECT 1", check=False).returncode == 0
+
+        wait_until(answers, 60, interval=0.1, what="MariaDB answering on its socket")
+        run("mariadb", "--no-defaults", f"--socket={socket}", "-u", "root", "-e", sql)
+
+    def _slurmdbd_up(self) -> None:
+        dbd = self._start("slurmdbd", ["slurmdbd", "-D"], host=CONTROLLER)
+        said = []
+
+        def answers():
+            self._check_running("slurmdbd", dbd)
+            done = self.run("sacctmgr", "--noheader", "list", "cluster", timeout=20)
+            said[:] = [done.stderr.strip()]
+            return done.returncode == 0
+
+        wait_until(answers, 60, interval=0.1, what=lambda: f"slurmdbd answering `sacctmgr list cluster`: {said}")
+        self.run("sacctmgr", "--immediate", "add", "cluster", "pdl-sim", check=True)
+
+    def _accounts_up(self) -> None:
+        """The lab's account with the test users, and the QOS :data:`TWO_GPU_QOS` it may use."""
+        self.run("sacctmgr", "--immediate", "add", "qos", TWO_GPU_QOS, "MaxTRESPerUser=gres/gpu=2", check=True)
+        self.run("sacctmgr", "--immediate", "add", "account", LAB_ACCOUNT, "Description=pdl-tests",
+                 "Organization=pdl", f"QOS=normal,{TWO_GPU_QOS}", "DefaultQOS=normal", check=True)
+        self.run("sacctmgr", "--immediate", "add", "user", ",".join(self.users), f"Account={LAB_ACCOUNT}",
+                 check=True)
+
     def _controller_up(self) -> None:
         ctl = self._start("slurmctld", ["slurmctld", "-D", "-f", str(self.conf_path)], host=CONTROLLER)
 
@@ -415,8 +510,17 @@ class SlurmSim(SimulatedCluster):
         for path in (self.run_dir / "run").glob("*.pid"):
             with contextlib.suppress(OSError, ValueError):
                 pids.add(int(path.read_text().strip()))
-        return [p for p in pids if pid_alive(p) and str(self.run_dir) + "/" in cmdline(p)
-                and _comm(p) in commands]
+        return [p for p in pids if pid_alive(p) and _comm(p) in commands and self._names_run_dir(p)]
+
+    def _names_run_dir(self, pid: int) -> bool:
+        """Whether ``pid``'s command line, or its SLURM_CONF (slurmdbd takes no config
+        path), names our run directory."""
+        if str(self.run_dir) + "/" in cmdline(pid):
+            return True
+        try:
+            return f"SLURM_CONF={self.conf_path}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
 
     def _user_pids(self) -> list[int]:
         uids = set()
@@ -451,7 +555,8 @@ class SlurmSim(SimulatedCluster):
                 self.run("scontrol", "shutdown", timeout=10)
                 wait_until(lambda: not any(pid_alive(p) for p in slurm), 15, interval=0.1,
                            what="slurmctld and slurmd to shut down")
-        terminate(self._recorded_pids("slurmctld", "slurmd"), timeout=15)
+        terminate(self._recorded_pids("slurmctld", "slurmd", "slurmdbd"), timeout=15)
+        terminate(self._recorded_pids("mariadbd") + pids_naming(str(self.run_dir) + "/", ("mariadbd",)), timeout=30)
         remove_namespaces(self._our_netns())
         terminate(pids_naming(str(self.run_dir) + "/", _SLURM_COMMANDS))
         terminate(self._user_pids(), timeout=10)
@@ -463,7 +568,7 @@ class SlurmSim(SimulatedCluster):
         remove_links(self._our_links())
         for user in self._our_users():
             run("userdel", user, check=False)
-        for sub in ("run", "home", "dev"):
+        for sub in ("run", "home", "dev", "db"):
             shutil.rmtree(self.run_dir / sub, ignore_errors=True)
         with contextlib.suppress(OSError):
             (self.run_dir / "munge" / "munge.key").unlink()
@@ -476,8 +581,9 @@ class SlurmSim(SimulatedCluster):
     def leftovers(self) -> dict[str, list]:
         """What of ours is still there (all empty after ``down()``)."""
         return {
-            "processes": sorted(set(self._recorded_pids("slurmctld", "slurmd", "munged") + self._user_pids()
-                                    + pids_naming(str(self.run_dir) + "/", (*_SLURM_COMMANDS, "munged")))),
+            "processes": sorted(set(self._recorded_pids("slurmctld", "slurmd", "slurmdbd", "mariadbd", "munged")
+                                    + self._user_pids()
+                                    + pids_naming(str(self.run_dir) + "/", (*_SLURM_COMMANDS, "munged", "mariadbd")))),
             "netns": self._our_netns(),
             "veths": self._our_links(),
             "users": self._our_users(),

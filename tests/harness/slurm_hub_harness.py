@@ -8,6 +8,7 @@ Users' homes are under the test's folder, which every node sees (one file system
 
 from __future__ import annotations
 
+import slurm_harness
 from hub_harness import Hub, pids_matching, process_env, running
 from waiting import wait_until
 
@@ -45,6 +46,8 @@ c.Spawner.start_timeout = 120
             "PDL_CONTROLLER_IP": slurm.host_addr,
             "SLURM_CONF": str(slurm.conf_path),
             "PDL_DEFAULT_WORKERS": "1",
+            # the cluster enforces associations: the hub adds each account to the lab's
+            "PDL_SLURM_ACCOUNT": slurm_harness.LAB_ACCOUNT,
             **(hub_env or {}),
         }, extra_config=config)
         # the admin view tells PDL's jobs by the accounts' prefix: jupyterhub_config.py

@@ -86,8 +86,9 @@ def test_a_reservation_asks_one_gpu_per_task_with_no_environment_and_the_admins_
             "--export=NONE", "--no-requeue"} <= set(argv)
     assert argv[-3:-1] == ["--qos=lab", "--account=ml"]  # the admin's, in order, after PDL's own
     assert not [a for a in argv if a.startswith(("--partition", "--time", "--gpus=", "--gres"))]
-    timed = sbatch_argv("pdl:ann:big", 1, partition="gpu", time_limit_min=90, cpus_per_gpu=4)
-    assert {"--partition=gpu", "--time=90", "--cpus-per-task=4", "--job-name=pdl:ann:big"} <= set(timed)
+    timed = sbatch_argv("pdl:ann:big", 1, partition="gpu", time_limit_min=90, cpus_per_gpu=4, account="lab")
+    assert {"--partition=gpu", "--time=90", "--cpus-per-task=4", "--job-name=pdl:ann:big",
+            "--account=lab"} <= set(timed)
     assert job_name("ann") == f"{JOB_NAME_PREFIX}ann" == "pdl:ann" and job_name("ann", "big") == "pdl:ann:big"
 
 

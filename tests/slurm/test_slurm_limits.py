@@ -1,0 +1,86 @@
+"""Limits per user are Slurm's own: a QOS with ``MaxTRESPerUser`` (slurmdbd's accounting
+on the simulated cluster), applied to PDL's reservations and the user's other jobs alike.
+PDL adds each user to the lab's Slurm account (``PDL_SLURM_ACCOUNT``) and keeps no
+count of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+import slurm_harness
+from hub_harness import running
+from slurm_hub_harness import SlurmHub, slurm_hub_fixture
+from waiting import wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def hub(slurm, tmp_path_factory):
+    # every reservation under the QOS that allows 2 GPUs per user; PDL's own cap is higher
+    yield from slurm_hub_fixture(tmp_path_factory.mktemp("slurm-limits"), slurm, ["admin", "ann", "ben"],
+                                 extra_config=f'c.PDLSlurmSpawner.sbatch_args = ["--qos={slurm_harness.TWO_GPU_QOS}"]\n'
+                                              'c.PDLSlurmSpawner.max_workers = 3')
+
+
+def refusal(r) -> str:
+    assert r.status_code == 409, r.text
+    message = r.json()["message"]
+    assert "\n" not in message, message
+    return message
+
+
+def test_a_qos_per_user_limit_counts_pdl_and_other_jobs_of_the_person_and_nobody_else(hub, slurm):
+    # more than the QOS allows one person: refused at once in Slurm's words, no job left
+    message = refusal(hub.spawn("ann", 3))
+    assert "reason QOSMaxGRESPerUser" in message, message
+    wait_until(lambda: not hub.pdl_jobs("ann"), 30, what=lambda: f"ann's refused job to go: {slurm.jobs()}")
+
+    # PDL made ann a member of the lab's account, so the account's QOS applies to her
+    account = hub.account("ann")
+    assoc = slurm.run("sacctmgr", "--noheader", "--parsable2", "list", "associations", f"users={account}",
+                      "format=Account,QOS", check=True).stdout.split()
+    assert assoc == [f"{slurm_harness.LAB_ACCOUNT}|normal,{slurm_harness.TWO_GPU_QOS}"], assoc
+
+    # a batch job of her own under the same QOS holds 1 GPU: Slurm counts it with PDL's job
+    own = slurm.run("sbatch", "--parsable", f"--qos={slurm_harness.TWO_GPU_QOS}",
+                    f"--account={slurm_harness.LAB_ACCOUNT}", "--gpus=1", "--output=/dev/null",
+                    "--wrap=exec sleep infinity", user=account, home=str(hub.home("ann")), check=True)
+    own_id = own.stdout.strip().split(";")[0]
+    wait_until(lambda: (slurm.job(int(own_id)) or {}).get("state") == "RUNNING", 30,
+               what=lambda: f"ann's own job to run: {slurm.jobs()}")
+    message = refusal(hub.spawn("ann", 2))
+    assert "reason QOSMaxGRESPerUser" in message, message
+
+    # ...while the limit is per person: ben gets 2 of the GPUs left at once
+    r = hub.spawn("ben", 2)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("ben", timeout=120)
+    [bens] = hub.pdl_jobs("ben")
+    assert bens["state"] == "RUNNING" and bens["nodes"] == "2", bens
+
+    # once her own job has ended, ann gets the one GPU left
+    slurm.run("scancel", own_id, check=True)
+    wait_until(lambda: slurm.job(int(own_id)) is None, 30, what=lambda: f"ann's own job to end: {slurm.jobs()}")
+    r = hub.spawn("ann", 1)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("ann", timeout=120)
+    [anns] = hub.pdl_jobs("ann")
+    assert anns["state"] == "RUNNING" and anns["user"] == account, anns
+
+    for user in ("ann", "ben"):
+        r = hub.api("DELETE", f"/users/{user}/server")
+        assert r.status_code in (202, 204), r.text
+    wait_until(lambda: not hub.pdl_jobs() and {n["state"] for n in slurm.nodes().values()} == {"idle"}, 60,
+               what=lambda: f"every PDL job gone and every node idle: {slurm.jobs()} {slurm.nodes()}")
+
+
+def test_a_user_slurm_does_not_know_is_refused_in_one_line_naming_slurms_reason(hub, slurm, tmp_path_factory):
+    """Without PDL_SLURM_ACCOUNT, PDL leaves associations to the admin: a user who has
+    none cannot submit, and is told so in Slurm's words."""
+    root = tmp_path_factory.mktemp("slurm-no-account")
+    with running(SlurmHub(root, slurm, ["cat"], hub_env={"PDL_SLURM_ACCOUNT": ""})) as bare:
+        message = refusal(bare.spawn("cat", 1))
+        assert message.startswith("Slurm refused a job for 1 GPU(s)"), message
+        assert "Invalid account" in message, message
+        assert not bare.pdl_jobs("cat")
