@@ -19,6 +19,8 @@ from .slurm_jobs import SlurmJob, SlurmNode
 
 #: Seconds one Slurm command may take before the hub gives up on it.
 COMMAND_TIMEOUT_S = 30.0
+#: Seconds slurmctld may take to learn an association that sacctmgr has just added.
+ASSOCIATION_WAIT_S = 15.0
 
 
 class SlurmError(RuntimeError):
@@ -127,7 +129,22 @@ class SlurmCommands:
         if user in listed.split():
             return False
         await self.run(["sacctmgr", "--immediate", "add", "user", user, f"account={account}"])
+        await self._controller_knows(user, account)
         return True
+
+    async def _controller_knows(self, user: str, account: str, timeout: float = ASSOCIATION_WAIT_S) -> None:
+        """Wait until slurmctld has the association slurmdbd just made (it is pushed to
+        the controller, which an sbatch right after could beat), at most ``timeout`` s."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            known = await self.run(["scontrol", "-o", "show", "assoc_mgr", "flags=assoc", f"users={user}",
+                                    f"accounts={account}"])
+            if f"UserName={user}(" in known:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise SlurmError("scontrol", f"slurmctld does not know {user} in account {account} "
+                                             f"{timeout:g} s after sacctmgr added it")
+            await asyncio.sleep(0.2)
 
     async def cancel(self, *job_ids: int) -> None:
         """Cancel these jobs (those already gone are no error)."""
