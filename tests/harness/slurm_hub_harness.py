@@ -9,7 +9,8 @@ Users' homes are under the test's folder, which every node sees (one file system
 from __future__ import annotations
 
 import slurm_harness
-from hub_harness import Hub, pids_matching, process_env, running
+from fault_cells import SUM, magic
+from hub_harness import Hub, Kernel, pids_matching, process_env, running
 from waiting import wait_until
 
 
@@ -67,6 +68,22 @@ c.Spawner.start_timeout = 120
         wait_until(lambda: not slurm_engines(self.root), 30, what="every engine step to end")
         wait_until(lambda: not [j for j in self.slurm.jobs() if j["user"].startswith(self.account_prefix)], 60,
                    what=f"the jobs of {self.account_prefix}* to leave Slurm's queue: {self.slurm.jobs()}")
+
+
+def spawn_and_sum(hub: SlurmHub, user: str, gpus: int) -> tuple[dict[str, str], Kernel]:
+    """Spawn ``user``'s server with ``gpus`` GPUs, open a kernel and run one all-reduce
+    over them: ``(their job as SlurmSim.jobs gives it, the kernel)``; close the kernel."""
+    hub.spawn(user, gpus)
+    hub.wait_ready(user, timeout=120)
+    [job] = hub.pdl_jobs(user)
+    kernel = Kernel(hub, user)
+    try:
+        kernel.execute_ok("%load_ext pdl_magics")
+        assert f"sum {gpus}" in kernel.execute_ok(magic(SUM, gpus), timeout=120)["stdout"]
+    except BaseException:
+        kernel.close()
+        raise
+    return job, kernel
 
 
 def slurm_hub_fixture(root, slurm, users: list[str], extra_config: str = "", hub_env: dict | None = None,

@@ -14,7 +14,7 @@ import pytest
 import slurm_harness
 from hub_harness import Kernel, Progress, queue_up
 from fault_cells import SUM, magic
-from slurm_hub_harness import slurm_engines, slurm_hub_fixture
+from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum
 from swarm_hub_harness import DDP_CELL, DDP_RESULT
 from waiting import wait_until
 
@@ -240,13 +240,8 @@ def test_a_job_that_ends_under_its_engines_is_a_release_and_the_next_cell_gets_a
     engine whose job has ended is not restarted, the job's end is recorded as a
     release): without it the server starts steps in the ended job forever, and the
     next cell waits for engines that never come."""
-    hub.spawn("ann", 2)
-    hub.wait_ready("ann", timeout=120)
-    [first] = hub.pdl_jobs("ann")
-    kernel = Kernel(hub, "ann")
+    first, kernel = spawn_and_sum(hub, "ann", 2)
     try:
-        kernel.execute_ok("%load_ext pdl_magics")
-        assert "sum 2" in kernel.execute_ok(magic(SUM, 2), timeout=120)["stdout"]
         slurm.run("scancel", first["id"], check=True)  # as its time limit would, or an admin
         wait_until(lambda: not hub.pdl_jobs("ann") and not slurm_engines(hub.root), 60,
                    what=lambda: f"ann's job and engines gone: {slurm.jobs()}")

@@ -38,9 +38,22 @@ def test_a_qos_per_user_limit_counts_pdl_and_other_jobs_of_the_person_and_nobody
 
     # PDL made ann a member of the lab's account, so the account's QOS applies to her
     account = hub.account("ann")
-    assoc = slurm.run("sacctmgr", "--noheader", "--parsable2", "list", "associations", f"users={account}",
-                      "format=Account,QOS", check=True).stdout.split()
-    assert assoc == [f"{slurm_harness.LAB_ACCOUNT}|normal,{slurm_harness.TWO_GPU_QOS}"], assoc
+    def limits():
+        assoc = slurm.run("sacctmgr", "--noheader", "--parsable2", "list", "associations", f"users={account}",
+                          "format=Account,QOS", check=True).stdout.split()
+        qos = slurm.run("sacctmgr", "--noheader", "--parsable2", "list", "qos", slurm_harness.TWO_GPU_QOS,
+                        "format=MaxTRESPU", check=True).stdout.split()
+        return assoc, qos
+
+    assert limits() == ([f"{slurm_harness.LAB_ACCOUNT}|normal,{slurm_harness.TWO_GPU_QOS}"], ["gres/gpu=2"])
+    # ...and she cannot raise her own limit, nor join another account: only Slurm's
+    # administrators change a QOS or an association
+    for change in (["modify", "qos", slurm_harness.TWO_GPU_QOS, "set", "MaxTRESPerUser=gres/gpu=3"],
+                   ["add", "user", account, "account=root"]):
+        raised = slurm.run("sacctmgr", "--immediate", *change, user=account, home=str(hub.home("ann")))
+        said = raised.stdout + raised.stderr
+        assert raised.returncode != 0 and ("permission denied" in said or "privilege" in said), said
+    assert limits() == ([f"{slurm_harness.LAB_ACCOUNT}|normal,{slurm_harness.TWO_GPU_QOS}"], ["gres/gpu=2"])
 
     # a batch job of her own under the same QOS holds 1 GPU: Slurm counts it with PDL's job
     own = slurm.run("sbatch", "--parsable", f"--qos={slurm_harness.TWO_GPU_QOS}",

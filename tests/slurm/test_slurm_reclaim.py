@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fault_cells import SUM, magic
-from hub_harness import Kernel
-from slurm_hub_harness import slurm_engines, slurm_hub_fixture
+from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum
 from waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -23,13 +22,8 @@ def hub(slurm, tmp_path_factory):
 
 
 def test_idle_engines_end_the_job_and_the_next_cell_asks_slurm_again(hub, slurm):
-    hub.spawn("ann", 2)
-    hub.wait_ready("ann", timeout=120)
-    [first] = hub.pdl_jobs("ann")
-    kernel = Kernel(hub, "ann")
+    first, kernel = spawn_and_sum(hub, "ann", 2)
     try:
-        kernel.execute_ok("%load_ext pdl_magics")
-        assert "sum 2" in kernel.execute_ok(magic(SUM, 2), timeout=120)["stdout"]
         kernel.execute_ok("x = 41")  # kernel state, which must survive the release
 
         # idle: the job ends, in Slurm's own view, and the notebook server stays
