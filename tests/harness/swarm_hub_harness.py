@@ -32,6 +32,15 @@ print(f"rank {rank}/{world_size} host {os.environ['PDL_ENGINE_HOST']} gpu {os.en
       f"loss {loss.item():.4f} weights {w.sum().item():.4f}")
 """
 DDP_RESULT = re.compile(r"rank (\d)/3 host (\S+) gpu (\S+) loss ([\d.]+) weights (-?[\d.]+)")
+#: The same three engines switched to Horovod: one rank per node, gloo between the
+#: nodes; each rank prints its ranks, host and the allreduced sum (6 when it works).
+HVD_CELL = """%%distributed -n 3 --backend horovod --all-output
+import os, torch
+total = hvd.allreduce(torch.tensor([rank + 1.0]), op=hvd.Sum)
+print(f"hvd {hvd.rank()}/{hvd.size()} local {hvd.local_rank()}/{hvd.local_size()} "
+      f"cross {hvd.cross_rank()}/{hvd.cross_size()} host {os.environ['PDL_ENGINE_HOST']} sum {int(total.item())}")
+"""
+HVD_RESULT = re.compile(r"hvd (\d)/3 local 0/1 cross (\d)/3 host (\S+) sum 6")
 
 
 class SwarmHub(Hub):

@@ -15,7 +15,7 @@ import slurm_harness
 from hub_harness import Kernel, Progress, queue_up
 from fault_cells import SUM, magic
 from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum
-from swarm_hub_harness import DDP_CELL, DDP_RESULT
+from swarm_hub_harness import DDP_CELL, DDP_RESULT, HVD_CELL, HVD_RESULT
 from waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -43,8 +43,14 @@ def test_three_gpus_are_one_job_of_the_users_account_and_ddp_trains_across_the_n
         out = kernel.execute(DDP_CELL, timeout=300)
         assert out["error"] is None, f"{out}\n{hub.log_tail()}"
         assert "Warning" not in out["stdout"] + out["stderr"], out
+        hvd = kernel.execute(HVD_CELL, timeout=300)  # the same steps, now Horovod's ranks
+        assert hvd["error"] is None, hvd
     finally:
         kernel.close()
+    hvd_ranks = {int(rank): (int(cross), host) for rank, cross, host in HVD_RESULT.findall(hvd["stdout"])}
+    assert sorted(hvd_ranks) == [0, 1, 2], hvd["stdout"]
+    assert sorted(host for _, host in hvd_ranks.values()) == ["n1", "n2", "n3"]
+    assert all(cross == rank for rank, (cross, _) in hvd_ranks.items()), hvd["stdout"]
     ranks = {int(m[0]): m[1:] for m in DDP_RESULT.findall(out["stdout"])}
     assert sorted(ranks) == [0, 1, 2], out["stdout"]
     assert sorted(host for host, *_ in ranks.values()) == ["n1", "n2", "n3"]

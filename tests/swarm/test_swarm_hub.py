@@ -11,26 +11,17 @@ it) is gone. All traffic stays on 127.0.0.1 and 10.77.0.0/24.
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
 
 from hub_harness import Kernel
 from notebook_run import check_notebook, small_run_env
-from swarm_hub_harness import DDP_CELL, DDP_RESULT, inspect_task, pdl_objects, swarm_hub_fixture
+from swarm_hub_harness import (DDP_CELL, DDP_RESULT, HVD_CELL, HVD_RESULT, inspect_task, pdl_objects,
+                               swarm_hub_fixture)
 from waiting import wait_until
 
 pytestmark = pytest.mark.docker
-
-# the same three engines switch to Horovod: one rank per node, gloo between the nodes
-HVD_CELL = """%%distributed -n 3 --backend horovod --all-output
-import os, torch
-total = hvd.allreduce(torch.tensor([rank + 1.0]), op=hvd.Sum)
-print(f"hvd {hvd.rank()}/{hvd.size()} local {hvd.local_rank()}/{hvd.local_size()} "
-      f"cross {hvd.cross_rank()}/{hvd.cross_size()} host {os.environ['PDL_ENGINE_HOST']} sum {int(total.item())}")
-"""
-HVD_RESULT = re.compile(r"hvd (\d)/3 local 0/1 cross (\d)/3 host (\S+) sum 6")
 
 
 @pytest.fixture(scope="module")
