@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -45,8 +46,16 @@ def test_three_gpus_are_one_job_of_the_users_account_and_ddp_trains_across_the_n
         assert "Warning" not in out["stdout"] + out["stderr"], out
         hvd = kernel.execute(HVD_CELL, timeout=300)  # the same steps, now Horovod's ranks
         assert hvd["error"] is None, hvd
+        hang = hang_report_then_ctrl_c(kernel)
     finally:
         kernel.close()
+    # the hang watchdog reaches every step on its node (its signal goes through ipyparallel's nanny)
+    sections = re.split(r"--- rank (\d) \((\S+)\), most recent call last ---\n", hang)
+    stacks = {rank: (host, stack) for rank, host, stack in zip(sections[1::3], sections[2::3], sections[3::3])}
+    assert sorted(stacks) == ["0", "1", "2"], hang
+    assert sorted(host for host, _ in stacks.values()) == ["n1", "n2", "n3"], hang
+    assert "dist.barrier()  # the others never arrive" in stacks["0"][1], hang
+    assert all("time.sleep(600)" in stacks[rank][1] for rank in "12"), hang
     hvd_ranks = {int(rank): (int(cross), host) for rank, cross, host in HVD_RESULT.findall(hvd["stdout"])}
     assert sorted(hvd_ranks) == [0, 1, 2], hvd["stdout"]
     assert sorted(host for _, host in hvd_ranks.values()) == ["n1", "n2", "n3"]
@@ -62,6 +71,30 @@ def test_three_gpus_are_one_job_of_the_users_account_and_ddp_trains_across_the_n
     assert r.status_code in (202, 204), r.text
     wait_until(lambda: not hub.pdl_jobs("ann") and {n["state"] for n in slurm.nodes().values()} == {"idle"}, 60,
                what=lambda: f"ann's job gone and every node idle: {slurm.jobs()} {slurm.nodes()}")
+
+
+HANG_CELL = """%%distributed -n 3 --hang-timeout 2
+import time, torch.distributed as dist
+if rank == 0:
+    dist.barrier()  # the others never arrive
+else:
+    time.sleep(600)
+"""
+
+
+def hang_report_then_ctrl_c(kernel: Kernel) -> str:
+    """Run :data:`HANG_CELL`, press Ctrl-C once the watchdog has reported, check every
+    rank stopped; the report (stderr, from "No rank has made progress")."""
+    def interrupt_after_report(_, text):
+        if "Still waiting" in text:
+            kernel.interrupt()
+
+    out = kernel.execute(HANG_CELL, timeout=120, on_output=interrupt_after_report)
+    assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt", out
+    assert "all 3 ranks stopped" in out["stderr"], out
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out["stderr"])
+    assert "No rank has made progress" in text and "Still waiting" in text, text
+    return text[text.index("No rank has made progress"):text.index("Still waiting")]
 
 
 def test_busy_gpus_a_direct_spawn_is_refused_with_slurms_reason_a_queued_one_waits_then_is_served(hub, slurm):
