@@ -30,9 +30,11 @@ Environment variables tune it without editing this file:
   (the hub must run as root): ``PDL_CONTROLLER_IP`` (required: this machine's address
   as the compute nodes reach it), ``PDL_SLURM_PARTITION`` (default: Slurm's default
   partition), ``PDL_SLURM_ACCOUNT`` (a Slurm account PDL adds each user to, whose QOS
-  and limits then apply; default: none, the users' own associations) and
-  ``PDL_DEFAULT_WORKERS``; Slurm's client commands and ``SLURM_CONF``
-  as the login node has them (docs/admin.md, "A Slurm cluster");
+  and limits then apply; default: none, the users' own associations),
+  ``PDL_DEFAULT_WORKERS`` and ``PDL_SLURM_SERVER`` (where each user's server runs:
+  ``login``, the default, on this machine, or ``allocation``, a step of the user's job;
+  the hub's API then listens on ``PDL_CONTROLLER_IP``); Slurm's client commands and
+  ``SLURM_CONF`` as the login node has them (docs/admin.md, "A Slurm cluster");
 - ``PDL_ENGINE_IDLE_TIMEOUT``: seconds without a task after which a user's engines
   are stopped and their slots or GPUs released (default 0: never); the server and its files stay;
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
@@ -194,6 +196,15 @@ elif os.environ.get("PDL_SPAWNER", "local") == "slurm":
     # the Slurm account PDL adds each user to (its QOS and limits then apply); "": their own
     c.PDLSlurmSpawner.slurm_account = os.environ.get("PDL_SLURM_ACCOUNT", "")
     c.PDLSlurmSpawner.default_workers = int(os.environ.get("PDL_DEFAULT_WORKERS", "1"))
+    # where each server runs: "login" (here) or "allocation" (a step of the user's job)
+    _server_placement = os.environ.get("PDL_SLURM_SERVER", "login")
+    if _server_placement not in ("login", "allocation"):
+        raise SystemExit(f"jupyterhub_config.py: PDL_SLURM_SERVER must be 'login' or 'allocation', got "
+                         f"{_server_placement!r}")
+    c.PDLSlurmSpawner.server_placement = _server_placement
+    if _server_placement == "allocation":  # the servers on the compute nodes reach the hub's API here
+        c.JupyterHub.hub_ip = os.environ["PDL_CONTROLLER_IP"]
+        c.JupyterHub.hub_connect_ip = os.environ["PDL_CONTROLLER_IP"]
 elif os.environ.get("PDL_SPAWNER", "local") != "local":
     raise SystemExit(f"PDL_SPAWNER must be 'local', 'swarm' or 'slurm', got {os.environ['PDL_SPAWNER']!r}")
 

@@ -6,6 +6,8 @@
   Jupyter server, the ipyparallel controller, one engine per reserved slot.
 - :mod:`pdl_server.lease`: the engine lease, idle engines giving their slots back
   and asking for them again, in files only the server writes.
+- :mod:`pdl_server.step_guard`: the task of a Slurm step that runs a server inside
+  its job; it ends the step with the server, stopping whatever the server left.
 
 The Cluster panel's HTTP API, through which the hub reads and answers the lease,
 is served by :mod:`pdl_lab.handlers`.

@@ -16,8 +16,10 @@
 - :mod:`pdl_spawner.slurm`: a Slurm cluster (each server's GPUs one job of the user's
   account, its engines the job's steps), with :mod:`pdl_spawner.slurm_cli` (the one
   place that runs Slurm's commands), :mod:`pdl_spawner.slurm_jobs` (their arguments
-  and JSON read into jobs and nodes; pure) and :mod:`pdl_spawner.slurm_form` (the
-  form's partition and time limit; pure). Slurm holds the reservations: no ledger.
+  and JSON read into jobs and nodes; pure), :mod:`pdl_spawner.slurm_form` (the
+  form's partition and time limit; pure) and :mod:`pdl_spawner.slurm_placement`
+  (where the server runs: the login node, or a step of its own job). Slurm holds the
+  reservations: no ledger.
 - :mod:`pdl_spawner.queueing` and :mod:`pdl_spawner.wait_queue`: the fair queue for
   busy workers; :mod:`pdl_spawner.idle_engines`: idle engines giving them back.
 - :mod:`pdl_spawner.reservations`: the persistent slot ledger (one machine).

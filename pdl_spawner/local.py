@@ -382,10 +382,15 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
 
     # -- idle engines ----------------------------------------------------------
 
+    @property
+    def server_address(self) -> str:
+        """Where the hub reaches this server: its ``ip`` (default 127.0.0.1)."""
+        return self.ip or "127.0.0.1"
+
     def lease_url(self) -> str | None:
         if self.server is None or not self.port:
             return None
-        return f"http://{self.ip or '127.0.0.1'}:{self.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
+        return f"http://{self.server_address}:{self.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
 
     def lease_token(self) -> str | None:
         return self.api_token
@@ -419,13 +424,19 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
             if self.system_users:
                 await asyncio.to_thread(self.prepare_account)
             self.port = self.pick_port()
-            url = await super().start()
+            url = await self.launch_server()
             self.watch_lease()
             return url
         except BaseException:
             await asyncio.shield(self.release())
             self.slots = []
             raise
+
+    async def launch_server(self):
+        """Start the server's process (JupyterHub's LocalProcessSpawner.start, with this
+        spawner's environment, account and port): its ``(ip, port)``. A subclass that
+        runs the server elsewhere wraps it."""
+        return await super().start()
 
     async def poll(self):
         status = await super().poll()

@@ -1,9 +1,14 @@
 """``PDLSlurmSpawner`` (entry point ``pdl-slurm``): GPUs reserved as a real Slurm job.
 
-The user's server runs on the hub's machine, the cluster's login node, as the user's
-own Unix account, exactly as with :class:`~pdl_spawner.local.PDLLocalSpawner` (whose
-accounts, homes, ports and process handling it keeps). What differs is who holds the
-GPUs: Slurm, and nobody else.
+The user's server runs as the user's own Unix account, with the accounts, homes,
+ports and process handling of :class:`~pdl_spawner.local.PDLLocalSpawner`, where
+:attr:`PDLSlurmSpawner.server_placement` says (:mod:`~pdl_spawner.slurm_placement`):
+on the hub's machine, the cluster's login node (``"login"``, the default), or as a
+step of its own job on the job's batch host (``"allocation"``: the ``srun`` of that
+step is the process the hub watches and signals here; the server, its kernels and its
+controller listen on the node's address; the hub's API must listen where the nodes
+reach it). What differs from the local spawner is who holds the GPUs: Slurm, and
+nobody else.
 
 - **The reservation is one Slurm job** per server, submitted by ``sbatch`` as the
   user's account (:mod:`~pdl_spawner.slurm_cli`), named ``pdl:<user>``, holding one
@@ -15,7 +20,8 @@ GPUs: Slurm, and nobody else.
 - **Engines are job steps** of that job: the user's server runs one ``srun --jobid``
   per GPU (:mod:`pdl_magics.clusters`), on the nodes Slurm chose, with the GPU Slurm
   bound, and its ipyparallel controller listens on :attr:`PDLSlurmSpawner.controller_ip`,
-  where the compute nodes reach this machine (CurveZMQ on).
+  where the compute nodes reach this machine (CurveZMQ on), or, for a server in its
+  job, on its node's address.
 - **Busy GPUs.** A spawn whose job Slurm has looked at and not started (a pending
   reason such as ``Resources``), or that has not started within :data:`SETTLE_S`, is
   cancelled and refused in one line with Slurm's reason. With the form's "wait in the queue",
@@ -23,11 +29,14 @@ GPUs: Slurm, and nobody else.
   the job's position and Slurm's estimated start; cancelling the spawn cancels the job.
 - **Idle engines** (``engine_idle_timeout``): the server stops its steps, the hub
   cancels the job (its GPUs go back to Slurm), and the next cell's request submits a
-  new one, granted once it runs or refused with Slurm's reason.
+  new one, granted once it runs or refused with Slurm's reason. Not for a server in
+  its job: the job hosts it, its engines stay, and its GPUs go back when it stops.
 - **Stop, restart, crash.** Stopping the server cancels its jobs. The job id is in
   the spawner state, so a restarted hub re-attaches to a running server and its job;
   a job submitted just before a crash, before the state was saved, carries the
-  server's name and is cancelled with the server (``scancel --user --name``).
+  server's name and is cancelled with the server (``scancel --user --name``). A server
+  in its job that dies ends its step and its ``srun`` (:mod:`pdl_server.step_guard`):
+  the hub's poll finds it gone and cancels the job.
 """
 
 from __future__ import annotations
@@ -37,11 +46,11 @@ import os
 import time
 
 from tornado import web
-from traitlets import Dict, Integer, List, Unicode, default
+from traitlets import Dict, Enum, Integer, List, Unicode, default
 
-from pdl_server.contract import ServerContract
+from pdl_server.contract import VARIABLES, ServerContract
 
-from . import slurm_form, slurm_jobs
+from . import slurm_form, slurm_jobs, slurm_placement
 from .local import PDLLocalSpawner
 from .slurm_cli import SlurmCommands, SlurmError
 from .slurm_jobs import SlurmJob
@@ -57,7 +66,7 @@ UNREAD_CAPACITY = 1 << 20
 
 
 class PDLSlurmSpawner(PDLLocalSpawner):
-    """A user's server on the login node; their GPUs a Slurm job, their engines its steps."""
+    """A user's server on the login node or in its job; their GPUs a Slurm job, their engines its steps."""
 
     partition = Unicode(
         "", config=True,
@@ -118,7 +127,19 @@ class PDLSlurmSpawner(PDLLocalSpawner):
     def _default_controller_ip(self):
         return os.environ.get("PDL_CONTROLLER_IP", "")
 
+    server_placement = Enum(
+        list(slurm_placement.PLACEMENTS), default_value=slurm_placement.LOGIN, config=True,
+        help="""Where each user's server runs: "login" (this machine; idle engines give the
+        job back and the notebook stays) or "allocation" (a step of the user's job on its
+        batch host: Slurm counts everything, the notebook ends with the job; the hub's API
+        must listen where the nodes reach it). Default: $PDL_SLURM_SERVER in
+        jupyterhub_config.py, else "login". See pdl_spawner/slurm_placement.py.""",
+    )
+
     job_id = Integer(0, help="This server's reservation job (spawner state); 0: none.")
+
+    #: The node this server runs on inside its job (spawner state); None: on this machine.
+    server_node: slurm_placement.ServerNode | None = None
 
     #: A job can end under a running server (its time limit, scancel): the server then
     #: records a release, and the next cell asks for a new job through the lease.
@@ -169,7 +190,6 @@ class PDLSlurmSpawner(PDLLocalSpawner):
             except SlurmError as e:
                 raise web.HTTPError(503, str(e), reason=str(e)) from None
             PDLSlurmSpawner._capacity[partition] = gpus
-
 
     async def worker_usage(self) -> WorkerUsage:
         nodes, jobs, default_part = await asyncio.gather(self.slurm.nodes(), self.slurm.jobs(),
@@ -327,6 +347,7 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         """Cancel this server's job, and any other PDL job of its name and account."""
         self.forget_port()
         self.slots = []
+        self.server_node = None
         await self._cancel_job()
         try:
             await self.slurm.cancel_named(self.account, self.job_name)
@@ -348,8 +369,9 @@ class PDLSlurmSpawner(PDLLocalSpawner):
 
     async def reclaim_idle_workers(self) -> list[str]:
         """Cancel the job: its GPUs go back to Slurm. A job that has already ended (its
-        time limit, scancel) is only forgotten, and logged as such."""
-        if not self.job_id:
+        time limit, scancel) is only forgotten, and logged as such. Nothing for a server
+        that runs in its job: the job hosts it (its server records no release)."""
+        if not self.job_id or self.server_node is not None:
             return []
         found = await self.slurm.job(self.job_id)
         if found is None or not (found.holding or found.waiting):
@@ -362,12 +384,54 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         return [job]
 
     async def grant_workers_again(self, n: int) -> dict:
-        """A new job for ``n`` GPUs, granted once it runs (``{"slots", "slurm_job"}``)."""
+        """A new job for ``n`` GPUs, granted once it runs (``{"slots", "slurm_job"}``);
+        HTTP 409 for a server that runs in its job (its engines never leave it)."""
+        if self.server_node is not None:
+            message = f"your server runs in Slurm job {self.job_id}, whose GPUs are its engines' until it stops"
+            raise web.HTTPError(409, message, reason=message)
         self.slots = await self.take_workers(n)
         self.log.info("Granted Slurm job %d (%d GPU(s)) to %s again", self.job_id, n, self.owner)
         return {"slots": self.slots, "slurm_job": self.job_id}
 
     # -- the server ---------------------------------------------------------------------
+
+    @property
+    def server_address(self) -> str:
+        """Where the hub reaches this server: its node's address when it runs in its job."""
+        return self.server_node.addr if self.server_node else super().server_address
+
+    async def launch_server(self):
+        """On the login node as the local spawner does; with ``server_placement =
+        "allocation"``, as a step of the job on its batch host (the srun runs here, as
+        the user: this spawner's process handling watches and signals it)."""
+        if self.server_placement != slurm_placement.ALLOCATION:
+            return await super().launch_server()
+        problem = slurm_placement.hub_api_problem(self.hub_connect_url or self.hub.api_url)
+        if problem:
+            raise web.HTTPError(500, problem, reason=problem)
+        try:
+            self.server_node = await slurm_placement.find_server_node(self.slurm, self.job_id)
+        except SlurmError as e:
+            raise web.HTTPError(500, f"cannot place the server in Slurm job {self.job_id}: {e}") from None
+        srun = os.path.join(self.slurm_bin_dir, "srun") if self.slurm_bin_dir else "srun"
+        step = slurm_placement.server_step_argv(self.job_id, self.server_node.name, list(self.cmd), srun=srun)
+        self.log.info("Starting the server of %s in Slurm job %d on %s (%s)", self.owner, self.job_id,
+                      self.server_node.name, self.server_node.addr)
+        # LocalProcessSpawner.start runs `cmd` and binds where `ip` says: both are the
+        # step's for this one launch, the admin's again afterwards
+        configured_cmd, configured_ip = self.cmd, self.ip
+        self.cmd, self.ip = step, self.server_node.addr
+        try:
+            await super().launch_server()
+        finally:
+            self.cmd, self.ip = configured_cmd, configured_ip
+        return self.server_node.addr, self.port
+
+    def watch_lease(self) -> None:
+        """Not for a server in its job: it records no release (its engines stay while the
+        job hosts it), and the job's end ends the server too."""
+        if self.server_node is None:
+            super().watch_lease()
 
     def get_env(self):
         env = super().get_env()
@@ -377,19 +441,28 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         env.update(self.slurm_env)
         if self.slurm_bin_dir:
             env["PATH"] = f"{self.slurm_bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
-        env.update(ServerContract(slurm_job=self.job_id, controller_ip=self.controller_ip).env())
+        if self.server_node is None:
+            env.update(ServerContract(slurm_job=self.job_id, controller_ip=self.controller_ip).env())
+            return env
+        # in its job: the controller listens on the server's node; the engines never idle out
+        env.pop(VARIABLES["idle_timeout_s"], None)
+        env.update(ServerContract(slurm_job=self.job_id, controller_ip=self.server_node.addr).env())
         return env
 
     def get_state(self):
         state = super().get_state()
         if self.job_id:
             state["slurm_job"] = self.job_id
+        if self.server_node:
+            state["slurm_server_node"] = self.server_node.state()
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.job_id = int(state.get("slurm_job", 0) or 0)
+        self.server_node = slurm_placement.ServerNode.from_state(state.get("slurm_server_node"))
 
     def clear_state(self):
         super().clear_state()
         self.job_id = 0
+        self.server_node = None
