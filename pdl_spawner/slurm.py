@@ -50,7 +50,7 @@ from traitlets import Dict, Enum, Integer, List, Unicode, default
 
 from pdl_server.contract import VARIABLES, ServerContract
 
-from . import slurm_form, slurm_jobs, slurm_placement
+from . import slurm_form, slurm_jobs, slurm_placement, unix_accounts
 from .local import PDLLocalSpawner
 from .slurm_cli import SlurmCommands, SlurmError
 from .slurm_jobs import SlurmJob
@@ -349,15 +349,19 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         self.slots = []
         self.server_node = None
         await self._cancel_job()
+        if not unix_accounts.account_exists(self.account):  # no account: no job can be its
+            return
         try:
             await self.slurm.cancel_named(self.account, self.job_name)
         except SlurmError as e:  # e.g. no such account any more: nothing of it can run
             self.log.warning("could not cancel the Slurm jobs of %s by name: %s", self.owner, e)
 
     def release_blocking(self) -> list[str]:
-        """From clear_state (on the hub's worker thread): cancel the server's PDL jobs by name."""
+        """From clear_state (on the hub's worker thread): cancel the server's PDL jobs by
+        name. Nothing before the account exists (a first spawn): no job can be its."""
         try:
-            self.slurm.cancel_named_sync(self.account, self.job_name)
+            if unix_accounts.account_exists(self.account):
+                self.slurm.cancel_named_sync(self.account, self.job_name)
         except (SlurmError, web.HTTPError) as e:
             self.log.warning("could not cancel the Slurm jobs of %s: %s", self.owner, e)
         return []

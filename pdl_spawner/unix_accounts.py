@@ -47,7 +47,7 @@ def ensure_account(name: str, home_root: str | os.PathLike, skeleton: str | os.P
     if skeleton is not None:
         command += ["--skel", str(skeleton)]
     done = subprocess.run([*command, name], capture_output=True, text=True)
-    if done.returncode != 0 and not _exists(name):  # another spawn may have made it meanwhile
+    if done.returncode != 0 and not account_exists(name):  # another spawn may have made it meanwhile
         raise RuntimeError(f"could not create the account {name}: {done.stderr.strip() or done.returncode}")
     entry = pwd.getpwnam(name)
     os.chmod(entry.pw_dir, 0o700)
@@ -73,7 +73,8 @@ def ensure_runtime_dir(entry: pwd.struct_passwd, root: str | os.PathLike = "/run
     return path
 
 
-def _exists(name: str) -> bool:
+def account_exists(name: str) -> bool:
+    """Whether the Unix account ``name`` exists on this machine."""
     try:
         pwd.getpwnam(name)
     except KeyError:

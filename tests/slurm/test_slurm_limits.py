@@ -86,6 +86,8 @@ def test_a_qos_per_user_limit_counts_pdl_and_other_jobs_of_the_person_and_nobody
         assert r.status_code in (202, 204), r.text
     wait_until(lambda: not hub.pdl_jobs() and {n["state"] for n in slurm.nodes().values()} == {"idle"}, 60,
                what=lambda: f"every PDL job gone and every node idle: {slurm.jobs()} {slurm.nodes()}")
+    # first spawns of new accounts, refusals, stops: nothing the admin must look into
+    assert [line for line in hub.log_tail(2000).splitlines() if "could not cancel" in line] == []
 
 
 def test_a_user_slurm_does_not_know_is_refused_in_one_line_naming_slurms_reason(hub, slurm, tmp_path_factory):
