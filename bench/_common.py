@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
 
 def local_slots(n: int) -> list[str]:
@@ -17,6 +18,20 @@ def local_slots(n: int) -> list[str]:
 
     pool = default_pool()
     return pool[:n] if len(pool) >= n else [f"cpu:{i}" for i in range(n)]
+
+
+def real_images_root(given: str | None = None) -> Path:
+    """The real images a benchmark trains on: ``given``, else ``$CINIC10_DIR``, else
+    scikit-learn's handwritten digits in CINIC-10's layout (:mod:`pdl_cinic10.digits`),
+    written once under ``~/.cache/pdl/bench/digits``."""
+    if given or os.environ.get("CINIC10_DIR"):
+        return Path(given or os.environ["CINIC10_DIR"]).expanduser()
+    from pdl_cinic10.digits import write_digits
+
+    root = Path.home() / ".cache" / "pdl" / "bench" / "digits"
+    if not (root / "test").is_dir():
+        write_digits(root)
+    return root
 
 
 def machine() -> str:

@@ -84,14 +84,15 @@ def peer_loader(root, split: str, *, batch_size: int, workers: int, train: bool,
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers)
 
 
-def peer_optimizer(model: torch.nn.Module, epochs: int):
-    """pytorch-cifar's SGD(lr=0.1, momentum=0.9, weight_decay=5e-4) and CosineAnnealingLR(T_max=epochs)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+def peer_optimizer(model: torch.nn.Module, epochs: int, lr: float = 0.1):
+    """pytorch-cifar's SGD(lr, momentum=0.9, weight_decay=5e-4) and CosineAnnealingLR(T_max=epochs)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
     return optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
 
 
 def peer_fit(model: torch.nn.Module, root, *, epochs: int, batch_size: int = 128, workers: int = 2,
-             device: str | torch.device = "cpu", on_epoch=None) -> list[dict]:
+             device: str | torch.device = "cpu", on_epoch=None, lr: float = 0.1,
+             schedule_epochs: int | None = None, stop_at: float | None = None) -> list[dict]:
     """pytorch-cifar's ``train()``/``test()`` loop, on this rank of any torch.distributed group.
 
     fp32, cross-entropy, :func:`peer_optimizer` stepped per epoch; DDP when a
@@ -107,7 +108,7 @@ def peer_fit(model: torch.nn.Module, root, *, epochs: int, batch_size: int = 128
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model = model.to(device)
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    optimizer, scheduler = peer_optimizer(model, epochs)
+    optimizer, scheduler = peer_optimizer(model, schedule_epochs or epochs, lr)
     criterion = torch.nn.CrossEntropyLoss()
     train = peer_loader(root, "train", batch_size=batch_size, workers=workers, train=True,
                         rank=rank, world_size=world)
@@ -134,6 +135,8 @@ def peer_fit(model: torch.nn.Module, root, *, epochs: int, batch_size: int = 128
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
+        if stop_at is not None and record["test_acc"] >= stop_at:
+            break
     return records
 
 

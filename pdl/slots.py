@@ -14,8 +14,14 @@ import subprocess
 
 _SLOT_RE = re.compile(r"^(gpu|cpu):(\d+)$")
 
-#: CPU slots offered when a machine has no GPU and the admin configured none.
-DEFAULT_CPU_SLOTS = 4
+
+def cpu_count() -> int:
+    """Cores this process may run on (its CPU affinity, which a container or a
+    Slurm step narrows), at least 1."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def parse_slot(slot: str) -> tuple[str, int]:
@@ -55,12 +61,13 @@ def detect_gpus(nvidia_smi: str | None = None) -> list[str]:
     return [f"gpu:{int(line)}" for line in out.split() if line.strip().isdigit()]
 
 
-def default_pool(cpu_slots: int = DEFAULT_CPU_SLOTS) -> list[str]:
-    """The machine's pool: every GPU if there are any, else ``cpu_slots`` CPU slots."""
+def default_pool(cpu_slots: int | None = None) -> list[str]:
+    """The machine's pool: every GPU if there are any, else ``cpu_slots`` CPU slots
+    (None: one per core, :func:`cpu_count`, so engines never share a core)."""
     gpus = detect_gpus()
     if gpus:
         return gpus
-    return [f"cpu:{i}" for i in range(cpu_slots)]
+    return [f"cpu:{i}" for i in range(cpu_slots or cpu_count())]
 
 
 def cpus_for_slot(slot: str, pool_size: int, n_cpus: int) -> list[int]:

@@ -6,10 +6,14 @@ Importing this package is cheap (no torch); the heavy modules are
 
 - :mod:`pdl_cinic10.layout`: where CINIC-10 lives on disk (no torch);
   :mod:`pdl_cinic10.download`: fetch, verify and unpack the official archive;
-  :mod:`pdl_cinic10.sample`: a small synthetic dataset in the same layout.
+  :mod:`pdl_cinic10.sample`: a small synthetic dataset in the same layout (smoke tests);
+  :mod:`pdl_cinic10.digits`: real images in that layout with nothing downloaded
+  (scikit-learn's handwritten digits), for tests and benchmarks on real data.
 - :mod:`pdl_cinic10.data`: load splits into tensors and shard them across ranks;
   :mod:`pdl_cinic10.cache`: a compact per-node cache of them.
 - :mod:`pdl_cinic10.model`: the CIFAR-style ResNet-18.
+- :mod:`pdl_cinic10.recipe`: the settings (``Hyper``) and the rule that derives them
+  from the data's size and the world size (no torch).
 - :mod:`pdl_cinic10.train`: the data-parallel training loop, with
   :mod:`pdl_cinic10.collectives` from torch.distributed or Horovod.
 """

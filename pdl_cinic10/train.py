@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Callable
 
 import torch
@@ -23,6 +23,7 @@ from pdl import checkpoint as ckpt
 
 from .collectives import Collectives, for_backend
 from .data import epoch_batches, seed_from, steps_per_epoch
+from .recipe import Hyper, peak_lr, warmup_steps
 
 __all__ = ["Hyper", "normalize", "augment", "lr_factor", "fit", "evaluate"]
 
@@ -34,36 +35,6 @@ Split = tuple[torch.Tensor, torch.Tensor]
 #: Last number of the augmentation generator's seed (seed, rank, epoch, AUGMENT_STREAM):
 #: keeps it apart from the data order's seed (seed, epoch), which seed_from pads with zeros.
 AUGMENT_STREAM = 1
-
-
-@dataclass
-class Hyper:
-    """All hyperparameters in one place.
-
-    ``batch_size`` is images per rank per step; ``lr`` is the peak rate for a
-    global batch of 256 and is scaled linearly by batch_size * world size;
-    ``warmup_epochs`` may be fractional; ``width`` is for ``ResNet18(width=...)``,
-    which the caller builds; ``seed`` drives shuffling and augmentation.
-    On a GPU, ``bf16`` runs forward and backward under bfloat16 autocast,
-    ``channels_last`` stores activations NHWC, and ``compile`` wraps the model
-    in ``torch.compile`` (on a CPU these three are off: they do not pay there).
-    ``tta`` scores test images as the mean of the image's and its mirror's logits.
-    """
-
-    epochs: int = 15
-    batch_size: int = 256
-    lr: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay: float = 5e-4
-    label_smoothing: float = 0.1
-    warmup_epochs: float = 1
-    width: int = 64
-    seed: int = 0
-    bf16: bool = True
-    channels_last: bool = True
-    compile: bool = True
-    tta: bool = True
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -119,6 +90,7 @@ def fit(
     log: Callable[[str], object] = print,
     backend: str = "auto",
     checkpoint: str | os.PathLike | None = None,
+    stop_at: float | None = None,
 ) -> dict:
     """Train ``model`` for ``hp.epochs`` epochs and evaluate after each.
 
@@ -145,6 +117,8 @@ def fit(
     so rerunning the cell after an interrupt or an engine's death loses at most
     one epoch. A checkpoint written with other hyperparameters or another world
     size raises ValueError naming the path and the differences.
+    ``stop_at``: end after the first epoch whose test accuracy (0..1) reaches it,
+    the schedule unchanged (as time-to-accuracy benchmarks measure it).
     Returns ``{"history": [{epoch, train_loss, test_acc, images_per_sec, seconds}, ...],
     "test_acc": final accuracy 0..1, "model": the trained (unwrapped) module}``.
     """
@@ -161,12 +135,12 @@ def fit(
         raise ValueError(f"need at least {world} training images for {world} ranks; got {len(images)}")
     steps = steps_per_epoch(len(images), world, hp.batch_size)
     total_steps = hp.epochs * steps
-    warmup_steps = round(hp.warmup_epochs * steps)
-    peak_lr = hp.lr * hp.batch_size * world / 256
+    warmup = warmup_steps(hp.warmup_epochs, steps, total_steps)
+    peak = peak_lr(hp.lr, hp.batch_size * world)
 
     optimizer = torch.optim.SGD(
         module.parameters(),
-        lr=peak_lr,
+        lr=peak,
         momentum=hp.momentum,
         nesterov=hp.nesterov,
         weight_decay=hp.weight_decay,
@@ -191,7 +165,7 @@ def fit(
             x = augment(images[batch.to(images.device)].to(device, non_blocking=True), generator)
             y = labels[batch.to(labels.device)].to(device, non_blocking=True)
             for group in optimizer.param_groups:
-                group["lr"] = peak_lr * lr_factor(step, total_steps, warmup_steps)
+                group["lr"] = peak * lr_factor(step, total_steps, warmup)
             with autocast:
                 loss = criterion(forward(_layout(normalize(x), module)), y)
             optimizer.zero_grad()  # set_to_none (torch >= 2.0); hvd.DistributedOptimizer takes no argument
@@ -228,6 +202,8 @@ def fit(
                 f"  test acc {100 * accuracy:.1f}%"
                 f"  {record['images_per_sec']:.0f} img/s"
             )
+        if stop_at is not None and accuracy >= stop_at:  # the same on every rank: summed counts
+            break
     if not history:
         accuracy = evaluate(module, *test, device=device, backend=comm, tta=hp.tta, bf16=hp.bf16)
     return {

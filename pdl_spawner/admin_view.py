@@ -98,7 +98,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from pdl.runtime.boot import die_with_parent
-from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, slot_index
+from pdl.slots import default_pool, slot_index
 
 from .reservations import Holding, Reclaim, SlotLedger
 from .slurm_cli import SlurmCommands, SlurmError
@@ -612,7 +612,7 @@ def pool_from_env(env=os.environ) -> list[str]:
     else the spawner's default (every GPU, else ``PDL_CPU_SLOTS`` CPU slots)."""
     if env.get("PDL_POOL"):
         return [s.strip() for s in env["PDL_POOL"].split(",") if s.strip()]
-    return default_pool(int(env.get("PDL_CPU_SLOTS", DEFAULT_CPU_SLOTS)))
+    return default_pool(int(env["PDL_CPU_SLOTS"]) if env.get("PDL_CPU_SLOTS") else None)
 
 
 def nodes_from_env(env=os.environ) -> list[str]:

@@ -49,7 +49,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 
-from pdl.slots import DEFAULT_CPU_SLOTS, default_pool, parse_slot
+from pdl.slots import cpu_count, default_pool, parse_slot
 from pdl_server.contract import ServerContract, cluster_dir_in
 
 from . import device_cgroup, unix_accounts
@@ -84,12 +84,18 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
             parse_slot(slot)
         if len(set(proposal.value)) != len(proposal.value):
             raise ValueError(f"pool lists a slot twice: {proposal.value}")
+        cpu_slots = sum(1 for slot in proposal.value if slot.startswith("cpu:"))
+        if cpu_slots > cpu_count():
+            self.log.warning("pool has %d CPU slots on %d cores: engines will share cores and each "
+                             "train slower than one per core would", cpu_slots, cpu_count())
         return proposal.value
 
     cpu_slots = Integer(
-        DEFAULT_CPU_SLOTS,
+        None,
+        allow_none=True,
         config=True,
-        help="Number of CPU slots in the default pool of a machine without GPUs. "
+        help="Number of CPU slots in the default pool of a machine without GPUs; "
+        "default (None): one per core, so that no two engines share a core. "
         "The machine's cores are split evenly between them.",
     )
 

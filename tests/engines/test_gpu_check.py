@@ -1,8 +1,8 @@
 """The offline GPU kit on a machine without a GPU, as CI runs it.
 
 ``scripts/gpu-bundle`` builds the bundle for this machine's Python (under 60 MiB, no
-torch in it); a fresh "GPU machine" environment gets only torch, numpy and Pillow (the
-packages the bundle assumes); ``scripts/gpu-check`` then installs PDL from the bundle
+torch in it); a fresh "GPU machine" environment gets only torch, numpy, Pillow and
+scikit-learn (the packages the bundle assumes, which CUDA images carry); ``scripts/gpu-check`` then installs PDL from the bundle
 with no package index, runs ``%%distributed`` from that install on CPU engines, runs
 the ``gpu`` tests (which skip), skips the GPU-only steps, and says why in one line.
 """
@@ -43,19 +43,20 @@ def test_the_bundle_is_under_60_mib_and_carries_no_torch(bundle):
     size = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
     assert size < 60 * 1024 * 1024, f"{size / 2**20:.1f} MiB"
     names = [f.name.lower() for f in (bundle / "wheels").iterdir()]
-    assert not [n for n in names if n.startswith(("torch-", "jupyterlab-", "numpy-", "pillow-"))], names
+    assert not [n for n in names if n.startswith(("torch-", "jupyterlab-", "numpy-", "pillow-", "scikit_learn-", "scipy-"))], names
     assert [n for n in names if n.startswith("pdl-0")] and [n for n in names if n.startswith("horovod-")]
-    assert (bundle / "assumed.txt").read_text().split() == ["torch>=2.4", "numpy>=1.26", "pillow>=10.0"]
+    assert (bundle / "assumed.txt").read_text().split() == ["torch>=2.4", "numpy>=1.26", "pillow>=10.0",
+                                                            "scikit-learn>=1.3"]
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> Path:
     """The "GPU machine": its own torch (this machine's, from pip's configured source),
-    numpy and Pillow, and nothing of PDL."""
+    numpy, Pillow and scikit-learn, and nothing of PDL."""
     venv = tmp_path_factory.mktemp("gpu-machine") / "venv"
     run(BASE_PYTHON, "-m", "venv", str(venv))
     run(str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", "constraints.txt", "torch", "numpy",
-        "pillow")
+        "pillow", "scikit-learn")
     return venv
 
 

@@ -54,12 +54,18 @@ def test_train_throughput_bench_prints_both_recipes_and_the_ratio(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_time_to_accuracy_bench_runs_both_recipes_in_cells(tmp_path):
-    out = run_bench(tmp_path, "time_to_accuracy.py", "-n", "2", "--per-class", "20", "--epochs", "2",
-                    "--peer-epochs", "1", "--width", "4", "--peer-width", "4", "--target", "0.0", timeout=600)
+def test_time_to_accuracy_bench_runs_three_rows_on_real_images(tmp_path):
+    """The default data is the real digits set; the peer runs in its own process, PDL's two
+    rows in cells; target 0 stops each after one epoch."""
+    out = run_bench(tmp_path, "time_to_accuracy.py", "-n", "1", "--peer-epochs", "1", "--peer-width", "4",
+                    "--targets", "0.0", timeout=600)
     rows = TABLE_ROW.findall(out)
-    assert any("PDL" in r for r in rows) and any("pytorch-cifar" in r for r in rows), out
-    assert ratio(out, "pytorch-cifar / PDL") > 0
+    assert any("pytorch-cifar, seed's settings" in r and "width 4" in r for r in rows), out
+    assert any("PDL, same network" in r and "width 4" in r for r in rows), out
+    assert any("PDL, its own choice" in r and "width 16" in r for r in rows), out
+    assert "data " + str(tmp_path / ".cache/pdl/bench/digits") in out, out
+    assert ratio(out, "pytorch-cifar / PDL own choice") > 0
+    assert ratio(out, "pytorch-cifar / PDL same network") > 0
 
 
 @pytest.mark.timeout(300)
