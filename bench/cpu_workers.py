@@ -20,6 +20,7 @@ ratio PDL / one process (1 = splitting costs nothing).
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import json
 import os
@@ -65,7 +66,7 @@ def main(argv=None) -> float:
         for repeat in range(args.repeats):
             for key in (("pdl", "one") if repeat % 2 == 0 else ("one", "pdl")):
                 if key == "pdl":
-                    ips, width, batch = session.run(cell, args.n, out=io.StringIO()).values[0]
+                    ips, width, batch = ast.literal_eval(session.run(cell, args.n, out=io.StringIO()).values[0])
                 else:
                     ips, width, batch = _one_process(alone)
                 runs[key].append(ips)

@@ -8,7 +8,7 @@ CINIC-10 at ``$CINIC10_DIR``), in this process, on this machine's GPU or CPU:
 
 - **PDL**: ``pdl_cinic10.train.fit`` with its defaults: the split cache whole
   on the device, batched augmentation there, batch 256; on a GPU also bf16
-  autocast, channels_last and torch.compile.
+  autocast and channels_last (torch.compile is off by default: it did not pay).
 - **Peer** (``bench/peers.py``): pytorch-cifar's loop: PIL decode per sample in
   a DataLoader with ``--workers`` workers, batch 128, fp32, plain SGD.
 
@@ -55,7 +55,7 @@ def main(argv=None) -> float:
         f"cpu ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
     print(f"\nResNet-18 width {width}, {len(train[1])} train images ({root}), {args.epochs} epochs "
           f"(first not counted), on {name}, torch {torch.__version__}\n")
-    gpu = ", bf16, channels_last, compile" if device.type == "cuda" else ""
+    gpu = ", bf16, channels_last" if device.type == "cuda" else ""
     labels = {"pdl": f"PDL: data on device, batched augment, batch 256{gpu}",
               "peer": f"pytorch-cifar: PIL + DataLoader ({args.workers} workers), batch 128, fp32"}
     return median_table(("recipe", "train img/s (median)"), labels, results,

@@ -8,12 +8,22 @@ when it is the backend.
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+#: DDP's option that keeps rank 0's buffers at the start but syncs none before each
+#: forward: ``forward_sync_buffers`` since torch 2.13 (which deprecates the older name),
+#: ``broadcast_buffers`` before.
+_NO_BUFFER_SYNC_EACH_STEP = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 #: Backends :func:`for_backend` knows; "auto" picks the one initialised in this process.
 BACKENDS = ("auto", "torch", "horovod")
@@ -59,7 +69,11 @@ class TorchCollectives(Collectives):
 
     def distribute(self, module, optimizer):
         device_ids = [module_device(module)] if module_device(module).type == "cuda" else None
-        net = DistributedDataParallel(module, device_ids=device_ids)  # broadcasts rank 0's state
+        # Broadcasts rank 0's state now. Not the BatchNorm buffers before every step (one more
+        # collective a step; fit makes them rank 0's after each epoch), and gradients are views
+        # of DDP's buffers (no copy): together 10 % more CPU worker speed (bench/cpu_workers.py).
+        net = DistributedDataParallel(module, device_ids=device_ids, gradient_as_bucket_view=True,
+                                      **_NO_BUFFER_SYNC_EACH_STEP)
         return net, optimizer
 
 

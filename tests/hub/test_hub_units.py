@@ -157,6 +157,23 @@ def test_gpu_slot_sees_only_its_gpu_and_cpu_slots_share_the_cores():
         parse_slot("tpu:0")
 
 
+def test_the_default_cpu_pool_is_one_worker_per_core_and_never_oversubscribes(monkeypatch):
+    """Without GPUs the pool has one slot per core: every engine of it together runs at
+    most as many threads as the machine has cores (4 slots on 2 cores trained at half
+    the speed of 2)."""
+    import pdl.slots
+
+    monkeypatch.setattr(pdl.slots, "detect_gpus", lambda: [])
+    for cores in (1, 2, 3, 8):
+        monkeypatch.setattr(pdl.slots, "cpu_count", lambda: cores)
+        pool = pdl.slots.default_pool()
+        assert pool == [f"cpu:{i}" for i in range(cores)]
+        threads = [int(engine_env(slot, len(pool), n_cpus=cores)["OMP_NUM_THREADS"]) for slot in pool]
+        assert sum(threads) <= cores
+        assert sorted(c for slot in pool for c in cpus_for_slot(slot, len(pool), cores)) == list(range(cores))
+    assert pdl.slots.default_pool(cpu_slots=3) == ["cpu:0", "cpu:1", "cpu:2"]  # the admin's own count
+
+
 def test_spawner_is_registered_and_documents_its_config():
     from pdl_spawner.local import PDLLocalSpawner
 

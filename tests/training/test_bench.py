@@ -92,3 +92,21 @@ def test_allreduce_bench_compares_training_with_bare_all_reduce(tmp_path):
     rows = TABLE_ROW.findall(out)
     assert any("training" in r for r in rows) and any("bare all_reduce" in r for r in rows), out
     assert ratio(out, "training busbw / bare busbw") > 0
+
+
+@pytest.mark.timeout(300)
+def test_recipe_sweep_prints_the_rule_s_choice_and_one_line_of_results(tmp_path):
+    out = run_bench(tmp_path, "recipe_sweep.py", "world=2", "epochs=2", "width=4")
+    assert re.search(r"^world=2 epochs=2 width=4 \| width 4, global batch 32, 2 epochs \| train loss \S+ \S+ "
+                     r"\| test acc % \d+ \d+ \| 97 %: .* \| 98 %: .* \| total \d+ s$", out, re.M), out
+
+
+@pytest.mark.timeout(120)
+def test_compile_cost_bench_says_in_one_line_why_it_compares_nothing_without_a_gpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: scripts/gpu-check runs this benchmark in full")
+    out = run_bench(tmp_path, "compile_cost.py")
+    assert out.strip() == ("compile_cost: no CUDA GPU here; fit compiles only on a GPU, so there is nothing to "
+                           "compare")
