@@ -156,5 +156,6 @@ def width_for(n_train: int) -> int:
 def epochs_for(n_train: int, world_size: int, batch_per_rank: int) -> int:
     """:data:`DEFAULT_EPOCHS`, or more when they would give fewer than
     :data:`MIN_TOTAL_STEPS` optimizer steps."""
-    steps = -(-(-(-n_train // world_size)) // batch_per_rank)
+    largest_share = -(-n_train // world_size)  # ceil: the rank with the most images
+    steps = -(-largest_share // batch_per_rank)
     return max(DEFAULT_EPOCHS, -(-MIN_TOTAL_STEPS // steps))

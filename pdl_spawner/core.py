@@ -42,7 +42,11 @@ from .usage import NotEnoughWorkers, WorkerUsage
 class SpawnerCore(QueueingSpawner, IdleEngines):
     """Mixin: the worker rules every PDL spawner shares (see the module docstring)."""
 
-    default_workers = Integer(1, config=True, help="Workers pre-filled in the spawn form.")
+    default_workers = Integer(
+        1, config=True,
+        help="Workers pre-filled in the spawn form, and asked for when a request names none; "
+        "at most what one request may have (a default of 3 on a 2-core machine's pool of 2 is 2).",
+    )
 
     max_workers = Integer(
         0, config=True,
@@ -89,6 +93,11 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         """The most workers one request may ask for: ``max_workers``, within :attr:`worker_capacity`."""
         return min(self.max_workers or self.worker_capacity, self.worker_capacity)
 
+    @property
+    def workers_default(self) -> int:
+        """``default_workers``, within :attr:`workers_limit` (and at least 1)."""
+        return max(1, min(self.default_workers, self.workers_limit))
+
     async def read_capacity(self) -> None:
         """Learn what :attr:`worker_capacity` needs, off the event loop, before a count
         is checked; nothing by default (a spawner that asks its cluster overrides it)."""
@@ -108,7 +117,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         HTTPError(400) naming the valid options: any other key (``image``, ``volumes``,
         ``env``, ...) is refused."""
         try:
-            return form.requested_workers(self.user_options, default=self.default_workers,
+            return form.requested_workers(self.user_options, default=self.workers_default,
                                           maximum=self.workers_limit, more=self.more_user_options())
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
@@ -125,7 +134,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         usage = await self.worker_usage()
         return form.render_form(
             waiting=await self.waiting(), kind=self.worker_kind, pool_size=usage.total, free=usage.free,
-            holders=usage.holders, default=self.default_workers,
+            holders=usage.holders, default=self.workers_default,
             maximum=max(1, min(self.workers_limit, usage.total)), show_names=bool(self.user.admin),
         )
 

@@ -113,6 +113,21 @@ def _fake_user(name: str):
                            server=None, spawners={}, settings={}, orm_user=None)
 
 
+def test_a_default_above_the_pool_asks_for_the_whole_pool_not_a_refusal(tmp_path):
+    """The hub's default of 3 workers on a 2-core machine (a pool of 2 CPU workers): a
+    spawn that names no count gets 2, and the form offers 2, instead of a 400."""
+    from pdl_spawner.local import PDLLocalSpawner
+
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1"], default_workers=3,
+                              reservations_db=str(tmp_path / "r.sqlite"))
+    spawner.user_options = {}
+    assert spawner.requested_workers() == 2
+    assert 'value="2"' in asyncio.run(spawner.render_options_form())
+    spawner.user_options = {"workers": 3}
+    with pytest.raises(web.HTTPError, match="a whole number from 1 to 2"):
+        spawner.requested_workers()
+
+
 def test_local_spawner_refuses_an_image_before_reserving_or_starting(tmp_path):
     from pdl_spawner.local import PDLLocalSpawner
 
