@@ -86,6 +86,23 @@ def test_single_process_fit_learns_the_sample(sample):
     assert evaluate(result["model"], *test, device="cpu", tta=True) == result["test_acc"]
 
 
+@pytest.mark.integration
+def test_stop_at_ends_after_the_first_epoch_that_reaches_it_on_the_same_schedule(sample):
+    """A stopped run is the full run cut short: the epochs it did are the same epochs."""
+    train, test = load_split(sample, "train"), load_split(sample, "test")
+    hp = Hyper(epochs=4, batch_size=64, width=4)
+    torch.manual_seed(0)
+    full = fit(ResNet18(width=hp.width), train, test, hp, device="cpu", log=lambda _: None)["history"]
+    target = full[1]["test_acc"]  # reached at epoch 2 at the latest
+    first = next(r["epoch"] for r in full if r["test_acc"] >= target)
+    torch.manual_seed(0)
+    cut = fit(ResNet18(width=hp.width), train, test, hp, device="cpu", log=lambda _: None, stop_at=target)
+    assert [r["epoch"] for r in cut["history"]] == list(range(1, first + 1))
+    # the same steps at the same rates (a changed schedule moves the loss by far more)
+    assert [r["train_loss"] for r in cut["history"]] == pytest.approx([r["train_loss"] for r in full[:first]],
+                                                                     rel=1e-5)
+
+
 class _LeftHalf(torch.nn.Module):
     """Logits from the left half of the image only: its mirror image scores differently."""
 
