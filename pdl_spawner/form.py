@@ -76,20 +76,37 @@ def queue_first_message(waiting: int, unit: str = "workers", *, spawning: bool =
             f"in the queue, first come, first served. {advice}")
 
 
+#: Characters of a user's value that a refusal quotes at most (issue 27: a 10 MB value
+#: came back whole in the answer and three times in the hub's log).
+ECHO_CHARS = 40
+
+
+def echo(value) -> str:
+    """``value`` as a refusal quotes it: ASCII (``ascii()``), cut to :data:`ECHO_CHARS`
+    with the full length said, so a user's value never makes an answer or a log line long."""
+    try:
+        text = ascii(value)
+    except ValueError:  # an int too long to print (Python's digit limit)
+        return f"<{type(value).__name__} too long to show>"
+    if len(text) <= ECHO_CHARS:
+        return text
+    return f"{text[:ECHO_CHARS]}... ({len(text)} characters)"
+
+
 def parse_workers(formdata: dict, *, maximum: int) -> int:
     """Read ``workers`` from submitted form data; ValueError naming the valid range."""
     raw = (formdata.get("workers") or [""])[0]
     try:
         n = int(str(raw).strip())
     except ValueError:
-        raise ValueError(f"workers must be a whole number from 1 to {maximum}, got {raw!r}") from None
+        raise ValueError(f"workers must be a whole number from 1 to {maximum}, got {echo(raw)}") from None
     check_workers(n, maximum=maximum)
     return n
 
 
 def check_workers(n, *, maximum: int) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= maximum:
-        raise ValueError(f"workers must be a whole number from 1 to {maximum}, got {n!r}")
+        raise ValueError(f"workers must be a whole number from 1 to {maximum}, got {echo(n)}")
 
 
 #: The spawn options a user may set: how many workers, and whether to wait for them.
@@ -112,11 +129,11 @@ def requested_workers(user_options, *, default: int, maximum: int, more: dict[st
     valid = f"the options are 'workers', a whole number from 1 to {maximum}{extra}, and 'queue', true or false"
     if not isinstance(user_options, dict):
         raise ValueError(f"spawn options must be a JSON object; {valid}")
-    unknown = sorted(ascii(str(key)[:30]) for key in user_options if key not in USER_OPTIONS and key not in more)
+    unknown = sorted(echo(str(key)) for key in user_options if key not in USER_OPTIONS and key not in more)
     if unknown:
         raise ValueError(f"spawn option not allowed: {', '.join(unknown)}; {valid}")
     if not isinstance(user_options.get("queue", False), bool):
-        raise ValueError(f"spawn option 'queue' must be true or false, got {user_options['queue']!r}; {valid}")
+        raise ValueError(f"spawn option 'queue' must be true or false, got {echo(user_options['queue'])}; {valid}")
     n = user_options.get("workers", default)
     check_workers(n, maximum=maximum)
     return n

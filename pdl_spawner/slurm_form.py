@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from html import escape
 
+from .form import echo
+
 
 def valid_partitions(partitions: list[str]) -> str:
     """``"one of 'gpu', 'big'"``, for refusals."""
@@ -18,14 +20,14 @@ def valid_time_limits(maximum_min: int) -> str:
 def check_partition(value, partitions: list[str]) -> str:
     """``value`` if it is one of ``partitions``, else ValueError naming them."""
     if not isinstance(value, str) or value not in partitions:
-        raise ValueError(f"partition must be {valid_partitions(partitions)}, got {ascii(value)[:40]}")
+        raise ValueError(f"partition must be {valid_partitions(partitions)}, got {echo(value)}")
     return value
 
 
 def check_time_limit(value, maximum_min: int) -> int:
     """``value`` (minutes) if it is a whole number from 1 to ``maximum_min``, else ValueError."""
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum_min:
-        raise ValueError(f"time_limit must be {valid_time_limits(maximum_min)}, got {ascii(value)[:40]}")
+        raise ValueError(f"time_limit must be {valid_time_limits(maximum_min)}, got {echo(value)}")
     return value
 
 
@@ -62,6 +64,6 @@ def parse_fields(formdata: dict, *, partitions: list[str], max_time_min: int) ->
         try:
             minutes = int(str(raw).strip())
         except ValueError:
-            raise ValueError(f"time_limit must be {valid_time_limits(max_time_min)}, got {raw!r}") from None
+            raise ValueError(f"time_limit must be {valid_time_limits(max_time_min)}, got {echo(raw)}") from None
         options["time_limit"] = check_time_limit(minutes, max_time_min)
     return options

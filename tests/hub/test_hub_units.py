@@ -84,6 +84,24 @@ def test_workers_field_rejects_bad_values_naming_the_range(raw):
     assert form.parse_workers({"workers": ["4"]}, maximum=6) == 4
 
 
+@pytest.mark.parametrize("refuse", [
+    lambda huge: form.parse_workers({"workers": [huge]}, maximum=6),
+    lambda huge: form.requested_workers({"workers": huge}, default=1, maximum=6),
+    lambda huge: form.requested_workers({"queue": huge}, default=1, maximum=6),
+    lambda huge: form.requested_workers({huge: 1}, default=1, maximum=6),
+    lambda huge: form.requested_workers({"workers": 10 ** 10_000}, default=1, maximum=6),
+])
+def test_a_huge_value_is_quoted_in_a_few_dozen_characters_not_echoed_whole(refuse):
+    """A 10 MB value came back whole in the 400 and three times in the hub's log."""
+    huge = "9" * 10_000_000
+    with pytest.raises(ValueError) as e:
+        refuse(huge)
+    message = str(e.value)
+    assert len(message) < 250 and "\n" not in message, message[:300]
+    assert "from 1 to 6" in message
+    assert ("... (10000002 characters)" in message) or "too long to show" in message, message
+
+
 @pytest.mark.parametrize("options, named", [
     ({"image": "evil", "workers": 1}, "'image'"),
     ({"volumes": {"/": "/host"}}, "'volumes'"),
