@@ -121,6 +121,26 @@ def test_repeated_failures_lock_a_name_even_for_the_right_password_until_the_loc
 
 
 @pytest.mark.hub
+def test_forty_guesses_at_once_get_no_more_checks_than_the_lockout_allows(hub):
+    """The attack: 40 simultaneous wrong passwords for ben were all checked (the count
+    came after each check), so none was refused as locked. Now each is counted before
+    its check and ben has one check at a time: at most ATTEMPTS are checked, the rest
+    are refused (being checked, or locked)."""
+    import concurrent.futures
+
+    time.sleep(LOCKOUT_S + 0.3)  # whatever an earlier test left of ben's lock
+    with concurrent.futures.ThreadPoolExecutor(40) as pool:
+        answers = list(pool.map(lambda i: hub.try_login("ben", f"guess-{i}")[1], range(40)))
+    checked = [a for a in answers if a == "Invalid username or password"]
+    refused = [a for a in answers if a.startswith(("A login for ben is being checked: try again in a moment.",
+                                                    "Too many failed logins for ben"))]
+    assert 1 <= len(checked) <= ATTEMPTS and len(checked) + len(refused) == 40, answers
+    time.sleep(LOCKOUT_S + 0.3)
+    session, refused_now = hub.try_login("ben")
+    assert refused_now == "" and logged_in(session)  # the owner gets in once the lock has passed
+
+
+@pytest.mark.hub
 def test_an_unlisted_name_that_signs_up_waits_for_the_admins_approval(hub):
     """Guards README "Others who sign up wait for the admin's approval at /hub/authorize",
     and that only the admin, from the hub's own page, can approve."""
@@ -191,6 +211,44 @@ def make_authenticator(db, tmp_path, **config):
 
     return PDLAuthenticator(_deprecated_db_session=db, first_admin="admin",
                             first_admin_password_file=str(tmp_path / "state" / "password"), **config)
+
+
+@pytest.mark.unit
+def test_a_name_has_one_password_check_at_a_time_counted_before_it_runs(authenticator_db, tmp_path,
+                                                                         monkeypatch):
+    """Guards authenticate's order: the attempt is counted, then checked, one at a time
+    per name; guesses that arrive meanwhile get 429 without a check."""
+    import asyncio
+    import threading
+
+    from tornado import web
+
+    import pdl_spawner.accounts as accounts
+
+    auth = make_authenticator(authenticator_db, tmp_path)
+    checks, release = [], threading.Event()
+
+    def slow_check(hashed, password):
+        checks.append(password)
+        release.wait(10)
+        return False
+
+    monkeypatch.setattr(accounts, "password_matches", slow_check)
+
+    async def guesses():
+        first = asyncio.create_task(auth.authenticate(None, {"username": "admin", "password": "guess-0"}))
+        while not checks:
+            await asyncio.sleep(0.01)
+        assert auth.login_attempts["admin"]["count"] == 1  # counted before the check ended
+        others = await asyncio.gather(*(auth.authenticate(None, {"username": "admin", "password": f"guess-{i}"})
+                                        for i in range(1, 10)), return_exceptions=True)
+        release.set()
+        return await first, others
+
+    first, others = asyncio.run(guesses())
+    assert first is None and checks == ["guess-0"]
+    assert all(isinstance(e, web.HTTPError) and e.status_code == 429 for e in others), others
+    assert auth.login_attempts["admin"]["count"] == 1
 
 
 @pytest.mark.unit
