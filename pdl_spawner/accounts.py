@@ -24,7 +24,9 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   wrong password locks it again; a right one clears the count. Counts live in the hub's
   memory: a restart clears them. A password is counted before it is checked, and a name
   has one check at a time: guesses sent at once get HTTP 429 instead of a check each
-  (40 at once were all checked, none refused as locked, before this).
+  (40 at once were all checked, none refused as locked, before this). Checks run in
+  a pool of their own (``LOGIN_CHECK_THREADS``), at most ``LOGIN_CHECKS_AT_MOST`` at
+  once hub-wide; beyond, HTTP 429.
 - **Names** are :data:`~pdl_spawner.unix_accounts.NAME_PATTERN` after JupyterHub's
   lowercasing, as each becomes a Unix account (``pdl-<name>``); signing up with another
   name answers with one line that says what a valid name is.
@@ -43,6 +45,7 @@ import asyncio
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -59,6 +62,12 @@ from traitlets import Bool, Integer, Unicode, default
 
 from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, secret_file
 from pdl_spawner.unix_accounts import NAME_PATTERN
+
+#: Threads that check passwords (bcrypt, slow on purpose), a pool of their own.
+LOGIN_CHECK_THREADS = 2
+#: Password checks waiting or running at once, hub-wide; a login beyond gets HTTP 429
+#: (80 wrong logins at once made another user's spawn take 45 s instead of 12).
+LOGIN_CHECKS_AT_MOST = 16
 
 #: The most bytes of a password that bcrypt takes (bcrypt 5 raises ValueError beyond).
 BCRYPT_MAX_BYTES = 72
@@ -128,6 +137,9 @@ class PDLAuthenticator(NativeAuthenticator):
         super().__init__(**kwargs)
         #: names whose password is being checked now: one check at a time per name
         self._checking: set[str] = set()
+        #: bcrypt's own threads: a flood of logins cannot take the hub's default pool,
+        #: which resolves addresses and prepares accounts
+        self._check_pool = ThreadPoolExecutor(LOGIN_CHECK_THREADS, thread_name_prefix="pdl-login-check")
         self.ensure_first_admin()
 
     def ensure_first_admin(self) -> None:
@@ -200,10 +212,13 @@ class PDLAuthenticator(NativeAuthenticator):
             raise web.HTTPError(403, f"Too many failed logins for {username}: try again in {wait:.0f} s.")
         if username in self._checking:  # guesses at once would each get a check before any counted
             raise web.HTTPError(429, f"A login for {username} is being checked: try again in a moment.")
+        if len(self._checking) >= LOGIN_CHECKS_AT_MOST:
+            raise web.HTTPError(429, "The hub is checking many logins now: try again in a moment.")
         self._checking.add(username)
         self.add_login_attempt(username)  # counted before the check; a right password clears it
         try:
-            right = await asyncio.to_thread(password_matches, info.password, password)
+            right = await asyncio.get_running_loop().run_in_executor(
+                self._check_pool, password_matches, info.password, password)
         finally:
             self._checking.discard(username)
         if right and info.has_2fa:

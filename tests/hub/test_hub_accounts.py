@@ -252,6 +252,48 @@ def test_a_name_has_one_password_check_at_a_time_counted_before_it_runs(authenti
 
 
 @pytest.mark.unit
+def test_a_flood_of_logins_gets_429_beyond_the_cap_and_never_the_hubs_default_threads(authenticator_db,
+                                                                                        tmp_path, monkeypatch):
+    """80 wrong logins at once used to take the hub's default thread pool (address
+    lookups, account preparation): another user's spawn took 45 s instead of 12. Checks
+    run in a pool of their own, and beyond LOGIN_CHECKS_AT_MOST a login gets 429."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from tornado import web
+
+    import pdl_spawner.accounts as accounts
+
+    auth = make_authenticator(authenticator_db, tmp_path)
+    monkeypatch.setattr(auth, "get_user", lambda name: SimpleNamespace(password=b"", has_2fa=False,
+                                                                      is_authorized=True))
+    threads, release = set(), threading.Event()
+
+    def slow_check(hashed, password):
+        threads.add(threading.current_thread().name)
+        release.wait(10)
+        return False
+
+    monkeypatch.setattr(accounts, "password_matches", slow_check)
+    flood = accounts.LOGIN_CHECKS_AT_MOST + 8
+
+    async def logins():
+        tasks = [asyncio.create_task(auth.authenticate(None, {"username": f"user{i}", "password": "guess"}))
+                 for i in range(flood)]
+        await asyncio.sleep(0.2)
+        release.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    answers = asyncio.run(logins())
+    refused = [a for a in answers if isinstance(a, web.HTTPError)]
+    assert answers.count(None) == accounts.LOGIN_CHECKS_AT_MOST and len(refused) == 8
+    assert all(e.status_code == 429 and "checking many logins" in e.log_message for e in refused)
+    assert threads and all(name.startswith("pdl-login-check") for name in threads), threads
+    assert len(threads) <= accounts.LOGIN_CHECK_THREADS
+
+
+@pytest.mark.unit
 def test_signup_is_off_unless_the_hub_runs_as_root(authenticator_db, tmp_path, monkeypatch):
     """Guards docs/admin.md "Without root, the hub serves one person": every server would
     run as the hub's own Unix user, so nobody else may get an account."""
