@@ -34,6 +34,25 @@ def real_images_root(given: str | None = None) -> Path:
     return root
 
 
+def run_script(script: str, what: str, env: dict[str, str] | None = None):
+    """Run the Python ``script`` in a process of its own (this repository on its path;
+    ``env`` added to this environment) and return the JSON it prints on a line starting
+    ``RESULT ``. RuntimeError naming ``what`` and the script's last error line if it
+    fails or prints none."""
+    import json
+    import subprocess
+    import sys
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": path, **(env or {})})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"the {what} run failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(line[len("RESULT "):])
+
+
 def machine() -> str:
     """One line: cores, processor, load average, and the torch / ipyparallel versions."""
     import ipyparallel

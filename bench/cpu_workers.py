@@ -22,13 +22,9 @@ from __future__ import annotations
 import argparse
 import ast
 import io
-import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-from _common import machine, median_table, real_images_root
+from _common import machine, median_table, real_images_root, run_script
 
 FIT = """
 import torch
@@ -68,7 +64,7 @@ def main(argv=None) -> float:
                 if key == "pdl":
                     ips, width, batch = ast.literal_eval(session.run(cell, args.n, out=io.StringIO()).values[0])
                 else:
-                    ips, width, batch = _one_process(alone)
+                    ips, width, batch = run_script(alone, "one-process", env={"OMP_NUM_THREADS": ""})
                 runs[key].append(ips)
                 shape = (width, batch)
                 print(f"{key} {ips:.0f} img/s", flush=True)
@@ -79,16 +75,6 @@ def main(argv=None) -> float:
                         {"pdl": f"PDL: {args.n} workers, one core and thread each",
                          "one": f"one process, {args.n} threads"},
                         runs, f"PDL {args.n} workers / one process {args.n} threads")
-
-
-def _one_process(script: str) -> tuple[float, int, int]:
-    repo = str(Path(__file__).resolve().parent.parent)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": repo, "OMP_NUM_THREADS": ""})
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"the one-process run failed: {done.stderr.strip().splitlines()[-1:]}")
-    return tuple(json.loads(line[len("RESULT "):]))
 
 
 def _parse(argv):

@@ -32,13 +32,11 @@ from __future__ import annotations
 import argparse
 import ast
 import io
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from _common import local_slots, machine, real_images_root
+from _common import local_slots, machine, real_images_root, run_script
 
 BENCH = str(Path(__file__).resolve().parent)
 
@@ -71,7 +69,7 @@ curve = []
 peer_fit(ResNet18(width={width}), {root!r},
          epochs={epochs}, batch_size=100, workers=2, lr=0.01, schedule_epochs=200, stop_at={stop_at!r},
          on_epoch=lambda r: curve.append((r["test_acc"], time.perf_counter() - t0)))
-print("CURVE", json.dumps(curve))
+print("RESULT", json.dumps(curve))
 """
 
 
@@ -142,13 +140,7 @@ def main(argv=None) -> dict:
 def _peer_curve(root: str, width: int, epochs: int, stop_at: float) -> list[tuple[float, float]]:
     """The peer's [(test accuracy, seconds)] per epoch, from its own process."""
     script = PEER_SCRIPT.format(bench=BENCH, root=root, width=width, epochs=epochs, stop_at=stop_at)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
-                              str(Path(BENCH).parent), os.environ.get("PYTHONPATH")]))})
-    line = next((x for x in done.stdout.splitlines() if x.startswith("CURVE ")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"the pytorch-cifar run failed: {done.stderr.strip().splitlines()[-1:]}")
-    return [tuple(point) for point in json.loads(line[len("CURVE "):])]
+    return [tuple(point) for point in run_script(script, "pytorch-cifar")]
 
 
 def _pdl(session, n: int, cell: str) -> dict:

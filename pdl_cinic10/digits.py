@@ -5,7 +5,7 @@ grayscale scans of 43 people's writing, 0..16 ink levels). :func:`write_digits`
 scales each to 32x32, writes it as an RGB PNG, and files digit ``d`` under the
 ``d``-th CINIC-10 class folder, so the notebook, the cache and the benchmarks read
 it as they read CINIC-10. The split is stratified and fixed: per class, 60 % train,
-20 % valid, 20 % test (1,077 / 360 / 360 images). Unlike the synthetic sample, it
+20 % valid, 20 % test (1,078 / 359 / 360 images). Unlike the synthetic sample, it
 behaves like real data: classes overlap, some writers are hard, a recipe can
 overfit it or diverge on it.
 

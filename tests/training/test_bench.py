@@ -110,3 +110,11 @@ def test_compile_cost_bench_says_in_one_line_why_it_compares_nothing_without_a_g
     out = run_bench(tmp_path, "compile_cost.py")
     assert out.strip() == ("compile_cost: no CUDA GPU here; fit compiles only on a GPU, so there is nothing to "
                            "compare")
+
+
+@pytest.mark.timeout(300)
+def test_cpu_workers_bench_compares_workers_with_one_threaded_process(tmp_path):
+    out = run_bench(tmp_path, "cpu_workers.py", "-n", "2", "--epochs", "1", "--repeats", "1")
+    rows = TABLE_ROW.findall(out)
+    assert any("PDL: 2 workers" in r for r in rows) and any("one process, 2 threads" in r for r in rows), out
+    assert ratio(out, "PDL 2 workers / one process 2 threads") > 0
