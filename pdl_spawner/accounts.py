@@ -27,6 +27,12 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   (40 at once were all checked, none refused as locked, before this). Checks run in
   a pool of their own (``LOGIN_CHECK_THREADS``), at most ``LOGIN_CHECKS_AT_MOST`` at
   once hub-wide; beyond, HTTP 429.
+- **A lock a stranger cannot keep closed.** A browser that logged in as a name keeps a
+  signed cookie saying so (:data:`KNOWN_BROWSER_COOKIE`, ``KNOWN_BROWSER_DAYS``, HttpOnly,
+  SameSite=Strict, the hub's path). Counts, locks and the one check at a time are kept
+  apart for such a browser and for every other one: a stranger's guesses lock the name
+  for browsers that never logged in as it, while its owner's browser still gets in (one
+  wrong guess each time the lock ended kept its owner out for good before this).
 - **Names** are :data:`~pdl_spawner.unix_accounts.NAME_PATTERN` after JupyterHub's
   lowercasing, as each becomes a Unix account (``pdl-<name>``); signing up with another
   name answers with one line that says what a valid name is.
@@ -69,6 +75,12 @@ LOGIN_CHECK_THREADS = 2
 #: (80 wrong logins at once made another user's spawn take 45 s instead of 12).
 LOGIN_CHECKS_AT_MOST = 16
 
+#: The cookie (``{name}``: the hub user's name) by which a browser that logged in as that
+#: name keeps its own login count; signed with the hub's cookie secret.
+KNOWN_BROWSER_COOKIE = "pdl-known-{name}"
+#: Days a browser stays known after its last login.
+KNOWN_BROWSER_DAYS = 90
+
 #: The most bytes of a password that bcrypt takes (bcrypt 5 raises ValueError beyond).
 BCRYPT_MAX_BYTES = 72
 #: NativeAuthenticator's templates; its page.html adds "Change Password" and, for admins,
@@ -90,6 +102,25 @@ def password_matches(hashed: bytes, password: str) -> bool:
     one that bcrypt cannot take)."""
     encoded = password.encode()
     return len(encoded) <= BCRYPT_MAX_BYTES and bcrypt.checkpw(encoded, hashed)
+
+
+def is_known_browser(handler: web.RequestHandler | None, username: str) -> bool:
+    """Whether the request carries the signed cookie of a browser that logged in as
+    ``username`` within ``KNOWN_BROWSER_DAYS`` (False without a handler)."""
+    if handler is None:
+        return False
+    value = handler.get_signed_cookie(KNOWN_BROWSER_COOKIE.format(name=username), max_age_days=KNOWN_BROWSER_DAYS)
+    return value == username.encode()
+
+
+def remember_browser(handler: web.RequestHandler | None, username: str) -> None:
+    """Give the browser of ``handler``'s request the signed cookie that makes it known
+    for ``username`` (nothing without a handler)."""
+    if handler is None:
+        return
+    handler.set_signed_cookie(KNOWN_BROWSER_COOKIE.format(name=username), username,
+                              expires_days=KNOWN_BROWSER_DAYS, path=handler.hub.base_url, httponly=True,
+                              secure=handler.request.protocol == "https", samesite="Strict")
 
 
 def refuse_cross_site(handler: web.RequestHandler) -> None:
@@ -135,8 +166,8 @@ class PDLAuthenticator(NativeAuthenticator):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        #: names whose password is being checked now: one check at a time per name
-        self._checking: set[str] = set()
+        #: (name, known browser) pairs whose password is being checked now: one check at a time each
+        self._checking: set[tuple[str, bool]] = set()
         #: bcrypt's own threads: a flood of logins cannot take the hub's default pool,
         #: which resolves addresses and prepares accounts
         self._check_pool = ThreadPoolExecutor(LOGIN_CHECK_THREADS, thread_name_prefix="pdl-login-check")
@@ -184,50 +215,54 @@ class PDLAuthenticator(NativeAuthenticator):
 
     # -- logging in --------------------------------------------------------------
 
-    def add_login_attempt(self, username: str) -> None:
-        count = self.login_attempts.get(username, {}).get("count", 0)
-        self.login_attempts[username] = {"count": count + 1, "time": time.monotonic()}
+    def add_login_attempt(self, key) -> None:
+        """Count one password for ``key``: a name, or a (name, known browser) pair."""
+        count = self.login_attempts.get(key, {}).get("count", 0)
+        self.login_attempts[key] = {"count": count + 1, "time": time.monotonic()}
 
-    def seconds_locked(self, username: str) -> float:
-        """Seconds until ``username`` may try a password again (0: now)."""
-        attempts = self.login_attempts.get(username)
+    def seconds_locked(self, key) -> float:
+        """Seconds until ``key`` (as in :meth:`add_login_attempt`) may try a password again (0: now)."""
+        attempts = self.login_attempts.get(key)
         if not self.allowed_failed_logins or not attempts or attempts["count"] < self.allowed_failed_logins:
             return 0.0
         return max(0.0, self.seconds_before_next_try - (time.monotonic() - attempts["time"]))
 
     def is_blocked(self, username: str) -> bool:
-        return self.seconds_locked(username) > 0
+        return self.seconds_locked((username, False)) > 0
 
     async def authenticate(self, handler, data):
         """The name, for an authorized account's right password (and two-factor token,
         if it has one); None for a wrong one; HTTP 403 with the reason when the name is
-        locked or not yet approved."""
+        locked or not yet approved, 429 while the same browser kind's last guess for it
+        is being checked. A browser that logged in as the name before counts apart."""
         username = self.normalize_username(data.get("username", ""))
         password = data.get("password", "")
         info = self.get_user(username)
         if info is None:
             return None
-        wait = self.seconds_locked(username)
+        key = (username, is_known_browser(handler, username))
+        wait = self.seconds_locked(key)
         if wait:
             raise web.HTTPError(403, f"Too many failed logins for {username}: try again in {wait:.0f} s.")
-        if username in self._checking:  # guesses at once would each get a check before any counted
+        if key in self._checking:  # guesses at once would each get a check before any counted
             raise web.HTTPError(429, f"A login for {username} is being checked: try again in a moment.")
         if len(self._checking) >= LOGIN_CHECKS_AT_MOST:
             raise web.HTTPError(429, "The hub is checking many logins now: try again in a moment.")
-        self._checking.add(username)
-        self.add_login_attempt(username)  # counted before the check; a right password clears it
+        self._checking.add(key)
+        self.add_login_attempt(key)  # counted before the check; a right password clears it
         try:
             right = await asyncio.get_running_loop().run_in_executor(
                 self._check_pool, password_matches, info.password, password)
         finally:
-            self._checking.discard(username)
+            self._checking.discard(key)
         if right and info.has_2fa:
             right = info.is_valid_token(data.get("2fa"))
         if not right:
             return None
-        self.successful_login(username)  # a right password clears the count
+        self.successful_login(key)  # a right password clears this browser kind's count
         if not info.is_authorized:
             raise web.HTTPError(403, f"{username} is waiting for an admin's approval.")
+        remember_browser(handler, username)
         return username
 
     def check_allowed(self, username, authentication=None) -> bool:

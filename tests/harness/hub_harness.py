@@ -338,9 +338,11 @@ c.JupyterHub.log_level = "INFO"
         """Log in through the login form, as a browser does; returns the cookie session."""
         return self.try_login(user, password)[0]
 
-    def try_login(self, user: str, password: str | None = None) -> tuple[requests.Session, str]:
-        """:meth:`login`, and the login page's message when it refused ("" when it let in)."""
-        s = requests.Session()
+    def try_login(self, user: str, password: str | None = None,
+                  browser: requests.Session | None = None) -> tuple[requests.Session, str]:
+        """:meth:`login`, and the login page's message when it refused ("" when it let in);
+        in ``browser``'s cookies when given (a browser that logged in before), else a new one."""
+        s = browser if browser is not None else requests.Session()
         s.get(f"{self.url}/hub/login", timeout=10).raise_for_status()
         form = {
             "_xsrf": s.cookies.get("_xsrf", ""),

@@ -12,6 +12,7 @@ import time
 
 import bcrypt
 import pytest
+import requests
 
 from hub_harness import hub_fixture, runs_as_root
 from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, secret_file
@@ -141,6 +142,70 @@ def test_forty_guesses_at_once_get_no_more_checks_than_the_lockout_allows(hub):
 
 
 @pytest.mark.hub
+def test_a_stranger_cannot_keep_ann_out_of_the_browser_she_logged_in_from(hub):
+    """The attack (issue 27, 9): a stranger who sent one wrong guess each time the lock
+    ended kept ann locked out for good. Now a browser that logged in as ann keeps its own
+    count: the stranger's guesses lock ann's name for every other browser only."""
+    time.sleep(LOCKOUT_S + 0.3)  # whatever an earlier test left of a lock
+    ann_browser = hub.login("ann")
+    assert logged_in(ann_browser)
+    assert ann_browser.cookies.get("pdl-known-ann")  # signed by the hub, below
+    for round_ in range(3):  # ATTEMPTS guesses lock the name; then one each time the lock ends
+        for _ in range(ATTEMPTS if round_ == 0 else 1):
+            assert hub.try_login("ann", "a-strangers-guess")[1] == "Invalid username or password"
+        assert hub.try_login("ann")[1].startswith("Too many failed logins for ann"), round_  # a new browser
+        session, refused = hub.try_login("ann", browser=ann_browser)
+        assert refused == "" and logged_in(session), (round_, refused)
+        time.sleep(LOCKOUT_S + 0.3)
+    # the cookie says which name it knows, and only the hub can sign one
+    forged = requests.Session()
+    forged.cookies.set("pdl-known-ann", "ann")
+    assert hub.try_login("ann", "a-strangers-guess")[1] == "Invalid username or password"
+    assert hub.try_login("ann", browser=forged)[1].startswith("Too many failed logins for ann")
+    ben_browser = hub.login("ben")
+    assert hub.try_login("ann", browser=ben_browser)[1].startswith("Too many failed logins for ann")
+    time.sleep(LOCKOUT_S + 0.3)
+    assert logged_in(hub.login("ann"))  # clears the count for the tests below
+
+
+@pytest.mark.unit
+def test_a_strangers_check_in_flight_does_not_turn_the_owners_browser_away(authenticator_db, tmp_path,
+                                                                            monkeypatch):
+    """One check at a time is per name and browser kind: while a stranger's guess for
+    admin is checked, the admin's own browser (the signed cookie) is checked, not 429."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    import pdl_spawner.accounts as accounts
+
+    auth = make_authenticator(authenticator_db, tmp_path)
+    checks, release = [], threading.Event()
+
+    def slow_check(hashed, password):
+        checks.append(password)
+        if password == "strangers-guess":
+            release.wait(10)
+        return False
+
+    monkeypatch.setattr(accounts, "password_matches", slow_check)
+    owners_browser = SimpleNamespace(get_signed_cookie=lambda name, max_age_days: b"admin"
+                                     if name == "pdl-known-admin" else None)
+
+    async def both():
+        stranger = asyncio.create_task(auth.authenticate(None, {"username": "admin", "password": "strangers-guess"}))
+        while not checks:
+            await asyncio.sleep(0.01)
+        owner = await auth.authenticate(owners_browser, {"username": "admin", "password": "owners-typo"})
+        release.set()
+        return owner, await stranger
+
+    assert asyncio.run(both()) == (None, None)
+    assert checks == ["strangers-guess", "owners-typo"]
+    assert auth.login_attempts[("admin", True)]["count"] == 1 and auth.login_attempts[("admin", False)]["count"] == 1
+
+
+@pytest.mark.hub
 def test_an_unlisted_name_that_signs_up_waits_for_the_admins_approval(hub):
     """Guards README "Others who sign up wait for the admin's approval at /hub/authorize",
     and that only the admin, from the hub's own page, can approve."""
@@ -239,7 +304,7 @@ def test_a_name_has_one_password_check_at_a_time_counted_before_it_runs(authenti
         first = asyncio.create_task(auth.authenticate(None, {"username": "admin", "password": "guess-0"}))
         while not checks:
             await asyncio.sleep(0.01)
-        assert auth.login_attempts["admin"]["count"] == 1  # counted before the check ended
+        assert auth.login_attempts[("admin", False)]["count"] == 1  # counted before the check ended
         others = await asyncio.gather(*(auth.authenticate(None, {"username": "admin", "password": f"guess-{i}"})
                                         for i in range(1, 10)), return_exceptions=True)
         release.set()
@@ -248,7 +313,7 @@ def test_a_name_has_one_password_check_at_a_time_counted_before_it_runs(authenti
     first, others = asyncio.run(guesses())
     assert first is None and checks == ["guess-0"]
     assert all(isinstance(e, web.HTTPError) and e.status_code == 429 for e in others), others
-    assert auth.login_attempts["admin"]["count"] == 1
+    assert auth.login_attempts[("admin", False)]["count"] == 1
 
 
 @pytest.mark.unit
