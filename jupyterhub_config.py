@@ -55,6 +55,9 @@ lowercase letter then at most 19 of ``a-z0-9_-``. Wrong passwords lock a name:
 
 - ``PDL_LOGIN_ATTEMPTS``: wrong passwords in a row that lock a name (default 5; 0: never);
 - ``PDL_LOGIN_LOCKOUT_S``: seconds a locked name waits after its last failure (default 60).
+
+``PDL_MAX_REQUEST_BYTES``: the largest request body the hub reads (default 1 MiB); a
+larger one is refused with 400 before it is read.
 """
 
 import getpass
@@ -63,6 +66,7 @@ import sys
 from pathlib import Path
 
 from pdl_spawner.accounts import TEMPLATE_DIR, name_problem
+from pdl_spawner.request_limits import DEFAULT_MAX_REQUEST_BYTES, limit_request_bodies
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
 
@@ -108,6 +112,10 @@ c.ConfigurableHTTPProxy.pid_file = str(state_dir / "proxy.pid")
 for _name in users:
     if name_problem(_name):
         raise SystemExit(f"PDL_USERS: {name_problem(_name)}")
+_max_body = os.environ.get("PDL_MAX_REQUEST_BYTES", str(DEFAULT_MAX_REQUEST_BYTES))
+if not _max_body.isdigit() or int(_max_body) == 0:
+    raise SystemExit(f"PDL_MAX_REQUEST_BYTES must be a positive number of bytes, got {_max_body[:40]!r}")
+limit_request_bodies(int(_max_body))
 c.JupyterHub.authenticator_class = "pdl_spawner.accounts.PDLAuthenticator"
 c.PDLAuthenticator.first_admin = users[0]
 c.PDLAuthenticator.first_admin_password_file = str(state_dir / "password")

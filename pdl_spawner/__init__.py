@@ -26,6 +26,7 @@
 - :mod:`pdl_spawner.form`: the spawn form and its messages (pure functions).
 - :mod:`pdl_spawner.accounts`: each user's own login (jupyterhub-nativeauthenticator),
   and :mod:`pdl_spawner.credentials`: the admin's first password.
+- :mod:`pdl_spawner.request_limits`: the largest request body the hub reads.
 - :mod:`pdl_spawner.unix_accounts`: one Unix account per hub user (as root).
 - :mod:`pdl_spawner.device_cgroup`: per-server GPU device isolation and process tracking.
 - :mod:`pdl_spawner.admin_view`: the admin's page of holdings, queue and reclaims.

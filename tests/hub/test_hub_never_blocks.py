@@ -10,6 +10,7 @@ the spawner's state, and restarts it: the reservation must be freed.
 from __future__ import annotations
 
 import signal
+import socket
 import sqlite3
 import threading
 import time
@@ -102,3 +103,35 @@ c.JupyterHub.spawner_class = StallAfterReserve
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("ann")
     assert hub.reservations() == {slot: "ann" for slot in POOL}
+
+
+
+def announce_a_huge_body(port: int, path: str, token: str, length: int = 20_000_000) -> str:
+    """Send a POST's headers announcing ``length`` bytes of body, and none of it; the
+    status line the server answers with within 5 s ("" if none: it waits for the body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: token {token}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode())
+        try:
+            return conn.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
+        except TimeoutError:
+            return ""
+
+
+def test_huge_request_bodies_are_refused_unread_and_small_ones_still_answered(hub):
+    """The attack (issue 27, 6): 20 MB bodies posted to the hub's API were read and
+    parsed whole (three stalled it 3.3 s). Now a body over PDL_MAX_REQUEST_BYTES
+    (default 1 MiB) is refused on its headers, before any of it is sent, at the hub's own
+    port (which local users can reach) and through the proxy (which buffers what the
+    browser sends, the hub hangs up); smaller ones get the usual one-line refusal."""
+    hub.start()
+    token = hub.user_token("ann")
+    path = "/hub/api/users/ann/server"
+    assert announce_a_huge_body(hub.internal_port, path, token) == "HTTP/1.1 400 Bad Request"
+    through_proxy = requests.post(f"{hub.url}{path}", data=b"9" * 20_000_000, timeout=30,
+                                  headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    assert through_proxy.status_code in (400, 503), through_proxy.status_code  # the proxy's 503: the hub hung up
+    assert announce_a_huge_body(hub.internal_port, path, token, length=1024 * 1024 + 1) == "HTTP/1.1 400 Bad Request"
+    small = requests.post(f"{hub.url}{path}", json={"workers": "x" * 2000}, timeout=30,
+                          headers={"Authorization": f"token {token}"})
+    assert small.status_code == 400 and len(small.text) < 500, small.text  # under the cap: read and refused

@@ -341,3 +341,14 @@ def test_clear_state_frees_a_reservation_the_state_never_recorded(tmp_path):
     spawner.clear_state()
     submit(lambda: None).result(timeout=30)  # the release was queued before this
     assert SlotLedger(spawner.reservations_db).holdings() == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("value", [0, -1, True, "1048576", 1.5])
+def test_the_request_body_limit_takes_a_positive_number_of_bytes_only(value):
+    """Guards pdl_spawner.request_limits: a limit of 0 (or a string from the environment)
+    would refuse every request, or none, silently."""
+    from pdl_spawner.request_limits import limit_request_bodies
+
+    with pytest.raises(ValueError, match="positive number of bytes"):
+        limit_request_bodies(value)
