@@ -59,9 +59,17 @@ def ensure_runtime_dir(entry: pwd.struct_passwd, root: str | os.PathLike = "/run
     systemd-logind makes it): owned by the account, mode 0700; made if missing. Jupyter
     keeps its kernels' IPC sockets there, whose paths must stay under the kernel's limit
     of 107 bytes (a home can be deeper). RuntimeError if something else is there: the
-    folder ``root`` is root's, so only root could have put it there."""
+    folder ``root`` is root's, so only root could have put it there. ``root`` and the
+    folders above it that are missing are made with mode 0755 whatever the process's
+    umask (the hub's 0077 made a missing ``/run/user`` 0700: no account could reach its
+    own folder in it, on machines without systemd-logind)."""
     path = Path(root) / str(entry.pw_uid)
-    Path(root).mkdir(mode=0o755, parents=True, exist_ok=True)
+    for folder in reversed([f for f in (Path(root), *Path(root).parents) if not f.exists()]):
+        try:
+            folder.mkdir()
+            folder.chmod(0o755)
+        except FileExistsError:
+            pass
     try:
         os.mkdir(path, 0o700)
         os.chown(path, entry.pw_uid, entry.pw_gid)

@@ -352,3 +352,28 @@ def test_the_request_body_limit_takes_a_positive_number_of_bytes_only(value):
 
     with pytest.raises(ValueError, match="positive number of bytes"):
         limit_request_bodies(value)
+
+
+@pytest.mark.unit
+def test_a_missing_runtime_root_is_made_open_to_the_accounts_whatever_the_umask(tmp_path):
+    """On a machine without systemd-logind there is no /run/user: the hub (umask 0077)
+    made it 0700, and every user's server then failed with PermissionError on
+    /run/user/<uid>/jupyter (seen on a GPU machine)."""
+    import os
+    import pwd
+    import stat
+
+    from pdl_spawner.unix_accounts import ensure_runtime_dir
+
+    if os.geteuid() != 0:
+        pytest.skip("gives the folder to another account: needs root")
+    nobody = pwd.getpwnam("nobody")
+    before = os.umask(0o077)
+    try:
+        made = ensure_runtime_dir(nobody, tmp_path / "run" / "user")
+    finally:
+        os.umask(before)
+    for folder in (tmp_path / "run", tmp_path / "run" / "user"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
+    assert made == tmp_path / "run" / "user" / str(nobody.pw_uid)
+    assert made.stat().st_uid == nobody.pw_uid and stat.S_IMODE(made.stat().st_mode) == 0o700
