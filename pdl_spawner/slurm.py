@@ -137,6 +137,7 @@ class PDLSlurmSpawner(PDLLocalSpawner):
     )
 
     job_id = Integer(0, help="This server's reservation job (spawner state); 0: none.")
+    ending_job_id = Integer(0, help="The job of a server whose state was cleared, until it is cancelled; 0: none.")
 
     #: The node this server runs on inside its job (spawner state); None: on this machine.
     server_node: slurm_placement.ServerNode | None = None
@@ -272,14 +273,18 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         self.log.info("%s asks Slurm for %d GPU(s) in partition %s, time limit %s", self.owner, n,
                       partition or "(default)", f"{time_limit} min" if time_limit else "(default)")
         await asyncio.to_thread(self.prepare_account)
-        if self.slurm_account:
-            try:
-                if await self.slurm.ensure_association(self.account, self.slurm_account):
-                    self.log.info("Added %s to Slurm account %s", self.account, self.slurm_account)
-            except SlurmError as e:
-                message = f"Could not add you to Slurm account {self.slurm_account}: {e}"
-                raise web.HTTPError(503, message, reason=message) from None
-        return await self.take_workers(n, wait=self.wants_queue)
+        try:
+            if self.slurm_account:
+                try:
+                    if await self.slurm.ensure_association(self.account, self.slurm_account):
+                        self.log.info("Added %s to Slurm account %s", self.account, self.slurm_account)
+                except SlurmError as e:
+                    message = f"Could not add you to Slurm account {self.slurm_account}: {e}"
+                    raise web.HTTPError(503, message, reason=message) from None
+            return await self.take_workers(n, wait=self.wants_queue)
+        except BaseException:  # refused or cancelled: no device cgroup left behind
+            await asyncio.shield(asyncio.to_thread(self.end_processes))
+            raise
 
     async def take_workers(self, n: int, *, wait: bool = False) -> list[str]:
         """Submit a job for ``n`` GPUs as the user and wait until it runs: until Slurm
@@ -337,9 +342,16 @@ class PDLSlurmSpawner(PDLLocalSpawner):
                        f"queue' to wait in Slurm's queue, or ask for fewer.")
         return web.HTTPError(409, message, reason=message)
 
+    def _job_to_cancel(self) -> int:
+        """The server's job id, or the one :meth:`clear_state` forgot (0: none), taken:
+        whoever takes it cancels it."""
+        job_id = self.job_id or self.ending_job_id
+        self.job_id = self.ending_job_id = 0
+        return job_id
+
     async def _cancel_job(self) -> None:
-        if self.job_id:
-            job_id, self.job_id = self.job_id, 0
+        job_id = self._job_to_cancel()
+        if job_id:
             await self.slurm.cancel(job_id)
             self.log.info("Cancelled Slurm job %d of %s", job_id, self.owner)
 
@@ -360,6 +372,10 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         """From clear_state (on the hub's worker thread): cancel the server's PDL jobs by
         name. Nothing before the account exists (a first spawn): no job can be its."""
         try:
+            job_id = self._job_to_cancel()
+            if job_id:
+                self.slurm.cancel_sync(job_id)
+                self.log.info("Cancelled Slurm job %d of %s", job_id, self.owner)
             if unix_accounts.account_exists(self.account):
                 self.slurm.cancel_named_sync(self.account, self.job_name)
         except (SlurmError, web.HTTPError) as e:
@@ -467,6 +483,9 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         self.server_node = slurm_placement.ServerNode.from_state(state.get("slurm_server_node"))
 
     def clear_state(self):
-        super().clear_state()
+        # JupyterHub's stop polls the dead server, which clears the state before
+        # release() runs: the id stays for release() or release_blocking to cancel by
+        self.ending_job_id = self.job_id or self.ending_job_id
         self.job_id = 0
+        super().clear_state()
         self.server_node = None

@@ -152,7 +152,16 @@ class SlurmCommands:
             try:
                 await self.run(["scancel", *map(str, job_ids)])
             except SlurmError as e:
-                if "Invalid job id" not in str(e) and "already completing or completed" not in str(e):
+                if not _already_gone(e):
+                    raise
+
+    def cancel_sync(self, *job_ids: int) -> None:
+        """:meth:`cancel`, blocking."""
+        if job_ids:
+            try:
+                self.run_sync(["scancel", *map(str, job_ids)])
+            except SlurmError as e:
+                if not _already_gone(e):
                     raise
 
     async def cancel_named(self, account: str, name: str) -> None:
@@ -162,3 +171,8 @@ class SlurmCommands:
     def cancel_named_sync(self, account: str, name: str) -> None:
         """:meth:`cancel_named`, blocking."""
         self.run_sync(["scancel", f"--user={account}", f"--name={name}"])
+
+
+def _already_gone(error: SlurmError) -> bool:
+    """Whether scancel's ``error`` says only that the job has ended already."""
+    return "Invalid job id" in str(error) or "already completing or completed" in str(error)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import slurm_harness
+from pdl_spawner import device_cgroup
 from hub_harness import Kernel, Progress, queue_up
 from fault_cells import SUM, magic
 from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum
@@ -71,6 +72,9 @@ def test_three_gpus_are_one_job_of_the_users_account_and_ddp_trains_across_the_n
     assert r.status_code in (202, 204), r.text
     wait_until(lambda: not hub.pdl_jobs("ann") and {n["state"] for n in slurm.nodes().values()} == {"idle"}, 60,
                what=lambda: f"ann's job gone and every node idle: {slurm.jobs()} {slurm.nodes()}")
+    # by its id, and the log says which (the stop used to forget the id first: by name only)
+    wait_until(lambda: f"Cancelled Slurm job {job['id']} of ann" in hub.log_tail(2000), 10,
+               what=lambda: f"'Cancelled Slurm job {job['id']} of ann' in the hub log:\n{hub.log_tail(40)}")
 
 
 HANG_CELL = """%%distributed -n 3 --hang-timeout 2
@@ -110,6 +114,8 @@ def test_busy_gpus_a_direct_spawn_is_refused_with_slurms_reason_a_queued_one_wai
     message = r.json()["message"]
     assert "Slurm cannot start 1 GPU(s) for you now (reason Resources)" in message and "\n" not in message
     wait_until(lambda: not hub.pdl_jobs("ben"), 30, what=lambda: f"ben's refused job to go: {slurm.jobs()}")
+    if device_cgroup.support():  # nor his server's device cgroup (an empty one was left)
+        assert not device_cgroup.DeviceCgroup(hub.account("ben")).path.exists()
 
     # with "wait in the queue": Slurm's queue, its reason and position on the spawn page (the
     # request returns once JupyterHub finds the spawn slow; after a failed spawn it says 201)
