@@ -54,7 +54,8 @@ common one): names in ``PDL_USERS`` are approved at once, others wait for the ad
 lowercase letter then at most 19 of ``a-z0-9_-``. Wrong passwords lock a name:
 
 - ``PDL_LOGIN_ATTEMPTS``: wrong passwords in a row that lock a name (default 5; 0: never);
-- ``PDL_LOGIN_LOCKOUT_S``: seconds a locked name waits after its last failure (default 60).
+- ``PDL_LOGIN_LOCKOUT_S``: seconds a locked name waits after its last failure (default 60);
+- ``PDL_PENDING_SIGNUPS``: sign-ups of unlisted names that may wait for approval (default 20).
 
 ``PDL_MAX_REQUEST_BYTES``: the largest request body the hub reads (default 1 MiB); a
 larger one is refused with 400 before it is read.
@@ -121,6 +122,7 @@ c.PDLAuthenticator.first_admin = users[0]
 c.PDLAuthenticator.first_admin_password_file = str(state_dir / "password")
 c.PDLAuthenticator.allowed_failed_logins = int(os.environ.get("PDL_LOGIN_ATTEMPTS", "5"))
 c.PDLAuthenticator.seconds_before_next_try = int(os.environ.get("PDL_LOGIN_LOCKOUT_S", "60"))
+c.PDLAuthenticator.pending_signups_at_most = int(os.environ.get("PDL_PENDING_SIGNUPS", "20"))
 if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLAuthenticator.enable_signup = True  # servers are containers: kept apart without root too
 c.Authenticator.admin_users = set(users[:1])

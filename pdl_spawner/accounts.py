@@ -33,6 +33,10 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   apart for such a browser and for every other one: a stranger's guesses lock the name
   for browsers that never logged in as it, while its owner's browser still gets in (one
   wrong guess each time the lock ended kept its owner out for good before this).
+- **Pending sign-ups are capped.** At most ``pending_signups_at_most`` (20) names wait
+  for the admin's approval; beyond, a sign-up with an unlisted name gets HTTP 429 with
+  one line, before its password is hashed (32 anonymous sign-ups stalled the hub
+  seconds: each hashes a password). Listed names and admins can always sign up.
 - **Names** are :data:`~pdl_spawner.unix_accounts.NAME_PATTERN` after JupyterHub's
   lowercasing, as each becomes a Unix account (``pdl-<name>``); signing up with another
   name answers with one line that says what a valid name is.
@@ -155,6 +159,8 @@ class PDLAuthenticator(NativeAuthenticator):
     )
     minimum_password_length = Integer(8, config=True, help="Fewest characters of a new password.")
     check_common_password = Bool(True, config=True, help="Refuse passwords on the list of common ones.")
+    pending_signups_at_most = Integer(
+        20, config=True, help="Sign-ups of unlisted names that may wait for the admin's approval at once.")
     allowed_failed_logins = Integer(
         5, config=True, help="Wrong passwords in a row after which a name is locked (0: never).")
     seconds_before_next_try = Integer(
@@ -209,6 +215,18 @@ class PDLAuthenticator(NativeAuthenticator):
         if name_problem(self.normalize_username(username)):
             return name_problem(username)  # worded with the name as it was typed
         return self.password_problem(password)
+
+    def pending_signups_full(self, username: str) -> str | None:
+        """One line saying why a sign-up as ``username`` must wait (HTTP 429): too many
+        unlisted names already wait for the admin's approval. None for a listed name or
+        an admin, and while there is room."""
+        if self.normalize_username(username) in self.get_authed_users():
+            return None
+        pending = self.db.query(UserInfo).filter(UserInfo.is_authorized.is_(False)).count()
+        if pending < self.pending_signups_at_most:
+            return None
+        return (f"{pending} sign-ups already wait for the admin's approval, the most this hub keeps: "
+                "try again once the admin has answered them.")
 
     def is_password_strong(self, password: str) -> bool:
         return self.password_problem(password) is None
@@ -305,7 +323,14 @@ class LoginHandler(native.LoginHandler):
 
 class SignUpHandler(native.SignUpHandler):
     """NativeAuthenticator's sign-up page, saying why a sign-up was refused and that a
-    listed name was approved at once."""
+    listed name was approved at once; 429 when too many sign-ups wait already."""
+
+    async def post(self):
+        if self.authenticator.enable_signup:
+            full = self.authenticator.pending_signups_full(self.get_body_argument("username", "", strip=False))
+            if full:
+                raise web.HTTPError(429, full)
+        await super().post()
 
     def get_result_message(self, user, assume_user_is_human, username_already_taken, confirmation_matches,
                            user_is_admin):

@@ -5,6 +5,7 @@ tests build the authenticator alone (no hub) for what a root-run hub cannot show
 
 from __future__ import annotations
 
+import html
 import os
 import sqlite3
 import stat
@@ -19,6 +20,7 @@ from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, secret_file
 
 USERS = ["admin", "ann", "ben"]
 ATTEMPTS, LOCKOUT_S = 3, 5  # the hub's PDL_LOGIN_ATTEMPTS and PDL_LOGIN_LOCKOUT_S
+PENDING = 2  # the hub's PDL_PENDING_SIGNUPS
 LOGIN_COOKIE = "jupyterhub-hub-login"
 NAME_RULE = "is not a valid name: use a lowercase letter followed by at most 19 lowercase letters"
 
@@ -30,7 +32,8 @@ def hub(tmp_path_factory):
     if not runs_as_root():
         pytest.skip("signup is open only when the hub runs as root (without root, one user logs in)")
     yield from hub_fixture(tmp_path_factory.mktemp("hub-accounts"), USERS, ["cpu:0"],
-                           hub_env={"PDL_LOGIN_ATTEMPTS": str(ATTEMPTS), "PDL_LOGIN_LOCKOUT_S": str(LOCKOUT_S)})
+                           hub_env={"PDL_LOGIN_ATTEMPTS": str(ATTEMPTS), "PDL_LOGIN_LOCKOUT_S": str(LOCKOUT_S),
+                                    "PDL_PENDING_SIGNUPS": str(PENDING)})
 
 
 def stored_passwords(hub) -> dict[str, bytes]:
@@ -260,6 +263,33 @@ def test_an_over_long_password_at_login_is_refused_like_any_wrong_one(hub):
     assert logged_in(hub.login("ben"))  # and clears his failure count
 
 
+@pytest.mark.hub
+def test_strangers_cannot_pile_up_sign_ups_beyond_the_cap(hub):
+    """The attack (issue 27, 4): 32 anonymous sign-ups, each hashing a password on the
+    hub, stalled it for seconds, and pending sign-ups were unlimited. Now at most
+    PDL_PENDING_SIGNUPS wait for the admin; beyond, 429 in one line before any hashing,
+    and room comes back when the admin answers one."""
+    names = [f"pend-{i}" for i in range(PENDING + 1)]
+    for name in names[:PENDING]:
+        assert hub.signup(name, f"{name}-own-passphrase") == f"Signed up: you can log in once an admin approves {name}."
+    browser = requests.Session()
+    browser.get(f"{hub.url}/hub/signup", timeout=10).raise_for_status()
+    over = browser.post(f"{hub.url}/hub/signup", timeout=30, data={
+        "_xsrf": browser.cookies.get("_xsrf", ""), "username": names[-1],
+        "signup_password": "a-strangers-passphrase", "signup_password_confirmation": "a-strangers-passphrase"})
+    assert over.status_code == 429, over.status_code
+    assert f"{PENDING} sign-ups already wait for the admin's approval" in html.unescape(over.text)
+    assert names[-1] not in stored_passwords(hub)
+
+    admin = hub.login("admin")
+    discarded = admin.get(f"{hub.url}/hub/discard/{names[0]}", headers=from_the_authorize_page(hub))
+    assert discarded.status_code == 200 and names[0] not in stored_passwords(hub)
+    assert hub.signup(names[-1], "a-strangers-passphrase").startswith("Signed up: you can log in once")
+    for name in names[1:]:  # leave no pending sign-up to the tests below
+        admin.get(f"{hub.url}/hub/discard/{name}", headers=from_the_authorize_page(hub))
+    assert not set(names) & set(stored_passwords(hub))
+
+
 # -- the authenticator alone ---------------------------------------------------------
 
 
@@ -382,3 +412,20 @@ def test_the_admins_account_is_made_once_and_never_overwritten(authenticator_db,
     restarted = make_authenticator(authenticator_db, tmp_path)
     assert restarted.get_user("admin").is_valid_password("the-admins-new-passphrase")
     assert not restarted.get_user("admin").is_valid_password(printed)
+
+
+@pytest.mark.unit
+def test_the_sign_up_cap_counts_unlisted_pending_names_and_never_turns_a_listed_one_away(authenticator_db,
+                                                                                         tmp_path):
+    """Strangers who fill the waiting list must not keep the admin's listed users out."""
+    from nativeauthenticator.orm import UserInfo
+
+    auth = make_authenticator(authenticator_db, tmp_path, allowed_users={"kate"}, pending_signups_at_most=2)
+    authenticator_db.add(UserInfo(username="zed", password=b"x", is_authorized=False))
+    authenticator_db.commit()
+    assert auth.pending_signups_full("mallory") is None  # 1 waits (the admin is approved)
+    authenticator_db.add(UserInfo(username="yan", password=b"x", is_authorized=False))
+    authenticator_db.commit()
+    assert auth.pending_signups_full("mallory").startswith("2 sign-ups already wait for the admin's approval")
+    assert auth.pending_signups_full("kate") is None and auth.pending_signups_full("KATE") is None
+    assert auth.pending_signups_full("admin") is None
