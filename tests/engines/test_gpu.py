@@ -160,10 +160,11 @@ def test_after_ctrl_c_the_engines_gpu_memory_is_reused_not_leaked(session, gpus)
 
 
 def test_the_preflight_shows_the_real_gpu_driver_and_cuda(session, gpus):
-
+    """The table names each engine's GPU by its UUID's first characters (reservations
+    are matched by UUID), with the driver and CUDA that nvidia-smi and torch report."""
     text = session.check(len(gpus)).text()
-    name, driver = nvidia_smi("name", "driver_version")[0]
-    assert name in text and driver in text and torch.version.cuda in text, text
+    uuid, driver = nvidia_smi("uuid", "driver_version")[0]
+    assert uuid[:12] in text and driver in text and torch.version.cuda in text, text
 
 
 def test_the_cluster_panel_reads_the_real_nvidia_smi():
