@@ -342,15 +342,14 @@ class PDLSlurmSpawner(PDLLocalSpawner):
                        f"queue' to wait in Slurm's queue, or ask for fewer.")
         return web.HTTPError(409, message, reason=message)
 
-    def _job_to_cancel(self) -> int:
-        """The server's job id, or the one :meth:`clear_state` forgot (0: none), taken:
-        whoever takes it cancels it."""
-        job_id = self.job_id or self.ending_job_id
-        self.job_id = self.ending_job_id = 0
+    def _take_ending_job(self) -> int:
+        """The job id :meth:`clear_state` kept (0: none), taken: whoever takes it cancels it."""
+        job_id, self.ending_job_id = self.ending_job_id, 0
         return job_id
 
     async def _cancel_job(self) -> None:
-        job_id = self._job_to_cancel()
+        job_id, self.job_id = self.job_id, 0
+        job_id = job_id or self._take_ending_job()
         if job_id:
             await self.slurm.cancel(job_id)
             self.log.info("Cancelled Slurm job %d of %s", job_id, self.owner)
@@ -369,10 +368,12 @@ class PDLSlurmSpawner(PDLLocalSpawner):
             self.log.warning("could not cancel the Slurm jobs of %s by name: %s", self.owner, e)
 
     def release_blocking(self) -> list[str]:
-        """From clear_state (on the hub's worker thread): cancel the server's PDL jobs by
-        name. Nothing before the account exists (a first spawn): no job can be its."""
+        """From clear_state (on the hub's worker thread): cancel the job clear_state kept
+        by its id (not :attr:`job_id`, which a new spawn may have set meanwhile), then the
+        server's PDL jobs by name. Nothing by name before the account exists (a first
+        spawn): no job can be its."""
         try:
-            job_id = self._job_to_cancel()
+            job_id = self._take_ending_job()
             if job_id:
                 self.slurm.cancel_sync(job_id)
                 self.log.info("Cancelled Slurm job %d of %s", job_id, self.owner)
