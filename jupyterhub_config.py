@@ -56,6 +56,8 @@ lowercase letter then at most 19 of ``a-z0-9_-``. Wrong passwords lock a name:
 - ``PDL_LOGIN_ATTEMPTS``: wrong passwords in a row that lock a name (default 5; 0: never);
 - ``PDL_LOGIN_LOCKOUT_S``: seconds a locked name waits after its last failure (default 60);
 - ``PDL_PENDING_SIGNUPS``: sign-ups of unlisted names that may wait for approval (default 20).
+- ``PDL_SIGNUPS_PER_ADDRESS``: sign-ups of unlisted names one client address may make in
+  10 minutes (default 10).
 
 ``PDL_MAX_REQUEST_BYTES``: the largest request body the hub reads (default 1 MiB); a
 larger one is refused with 400 before it is read.
@@ -123,6 +125,7 @@ c.PDLAuthenticator.first_admin_password_file = str(state_dir / "password")
 c.PDLAuthenticator.allowed_failed_logins = int(os.environ.get("PDL_LOGIN_ATTEMPTS", "5"))
 c.PDLAuthenticator.seconds_before_next_try = int(os.environ.get("PDL_LOGIN_LOCKOUT_S", "60"))
 c.PDLAuthenticator.pending_signups_at_most = int(os.environ.get("PDL_PENDING_SIGNUPS", "20"))
+c.PDLAuthenticator.signups_per_address = int(os.environ.get("PDL_SIGNUPS_PER_ADDRESS", "10"))
 if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLAuthenticator.enable_signup = True  # servers are containers: kept apart without root too
 c.Authenticator.admin_users = set(users[:1])

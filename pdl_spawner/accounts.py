@@ -33,13 +33,18 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   apart for such a browser and for every other one: a stranger's guesses lock the name
   for browsers that never logged in as it, while its owner's browser still gets in (one
   wrong guess each time the lock ended kept its owner out for good before this).
-- **Pending sign-ups are capped.** At most ``pending_signups_at_most`` (20) names wait
-  for the admin's approval; beyond, a sign-up with an unlisted name gets HTTP 429 with
-  one line, before its password is hashed (32 anonymous sign-ups stalled the hub
-  seconds: each hashes a password). Listed names and admins can always sign up.
-- **Names** are :data:`~pdl_spawner.unix_accounts.NAME_PATTERN` after JupyterHub's
-  lowercasing, as each becomes a Unix account (``pdl-<name>``); signing up with another
-  name answers with one line that says what a valid name is.
+- **Sign-ups are bounded.** At most ``pending_signups_at_most`` (20) names wait for the
+  admin's approval, and one client address signs up at most ``signups_per_address`` (10)
+  unlisted names in ``signup_window_seconds`` (600); beyond either, HTTP 429 with one
+  line, before the password is hashed. The hash is made in the password checks' own
+  pool and counts against their cap (429 beyond), never on the hub's event loop (32
+  anonymous sign-ups, each hashed there, stalled the hub for seconds). Listed names
+  and admins can always sign up.
+- **Names** are normalised (Unicode NFKC, then JupyterHub's lowercasing) before anything
+  else, and must be :data:`~pdl_spawner.unix_accounts.NAME_PATTERN`, as each becomes a
+  Unix account (``pdl-<name>``). A sign-up must type the name in ASCII (``\u212Aate``, with
+  a Kelvin sign, would otherwise become ``kate``); another name gets one line that says
+  what a valid name is.
 - ``/hub/authorize/<name>`` and ``/hub/discard/<name>`` (links that change state on a
   GET) refuse requests that another site started (cross-site request forgery).
 
@@ -55,6 +60,8 @@ import asyncio
 import os
 import re
 import time
+import unicodedata
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
@@ -127,6 +134,14 @@ def remember_browser(handler: web.RequestHandler | None, username: str) -> None:
                               secure=handler.request.protocol == "https", samesite="Strict")
 
 
+def client_address(request) -> str:
+    """The address of the client of ``request`` as the hub's proxy saw it: the last entry
+    of ``X-Forwarded-For``, which the proxy appends to whatever the client sent (tornado's
+    ``remote_ip`` would take a client's own ``X-Real-Ip``); the peer's address without one."""
+    forwarded = [a.strip() for a in ",".join(request.headers.get_list("X-Forwarded-For")).split(",") if a.strip()]
+    return forwarded[-1] if forwarded else request.remote_ip
+
+
 def refuse_cross_site(handler: web.RequestHandler) -> None:
     """HTTP 403 unless the request comes from the hub's own pages, is typed in, or is
     scripted: JupyterHub skips its XSRF check on GET navigations, and a link on another
@@ -161,6 +176,9 @@ class PDLAuthenticator(NativeAuthenticator):
     check_common_password = Bool(True, config=True, help="Refuse passwords on the list of common ones.")
     pending_signups_at_most = Integer(
         20, config=True, help="Sign-ups of unlisted names that may wait for the admin's approval at once.")
+    signups_per_address = Integer(
+        10, config=True, help="Sign-ups of unlisted names one client address may make in signup_window_seconds.")
+    signup_window_seconds = Integer(600, config=True, help="The window of signups_per_address, seconds.")
     allowed_failed_logins = Integer(
         5, config=True, help="Wrong passwords in a row after which a name is locked (0: never).")
     seconds_before_next_try = Integer(
@@ -177,6 +195,10 @@ class PDLAuthenticator(NativeAuthenticator):
         #: bcrypt's own threads: a flood of logins cannot take the hub's default pool,
         #: which resolves addresses and prepares accounts
         self._check_pool = ThreadPoolExecutor(LOGIN_CHECK_THREADS, thread_name_prefix="pdl-login-check")
+        #: passwords being hashed for sign-ups now (they share the checks' pool and cap)
+        self._hashing = 0
+        #: client address -> monotonic times of its sign-ups of unlisted names in the window
+        self._signups: dict[str, deque[float]] = {}
         self.ensure_first_admin()
 
     def ensure_first_admin(self) -> None:
@@ -197,6 +219,10 @@ class PDLAuthenticator(NativeAuthenticator):
 
     # -- names and passwords ---------------------------------------------------
 
+    def normalize_username(self, username: str) -> str:
+        """Unicode NFKC, then JupyterHub's (lowercase, ``username_map``)."""
+        return super().normalize_username(unicodedata.normalize("NFKC", username))
+
     def validate_username(self, username: str) -> bool:
         return name_problem(username) is None and super().validate_username(username)
 
@@ -210,23 +236,87 @@ class PDLAuthenticator(NativeAuthenticator):
             return "This password is too common: choose another one."
         return None
 
+    def signup_name_problem(self, username: str) -> str | None:
+        """One line saying why ``username``, as typed at sign-up, is refused: not ASCII (a
+        look-alike: ``\u212Aate`` would become ``kate``), or not a valid name once
+        normalised; None if it is fine."""
+        if not username.isascii() or name_problem(self.normalize_username(username)):
+            return name_problem(username)  # worded with the name as it was typed
+        return None
+
     def signup_problem(self, username: str, password: str) -> str | None:
         """One line saying why signing up as ``username`` with ``password`` is refused; None if it is not."""
-        if name_problem(self.normalize_username(username)):
-            return name_problem(username)  # worded with the name as it was typed
-        return self.password_problem(password)
+        return self.signup_name_problem(username) or self.password_problem(password)
 
     def pending_signups_full(self, username: str) -> str | None:
         """One line saying why a sign-up as ``username`` must wait (HTTP 429): too many
         unlisted names already wait for the admin's approval. None for a listed name or
         an admin, and while there is room."""
-        if self.normalize_username(username) in self.get_authed_users():
+        if self.is_listed(username):
             return None
         pending = self.db.query(UserInfo).filter(UserInfo.is_authorized.is_(False)).count()
         if pending < self.pending_signups_at_most:
             return None
         return (f"{pending} sign-ups already wait for the admin's approval, the most this hub keeps: "
                 "try again once the admin has answered them.")
+
+    def is_listed(self, username: str) -> bool:
+        """Whether ``username`` is an admin's or in ``allowed_users`` (approved at sign-up)."""
+        return self.normalize_username(username) in self.get_authed_users()
+
+    def signup_rate_full(self, address: str, username: str) -> str | None:
+        """One line saying why ``address`` may not sign up ``username`` now (HTTP 429): it
+        signed up ``signups_per_address`` unlisted names in the window. None for a listed
+        name or an admin, and while there is room. Nothing is counted here: see
+        :meth:`count_signup`."""
+        if self.is_listed(username):
+            return None
+        times = self._signups.get(address)
+        now = time.monotonic()
+        while times and now - times[0] >= self.signup_window_seconds:
+            times.popleft()
+        if not times or len(times) < self.signups_per_address:
+            return None
+        wait = self.signup_window_seconds - (now - times[0])
+        return (f"{len(times)} sign-ups from your address in the last {self.signup_window_seconds // 60} minutes, "
+                f"the most this hub takes: try again in {wait:.0f} s.")
+
+    def count_signup(self, address: str, username: str) -> None:
+        """Count one sign-up of ``username`` from ``address`` (listed names are not counted)."""
+        if not self.is_listed(username):
+            self._signups.setdefault(address, deque()).append(time.monotonic())
+            for stale in [a for a, t in self._signups.items() if not t]:
+                del self._signups[stale]
+
+    async def hash_password(self, password: str) -> bytes:
+        """``password``'s bcrypt hash, made in the password checks' pool; HTTP 429 while
+        ``LOGIN_CHECKS_AT_MOST`` checks and hashes are in flight."""
+        if len(self._checking) + self._hashing >= LOGIN_CHECKS_AT_MOST:
+            raise web.HTTPError(429, "The hub is checking many logins now: try again in a moment.")
+        self._hashing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._check_pool, bcrypt.hashpw, password.encode(), bcrypt.gensalt())
+        finally:
+            self._hashing -= 1
+
+    def create_user(self, username, password, password_hash: bytes | None = None, **kwargs):
+        """NativeAuthenticator's, taking the hash made by :meth:`hash_password` (hashing here,
+        on the caller's thread, only without one); None when the name is taken or invalid,
+        the password weak, or sign-up closed."""
+        username = self.normalize_username(username)
+        if (not self.enable_signup or self.user_exists(username) or not self.validate_username(username)
+                or not self.is_password_strong(password)):
+            return None
+        hashed = password_hash or bcrypt.hashpw(password.encode(), bcrypt.gensalt())
+        try:
+            info = UserInfo(username=username, password=hashed,
+                            is_authorized=self.open_signup or username in self.get_authed_users(), **kwargs)
+        except AssertionError:  # an invalid e-mail address
+            return None
+        self.db.add(info)
+        self.db.commit()
+        return info
 
     def is_password_strong(self, password: str) -> bool:
         return self.password_problem(password) is None
@@ -264,7 +354,7 @@ class PDLAuthenticator(NativeAuthenticator):
             raise web.HTTPError(403, f"Too many failed logins for {username}: try again in {wait:.0f} s.")
         if key in self._checking:  # guesses at once would each get a check before any counted
             raise web.HTTPError(429, f"A login for {username} is being checked: try again in a moment.")
-        if len(self._checking) >= LOGIN_CHECKS_AT_MOST:
+        if len(self._checking) + self._hashing >= LOGIN_CHECKS_AT_MOST:
             raise web.HTTPError(429, "The hub is checking many logins now: try again in a moment.")
         self._checking.add(key)
         self.add_login_attempt(key)  # counted before the check; a right password clears it
@@ -323,14 +413,34 @@ class LoginHandler(native.LoginHandler):
 
 class SignUpHandler(native.SignUpHandler):
     """NativeAuthenticator's sign-up page, saying why a sign-up was refused and that a
-    listed name was approved at once; 429 when too many sign-ups wait already."""
+    listed name was approved at once; 429 when too many sign-ups wait already, come from
+    the client's address, or are being hashed. The password is hashed off the event loop.
+    NativeAuthenticator's reCAPTCHA and e-mail approval are not part of PDL's page."""
 
     async def post(self):
-        if self.authenticator.enable_signup:
-            full = self.authenticator.pending_signups_full(self.get_body_argument("username", "", strip=False))
-            if full:
-                raise web.HTTPError(429, full)
-        await super().post()
+        auth = self.authenticator
+        if not auth.enable_signup:
+            raise web.HTTPError(404)
+        username = self.get_body_argument("username", "", strip=False)
+        password = self.get_body_argument("signup_password", "", strip=False)
+        matches = password == self.get_body_argument("signup_password_confirmation", "", strip=False)
+        address = client_address(self.request)
+        refusal = auth.pending_signups_full(username) or auth.signup_rate_full(address, username)
+        if refusal:
+            raise web.HTTPError(429, refusal)
+        taken = auth.signup_name_problem(username) is None and auth.user_exists(username)
+        user = None
+        if not taken and matches and auth.signup_problem(username, password) is None:
+            auth.count_signup(address, username)
+            hashed = await auth.hash_password(password)
+            user = auth.create_user(username, password, password_hash=hashed,
+                                    email=self.get_body_argument("email", "", strip=False),
+                                    has_2fa=bool(self.get_body_argument("2fa", "", strip=False)))
+        alert, message = self.get_result_message(user, True, taken, matches, username in auth.admin_users)
+        self.finish(await self.render_template(
+            "signup.html", ask_email=auth.ask_email_on_signup, result_message=message, alert=alert,
+            two_factor_auth=auth.allow_2fa, two_factor_auth_user=user.has_2fa if user else "",
+            two_factor_auth_value=user.otp_secret if user else "", recaptcha_key=auth.recaptcha_key, tos=auth.tos))
 
     def get_result_message(self, user, assume_user_is_human, username_already_taken, confirmation_matches,
                            user_is_admin):

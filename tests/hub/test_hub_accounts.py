@@ -231,14 +231,18 @@ def test_an_unlisted_name_that_signs_up_waits_for_the_admins_approval(hub):
 
 
 @pytest.mark.hub
-@pytest.mark.parametrize("name", ["Ann!", "../x", "a" * 40, "9lives", "ann smith", "émile"])
+@pytest.mark.parametrize("name", ["Ann!", "../x", "a" * 40, "9lives", "ann smith", "émile", "\u212Aate", "\uff41nn"])
 def test_names_that_cannot_be_unix_accounts_are_refused_with_what_is_valid(hub, name):
     """Guards docs/admin.md "Names are a lowercase letter then up to 19 lowercase letters,
-    digits, _ or -: each becomes a Unix account"."""
+    digits, _ or -: each becomes a Unix account", and the attack of issue 27 (8): a
+    look-alike (``\u212Aate`` with a Kelvin sign, ``\uff41nn`` with a fullwidth a) became
+    the name it resembles (kate; ann, taken) at sign-up."""
     answer = hub.signup(name, "a-fine-passphrase")
     assert NAME_RULE in answer and "\n" not in answer, answer
     assert not any(stored.lower() == name.lower() for stored in stored_passwords(hub))
-    assert not logged_in(hub.login(name, "a-fine-passphrase"))
+    assert "kate" not in stored_passwords(hub)
+    if name.isascii():  # a look-alike logs in as the name it resembles: ann's count must stay clear
+        assert not logged_in(hub.login(name, "a-fine-passphrase"))
 
 
 @pytest.mark.hub
@@ -429,3 +433,84 @@ def test_the_sign_up_cap_counts_unlisted_pending_names_and_never_turns_a_listed_
     assert auth.pending_signups_full("mallory").startswith("2 sign-ups already wait for the admin's approval")
     assert auth.pending_signups_full("kate") is None and auth.pending_signups_full("KATE") is None
     assert auth.pending_signups_full("admin") is None
+
+
+@pytest.mark.unit
+def test_sign_ups_are_limited_per_client_address_whatever_headers_the_client_sends(authenticator_db, tmp_path,
+                                                                                   monkeypatch):
+    """The attack (issue 27, 4): anonymous sign-ups without limit. One address signs up at
+    most ``signups_per_address`` unlisted names in the window, counted at the address the
+    proxy saw (the last ``X-Forwarded-For`` entry: a client's own ``X-Real-Ip`` or
+    ``X-Forwarded-For`` entries do not move it); listed names and admins are never counted."""
+    from types import SimpleNamespace
+
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest
+
+    import pdl_spawner.accounts as accounts
+
+    now = [1000.0]
+    monkeypatch.setattr(accounts, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    auth = make_authenticator(authenticator_db, tmp_path, allowed_users={"kate"}, signups_per_address=2,
+                              signup_window_seconds=600)
+    for name in ("mal-1", "mal-2", "kate", "admin"):
+        assert auth.signup_rate_full("203.0.113.9", name) is None
+        auth.count_signup("203.0.113.9", name)
+    assert auth.signup_rate_full("203.0.113.9", "mal-3") == (
+        "2 sign-ups from your address in the last 10 minutes, the most this hub takes: try again in 600 s.")
+    assert auth.signup_rate_full("198.51.100.7", "mal-3") is None  # another address
+    assert auth.signup_rate_full("203.0.113.9", "KATE") is None  # a listed name
+    now[0] += 601
+    assert auth.signup_rate_full("203.0.113.9", "mal-3") is None  # the window has passed
+
+    spoofed = HTTPServerRequest(method="POST", uri="/hub/signup", headers=HTTPHeaders(
+        {"X-Forwarded-For": "10.9.9.9, 203.0.113.9", "X-Real-Ip": "10.8.8.8"}))
+    spoofed.remote_ip = "10.8.8.8"  # what tornado's xheaders make of a client's own X-Real-Ip
+    assert accounts.client_address(spoofed) == "203.0.113.9"
+    direct = HTTPServerRequest(method="POST", uri="/hub/signup", headers=HTTPHeaders())
+    direct.remote_ip = "127.0.0.1"
+    assert accounts.client_address(direct) == "127.0.0.1"
+
+
+@pytest.mark.unit
+def test_a_sign_ups_password_is_hashed_off_the_event_loop_and_429_beyond_the_cap(authenticator_db, tmp_path,
+                                                                                 monkeypatch):
+    """The attack (issue 27, 4): each sign-up hashed its password on the hub's event loop,
+    so 32 of them took /hub/api/ from 9 ms to 2.4 s. Hashes run in the login checks' own
+    threads while the loop goes on, and beyond LOGIN_CHECKS_AT_MOST in flight a sign-up
+    gets 429."""
+    import asyncio
+    import threading
+
+    from tornado import web
+
+    import pdl_spawner.accounts as accounts
+
+    auth = make_authenticator(authenticator_db, tmp_path)
+    threads, release, real_hash = set(), threading.Event(), bcrypt.hashpw
+
+    def slow_hash(password, salt):
+        threads.add(threading.current_thread().name)
+        release.wait(10)
+        return real_hash(password, salt)
+
+    monkeypatch.setattr(bcrypt, "hashpw", slow_hash)
+    extra = 3
+
+    async def sign_ups():
+        tasks = [asyncio.create_task(auth.hash_password(f"passphrase-{i}"))
+                 for i in range(accounts.LOGIN_CHECKS_AT_MOST + extra)]
+        started = time.monotonic()
+        for _ in range(5):  # the loop keeps turning while every hash waits
+            await asyncio.sleep(0.02)
+        turned_in = time.monotonic() - started
+        release.set()
+        return turned_in, await asyncio.gather(*tasks, return_exceptions=True)
+
+    turned_in, answers = asyncio.run(sign_ups())
+    assert turned_in < 2, turned_in
+    hashes = [a for a in answers if isinstance(a, bytes)]
+    refused = [a for a in answers if isinstance(a, web.HTTPError)]
+    assert len(hashes) == accounts.LOGIN_CHECKS_AT_MOST and len(refused) == extra, answers
+    assert all(e.status_code == 429 for e in refused)
+    assert bcrypt.checkpw(b"passphrase-0", hashes[0])
+    assert threads and all(name.startswith("pdl-login-check") for name in threads), threads
