@@ -135,6 +135,9 @@ c.JupyterHub.template_paths = [TEMPLATE_DIR]
 
 c.JupyterHub.spawner_class = "pdl-local"
 c.PDLLocalSpawner.reservations_db = str(state_dir / "reservations.sqlite")
+# the Unix accounts this hub made: users run only as these (never root, a system
+# account, a lab member's own login or another hub's user)
+c.PDLLocalSpawner.accounts_record = str(state_dir / "accounts")
 # As root, every hub user runs as their own account (pdl-<name>, home /home/pdl-<name>,
 # mode 0700), made on the first spawn; a new home starts with PDL's notebooks.
 _skeleton = state_dir / "skel"

@@ -125,6 +125,19 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
         help="Prefix of the users' Unix accounts: hub user ann runs as pdl-ann.",
     )
 
+    accounts_record = Unicode(
+        "", config=True,
+        help="""File where the hub records the Unix accounts it made (mode 0600; one
+        `<name> <uid>` line each). PDL runs users only as accounts in it. Default:
+        `accounts` beside `reservations_db`. Every spawner of one hub must use the same
+        file; two hubs on one machine must not.""",
+    )
+
+    @property
+    def accounts_record_path(self) -> Path:
+        """:attr:`accounts_record`, or its default beside the reservations database."""
+        return Path(self.accounts_record) if self.accounts_record else Path(self.reservations_db).parent / "accounts"
+
     homes_root = Unicode(
         "/home", config=True,
         help="Folder the users' accounts get their homes in (mode 0700 each), e.g. /home/pdl-ann.",
@@ -301,8 +314,11 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
         in it from a server the hub lost track of (a crash mid-spawn). Blocks: the
         spawner runs it in a worker thread, between the reservation and the launch."""
         self._check_runnable()
-        entry = unix_accounts.ensure_account(self.account, self.homes_root, self._skeleton(),
-                                             comment=f"PDL hub user {self.user.name}")
+        try:
+            entry = unix_accounts.ensure_account(self.account, self.homes_root, self.accounts_record_path,
+                                                 self._skeleton(), comment=f"PDL hub user {self.user.name}")
+        except unix_accounts.ForeignAccount as e:
+            raise web.HTTPError(500, str(e), reason=str(e)) from None
         unix_accounts.ensure_runtime_dir(entry, self.runtime_dir_root)
         cgroup = self.cgroup
         if cgroup is not None:

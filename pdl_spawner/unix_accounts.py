@@ -7,6 +7,13 @@ engines run under that user's own account, ``<prefix><name>`` (``pdl-ann`` for
 machine; the hub is the way in). Isolation between users is then the operating
 system's: files, processes (signals, ptrace, ``/proc/<pid>/environ``) and the
 private sockets in each home.
+
+PDL runs users only as accounts it made itself: :func:`ensure_account` refuses uid 0,
+system accounts (uid below ``UID_MIN``) and any existing account that is not in the
+hub's own record of the accounts it made (a file in its state folder, root's alone).
+A prefix that maps a hub user onto ``root``, ``daemon`` or a lab member's own login,
+or a second hub on the machine with the same prefix, is refused in one line instead of
+running that user's code as someone else.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import pwd
 import re
 import stat
 import subprocess
+import threading
 from pathlib import Path
 
 #: Hub user names that map to an account: a lowercase letter, then lowercase letters,
@@ -32,26 +40,90 @@ def account_name(prefix: str, username: str) -> str:
     return f"{prefix}{username}"
 
 
-def ensure_account(name: str, home_root: str | os.PathLike, skeleton: str | os.PathLike | None = None,
-                   comment: str = "") -> pwd.struct_passwd:
-    """The account ``name``, created if missing (home ``home_root/name``, mode 0700,
-    filled from ``skeleton``); its passwd entry. Needs root. RuntimeError with
-    useradd's own message if it cannot be created."""
+#: The lowest uid of an ordinary account where /etc/login.defs does not say (UID_MIN).
+DEFAULT_UID_MIN = 1000
+#: One hub's spawns make accounts one at a time (they run in worker threads).
+_making = threading.Lock()
+
+
+class ForeignAccount(RuntimeError):
+    """An account PDL must not run a user as (root's, a system account, or one this hub
+    did not make); its message is one line that says what the admin can do."""
+
+
+def uid_min(login_defs: str | os.PathLike = "/etc/login.defs") -> int:
+    """The lowest uid of an ordinary (non-system) account: ``UID_MIN`` of ``login_defs``,
+    else :data:`DEFAULT_UID_MIN`."""
     try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        pass
-    home = Path(home_root) / name
-    command = ["useradd", "--create-home", "--home-dir", str(home), "--user-group", "--shell", "/bin/bash",
-               "--comment", comment or f"PDL user {name}"]
-    if skeleton is not None:
-        command += ["--skel", str(skeleton)]
-    done = subprocess.run([*command, name], capture_output=True, text=True)
-    if done.returncode != 0 and not account_exists(name):  # another spawn may have made it meanwhile
-        raise RuntimeError(f"could not create the account {name}: {done.stderr.strip() or done.returncode}")
-    entry = pwd.getpwnam(name)
-    os.chmod(entry.pw_dir, 0o700)
-    return entry
+        text = Path(login_defs).read_text()
+    except OSError:
+        return DEFAULT_UID_MIN
+    found = re.search(r"^\s*UID_MIN\s+(\d+)\s*$", text, re.M)
+    return int(found.group(1)) if found else DEFAULT_UID_MIN
+
+
+def accounts_made(record: str | os.PathLike) -> dict[str, int]:
+    """The accounts the hub of ``record`` made: name -> uid (empty when there is no record).
+    The record has one ``<name> <uid>`` line per account."""
+    try:
+        lines = Path(record).read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    return {parts[0]: int(parts[1]) for parts in (line.split() for line in lines)
+            if len(parts) == 2 and parts[1].isdigit()}
+
+
+def foreign_account_problem(entry: pwd.struct_passwd, record: str | os.PathLike) -> str | None:
+    """One line saying why PDL must not run a user as the existing account ``entry``;
+    None when the hub of ``record`` made it (same name and uid) and it is ordinary."""
+    name, uid = entry.pw_name, entry.pw_uid
+    if uid == 0:
+        return f"the Unix account {name} is root's (uid 0): PDL never runs a user as root; choose another PDL_ACCOUNT_PREFIX"
+    if uid < uid_min():
+        return (f"the Unix account {name} is a system account (uid {uid}, below UID_MIN {uid_min()}): "
+                "PDL runs users only as accounts it made; choose another PDL_ACCOUNT_PREFIX")
+    if accounts_made(record).get(name) != uid:
+        return (f"the Unix account {name} exists but this hub did not make it (it is not in {record}): "
+                f"PDL runs users only as accounts it made; remove the account, choose another "
+                f"PDL_ACCOUNT_PREFIX, or, if this hub made it before it kept a record, add the line "
+                f"'{name} {uid}' to {record}")
+    return None
+
+
+def ensure_account(name: str, home_root: str | os.PathLike, record: str | os.PathLike,
+                   skeleton: str | os.PathLike | None = None, comment: str = "") -> pwd.struct_passwd:
+    """The account ``name``, made if missing (home ``home_root/name``, mode 0700, filled
+    from ``skeleton``, a uid of at least ``UID_MIN``) and written to ``record`` (mode 0600);
+    its passwd entry. Needs root. :class:`ForeignAccount` (one line) for an account this
+    hub did not make (:func:`foreign_account_problem`), RuntimeError with useradd's own
+    message if it cannot be made."""
+    with _making:
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            entry = None
+        if entry is not None:
+            problem = foreign_account_problem(entry, record)
+            if problem:
+                raise ForeignAccount(problem)
+            return entry
+        home = Path(home_root) / name
+        command = ["useradd", "--create-home", "--home-dir", str(home), "--user-group", "--shell", "/bin/bash",
+                   "--comment", comment or f"PDL user {name}"]
+        if skeleton is not None:
+            command += ["--skel", str(skeleton)]
+        done = subprocess.run([*command, name], capture_output=True, text=True)
+        if done.returncode != 0:  # made meanwhile by something else than this hub: not ours
+            if account_exists(name):
+                raise ForeignAccount(foreign_account_problem(pwd.getpwnam(name), record)
+                                     or f"the Unix account {name} was made by something else while PDL made it")
+            raise RuntimeError(f"could not create the account {name}: {done.stderr.strip() or done.returncode}")
+        entry = pwd.getpwnam(name)
+        fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"{name} {entry.pw_uid}\n")
+        os.chmod(entry.pw_dir, 0o700)
+        return entry
 
 
 def ensure_runtime_dir(entry: pwd.struct_passwd, root: str | os.PathLike = "/run/user") -> Path:

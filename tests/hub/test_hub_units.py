@@ -377,3 +377,51 @@ def test_a_missing_runtime_root_is_made_open_to_the_accounts_whatever_the_umask(
         assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
     assert made == tmp_path / "run" / "user" / str(nobody.pw_uid)
     assert made.stat().st_uid == nobody.pw_uid and stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+@pytest.mark.unit
+def test_pdl_runs_users_only_as_accounts_its_own_hub_made(tmp_path):
+    """The attack (issue 27, 6): the account of a hub user is ``<prefix><name>``, so a
+    prefix of ``""`` ran hub user ``root`` or ``daemon`` as that account, and an existing
+    account (a lab member's own login, or another hub's user with the same prefix) was
+    taken as it was. Now uid 0, system accounts and accounts this hub did not record
+    making are refused in one line; two hubs never share one."""
+    import os
+    import pwd
+    import re
+    import secrets
+    import stat
+    import subprocess
+
+    from pdl_spawner.unix_accounts import ForeignAccount, accounts_made, ensure_account, uid_min
+
+    if os.geteuid() != 0:
+        pytest.skip("makes Unix accounts: needs root")
+    hub_a, hub_b, homes = tmp_path / "hub-a" / "accounts", tmp_path / "hub-b" / "accounts", tmp_path / "homes"
+    for folder in (hub_a.parent, hub_b.parent, homes):
+        folder.mkdir()
+    prefix = f"t{secrets.token_hex(2)}-"
+    lab_member, ours = f"{prefix}own", f"{prefix}ann"
+    try:
+        for name, words in (("root", "is root's (uid 0)"), ("daemon", "is a system account")):
+            with pytest.raises(ForeignAccount, match=re.escape(words)):
+                ensure_account(name, homes, hub_a)
+        subprocess.run(["useradd", "--no-create-home", lab_member], check=True)
+        with pytest.raises(ForeignAccount) as refused:
+            ensure_account(lab_member, homes, hub_a)
+        assert "exists but this hub did not make it" in str(refused.value) and "\n" not in str(refused.value)
+        assert not hub_a.exists()
+
+        entry = ensure_account(ours, homes, hub_a)  # hub A makes its own account
+        assert entry.pw_uid >= uid_min() and accounts_made(hub_a) == {ours: entry.pw_uid}
+        assert stat.S_IMODE(hub_a.stat().st_mode) == 0o600
+        assert ensure_account(ours, homes, hub_a).pw_uid == entry.pw_uid  # and uses it again
+        with pytest.raises(ForeignAccount, match="this hub did not make it"):
+            ensure_account(ours, homes, hub_b)  # another hub, same prefix
+        hub_a.write_text(f"{ours} {entry.pw_uid + 1}\n")  # the name, but another uid: not the account it made
+        with pytest.raises(ForeignAccount, match="this hub did not make it"):
+            ensure_account(ours, homes, hub_a)
+    finally:
+        for name in (lab_member, ours):
+            subprocess.run(["userdel", "--remove", name], capture_output=True)
+    assert not any(p.pw_name in (lab_member, ours) for p in pwd.getpwall())
