@@ -70,9 +70,11 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         """Take ``n`` free workers for this server, or raise :class:`NotEnoughWorkers`."""
         raise NotImplementedError
 
-    async def reclaim_idle_workers(self) -> list[str]:
+    async def reclaim_idle_workers(self) -> list[str] | None:
         """Give back the workers of engines released for idleness (and log the reclaim
-        where the admin view reads it); returns what was reclaimed, empty when nothing was held."""
+        where the admin view reads it); returns what was reclaimed, empty when nothing was
+        held, None when the workers are kept because the user still uses them (then
+        nothing else is done for the lease until a later look frees them)."""
         raise NotImplementedError
 
     async def grant_workers_again(self, n: int) -> dict:
@@ -207,6 +209,8 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         if lease.get("grant"):  # answered; until the server takes the grant up, its release is old news
             return
         reclaimed = await self.reclaim_idle_workers()
+        if reclaimed is None:  # kept: a GPU is still in use; no grant either until it is freed
+            return
         if reclaimed:
             self.log.info("Reclaimed %s from %s: %s", ",".join(reclaimed), self.owner_key,
                           idle_reason(self.engine_idle_timeout))

@@ -23,8 +23,9 @@ Mechanisms (:func:`support` says which one this machine has):
   it answers "deny" for the denied char devices and "allow" for everything else.
   Attached with ``BPF_F_ALLOW_MULTI``, so programs of ancestor cgroups still apply.
 
-Not covered: a file descriptor opened before :meth:`~DeviceCgroup.restrict` took the
-node away stays usable (the check is made at ``open``); kill the processes holding it.
+A file descriptor opened before :meth:`~DeviceCgroup.restrict` took the node away
+stays usable (the check is made at ``open``): :func:`processes_holding` finds the
+processes that hold one, so that the hub frees a GPU only when none is left.
 """
 
 from __future__ import annotations
@@ -268,6 +269,51 @@ def _write(path: Path, line: str) -> None:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+# -- open devices ------------------------------------------------------------
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Processes whose effective uid is ``uid`` now (as ``/proc`` shows them)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:  # ended meanwhile
+                pass
+    return pids
+
+
+def processes_holding(nodes: Iterable[os.PathLike | str], pids: Iterable[int]) -> dict[int, list[str]]:
+    """Of ``pids``, those with a file descriptor open on one of the char device ``nodes``
+    (matched by ``major:minor``, as :meth:`DeviceCgroup.restrict` matches them, so a
+    link or a copy of a node counts): pid -> the nodes it holds. Processes that end
+    meanwhile are left out. Needs root to look into other accounts' processes."""
+    devices = {}
+    for node in nodes:
+        st = os.stat(node)
+        if stat.S_ISCHR(st.st_mode):
+            devices[(os.major(st.st_rdev), os.minor(st.st_rdev))] = str(node)
+    holding: dict[int, list[str]] = {}
+    for pid in set(pids):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")  # follows the link to what is open
+            except OSError:
+                continue
+            held = devices.get((os.major(st.st_rdev), os.minor(st.st_rdev))) if stat.S_ISCHR(st.st_mode) else None
+            if held and held not in holding.setdefault(pid, []):
+                holding[pid].append(held)
+        if not holding.get(pid):
+            holding.pop(pid, None)
+    return holding
 
 
 # -- killing -----------------------------------------------------------------

@@ -37,6 +37,7 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pwd
 import random
@@ -417,14 +418,46 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
     def lease_token(self) -> str | None:
         return self.api_token
 
-    async def reclaim_idle_workers(self) -> list[str]:
+    async def reclaim_idle_workers(self) -> list[str] | None:
         """Free this server's slots in the ledger (logged as a reclaim); its device cgroup
-        then opens no GPU."""
-        if not await off_loop(self.ledger.held_by, self.owner):
+        then opens no GPU. Only when no process of the user holds one of its GPUs open:
+        the cgroup first stops new opens, then the user's processes are looked at; while
+        one holds a GPU (a handle opened before, which the cgroup cannot take back), every
+        slot stays reserved and the GPUs open again, and this returns None (the next
+        look tries again). The lease is the user's to write, so "released" alone never
+        frees a GPU that is in use."""
+        held = await off_loop(self.ledger.held_by, self.owner)
+        if not held:
             return []
-        slots = await off_loop(self.ledger.reclaim, self.owner, idle_reason(self.engine_idle_timeout))
         self.restrict_devices([])
-        return slots
+        holders = await off_loop(self.gpu_holders, held)
+        if holders:
+            self.restrict_devices(held)
+            kept = ", ".join(f"pid {pid} has {' '.join(nodes)}" for pid, nodes in sorted(holders.items()))
+            if kept != self._kept_for:
+                self.log.info("Kept %s for %s, whose lease says released: %s open; freed once none is",
+                              ",".join(held), self.owner, kept)
+            self._kept_for = kept
+            return None
+        self._kept_for = ""
+        return await off_loop(self.ledger.reclaim, self.owner, idle_reason(self.engine_idle_timeout))
+
+    #: The holders last logged by :meth:`reclaim_idle_workers` ("" none): logged once, not every look.
+    _kept_for = ""
+
+    def gpu_holders(self, slots: list[str]) -> dict[int, list[str]]:
+        """Processes of this server's cgroup or account with a GPU node of ``slots`` open:
+        pid -> nodes (empty without :attr:`system_users`: one person's machine). Blocks."""
+        if not self.system_users:
+            return {}
+        nodes = [n for n in self.gpu_nodes(slots) if n.exists()]
+        if not nodes:
+            return {}
+        cgroup = self.cgroup
+        pids = set(cgroup.pids()) if cgroup is not None else set()
+        with contextlib.suppress(KeyError):
+            pids |= set(device_cgroup.processes_of_uid(pwd.getpwnam(self.account).pw_uid))
+        return device_cgroup.processes_holding(nodes, pids)
 
     async def grant_workers_again(self, n: int) -> dict:
         """Slots from the ledger again (the device cgroup follows them): ``{"slots": [...]}``."""

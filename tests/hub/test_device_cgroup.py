@@ -340,3 +340,37 @@ def test_cgroup_names():
             device_cgroup.cgroup_name(bad)
     with pytest.raises(ValueError):
         DeviceCgroup("ann", parent="../etc")
+
+
+def test_processes_holding_finds_every_open_handle_on_a_gpu_node(tmp_path):
+    """Guards ``processes_holding`` (what the hub looks at before it frees a GPU): a
+    process with a node open is found whatever path it opened (a copy of the node with
+    the same major:minor counts), with the node named; once it closes it, it is not."""
+    if os.geteuid() != 0:
+        _cannot_run("makes device nodes: needs root")
+    if os.statvfs(tmp_path).f_flag & os.ST_NODEV:
+        _cannot_run(f"{tmp_path} is on a nodev file system")
+    gpu, copy = tmp_path / "gpu0", tmp_path / "copy-of-gpu0"
+    for node in (gpu, copy):  # /dev/full's numbers: a real driver, so an open succeeds
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 7))
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import os, sys
+fd = os.open({str(copy)!r}, os.O_RDONLY)
+print("open", flush=True)
+sys.stdin.readline()
+os.close(fd)
+print("closed", flush=True)
+sys.stdin.readline()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        others = [os.getpid()]
+        assert device_cgroup.processes_holding([gpu], [holder.pid, *others]) == {holder.pid: [str(gpu)]}
+        assert holder.pid in device_cgroup.processes_of_uid(os.geteuid())
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "closed"
+        assert device_cgroup.processes_holding([gpu], [holder.pid, *others]) == {}
+    finally:
+        holder.kill()
+        holder.wait()

@@ -2,9 +2,10 @@
 
 A real JupyterHub, run as root as the README's default is, with ann and ben each
 holding one GPU of a pool of four. The GPUs are stand-in device nodes made for the test
-(character devices with a major of Linux's local-use range, mode 0666, so that file
-permissions protect nothing): opening one gets ENXIO ("no such device") when the
-device cgroup lets it through, and EPERM when it does not. Every attack must fail;
+(character devices, mode 0666, so that file permissions protect nothing): opening
+one gets EPERM when the device cgroup stops it; when it lets the open through, ben's
+(``gpu:1``, the ledger's second, with /dev/full's numbers: a real driver) opens and
+reads zeros, the others (a major of Linux's local-use range, no driver) get ENXIO. Every attack must fail;
 each test's docstring names the line of the product it guards.
 """
 
@@ -33,16 +34,20 @@ POOL = ["gpu:0", "gpu:1", "gpu:2", "gpu:3"]
 USERS = ["admin", "ann", "ben"]
 #: A major number of Linux's "local/experimental use" range: no driver behind it.
 STAND_IN_MAJOR = 240
+#: ben's GPU (the ledger gives the first free slot, and ann spawns first): /dev/full's
+#: major:minor, so that ben can open it and hold a handle as on a real GPU.
+BENS_GPU, OPENABLE = 1, (1, 7)
 MAX_WORKERS = 2
 
 
 @pytest.fixture(scope="module")
 def devices(tmp_path_factory):
-    """Stand-in GPU device nodes /…/nvidia0..3, mode 0666."""
+    """Stand-in GPU device nodes /…/nvidia0..3, mode 0666; ben's opens (/dev/full's numbers)."""
     folder = tmp_path_factory.mktemp("devices")
     for index in range(len(POOL)):
         node = folder / f"nvidia{index}"
-        os.mknod(node, 0o666 | 0o020000, os.makedev(STAND_IN_MAJOR, index))
+        os.mknod(node, 0o666 | 0o020000, os.makedev(*OPENABLE) if index == BENS_GPU
+                 else os.makedev(STAND_IN_MAJOR, index))
         node.chmod(0o666)
     return folder
 
@@ -275,7 +280,36 @@ path = Path({str(devices)!r})
 blocked = [str(p) for p in [*path.parents, path] if not os.access(p, os.X_OK)]
 print(json.dumps({{"opened": found, "blocked": blocked, "id": os.getuid()}}))
 """)
-    assert found["opened"] == {"ann": errno.EPERM, "ben": errno.ENXIO, "free": errno.EPERM}, found
+    assert bens == BENS_GPU
+    assert found["opened"] == {"ann": errno.EPERM, "ben": "opened", "free": errno.EPERM}, found
+
+
+def test_a_gpu_ben_still_holds_open_is_never_freed_by_his_lease(hub, devices, ben):
+    """The attack (issue 27, 2): ben opened his GPU, then wrote the lease file that says
+    his engines were released; the hub freed the GPU (for the next user) while his
+    handle still read data. Guards ``PDLLocalSpawner.reclaim_idle_workers``: while a
+    process of ben holds the GPU open, it stays his, whatever his lease says; once he
+    closes it, the hub frees it."""
+    lease = hub.home("ben") / ".pdl" / "cluster"
+    gpu = f"gpu:{BENS_GPU}"
+    assert hub.reservations().get(gpu) == "ben"
+    run_as_ben(ben, f"""
+import json, os
+from pathlib import Path
+from pdl_server import lease as engine_lease
+held_gpu = os.open({str(devices / f'nvidia{BENS_GPU}')!r}, os.O_RDONLY)
+engine_lease.write(Path({str(lease)!r}), "engines-released.json", {{"reason": "idle", "slots": []}})
+print(json.dumps({{}}))
+""")
+    wait_until(lambda: f"Kept {gpu} for ben, whose lease says released" in hub.log_tail(200), 30,
+               what="the hub to keep ben's GPU while he holds it")
+    time.sleep(3)  # the hub looks at the lease every second: three more looks
+    assert hub.reservations().get(gpu) == "ben"
+    read = run_as_ben(ben, "import json, os\nn = len(os.read(held_gpu, 8))\nos.close(held_gpu)\n"
+                           "print(json.dumps({'read': n}))")
+    assert read == {"read": 8}
+    wait_until(lambda: "ben" not in hub.reservations().values(), 30, what="the hub to free ben's GPU once closed")
+    assert f"Reclaimed {gpu} from ben" in hub.log_tail(200)
 
 
 def test_bens_lease_files_get_him_no_more_than_his_limit_nor_anns_slot(hub, devices, ben):
