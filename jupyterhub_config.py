@@ -49,8 +49,9 @@ every user has their own password, kept as a bcrypt hash in the hub's database. 
 admin's account is made at first start with a random password, stored with mode 0600
 in ``$PDL_STATE_DIR/password`` (``scripts/serve`` prints it). As root, everyone else
 signs up at ``/hub/signup`` with a password of their own (at least 8 characters, not a
-common one): names in ``PDL_USERS`` are approved at once, others wait for the admin at
-``/hub/authorize``; without root, signup is off and only the admin logs in. Names are a
+common one): names in ``PDL_USERS`` through their one-time sign-up links
+(``$PDL_STATE_DIR/signup-codes``, printed by ``scripts/serve``), approved at once;
+others wait for the admin at ``/hub/authorize``; without root, signup is off and only the admin logs in. Names are a
 lowercase letter then at most 19 of ``a-z0-9_-``. Wrong passwords lock a name:
 
 - ``PDL_LOGIN_ATTEMPTS``: wrong passwords in a row that lock a name (default 5; 0: never);
@@ -69,6 +70,7 @@ import sys
 from pathlib import Path
 
 from pdl_spawner.accounts import TEMPLATE_DIR, name_problem
+from pdl_spawner.credentials import SignupCodes
 from pdl_spawner.request_limits import DEFAULT_MAX_REQUEST_BYTES, limit_request_bodies
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
@@ -111,7 +113,7 @@ c.JupyterHub.cleanup_servers = os.environ.get("PDL_KEEP_SERVERS", "1") == "0"
 c.ConfigurableHTTPProxy.pid_file = str(state_dir / "proxy.pid")
 
 # Each user's own password (pdl_spawner/accounts.py): the admin's account is made from
-# $PDL_STATE_DIR/password; listed users sign up and are approved at once, others wait.
+# $PDL_STATE_DIR/password; listed users sign up with their one-time codes and are approved at once, others wait.
 for _name in users:
     if name_problem(_name):
         raise SystemExit(f"PDL_USERS: {name_problem(_name)}")
@@ -129,7 +131,10 @@ c.PDLAuthenticator.signups_per_address = int(os.environ.get("PDL_SIGNUPS_PER_ADD
 if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLAuthenticator.enable_signup = True  # servers are containers: kept apart without root too
 c.Authenticator.admin_users = set(users[:1])
-c.Authenticator.allowed_users = set(users)  # approved at once when they sign up
+c.Authenticator.allowed_users = set(users)
+# each listed name but the admin's signs up with its own one-time code (scripts/serve
+# prints the links; the file is $PDL_STATE_DIR/signup-codes), so no stranger claims it first
+SignupCodes(state_dir).ensure(users[1:])
 # NativeAuthenticator's page.html: "Change Password" for all, "Authorize Users" for admins
 c.JupyterHub.template_paths = [TEMPLATE_DIR]
 

@@ -29,6 +29,8 @@
 - :mod:`pdl_spawner.request_limits`: the largest request body the hub reads.
 - :mod:`pdl_spawner.unix_accounts`: one Unix account per hub user (as root).
 - :mod:`pdl_spawner.device_cgroup`: per-server GPU device isolation and process tracking.
+- :mod:`pdl_spawner.port_filter`: which ports of the hub's range a server may bind (its own).
+- :mod:`pdl_spawner.bpf`: eBPF programs on cgroups, by the bpf() syscall (for the two above).
 - :mod:`pdl_spawner.admin_view`: the admin's page of holdings, queue and reclaims.
 - :mod:`pdl_spawner.sqlite_file` and :mod:`pdl_spawner.db_thread`: the hub's SQLite
   files, and the one thread that calls them off the event loop.

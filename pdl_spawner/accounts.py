@@ -11,9 +11,13 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   admin changes their password at ``/hub/change-password``, the file keeps the first one.
 - **Everyone else signs up** at ``/hub/signup`` with a password of their own: at least
   ``minimum_password_length`` (8) characters, not a common one, at most 72 bytes
-  (bcrypt's limit). Admins and names in ``allowed_users`` (``PDL_USERS``, or added at
-  ``/hub/admin``) are approved at once; any other name waits until an admin authorizes
-  it at ``/hub/authorize``. ``enable_signup`` (default: the hub runs as root) turns the
+  (bcrypt's limit). A name listed at hub start (``PDL_USERS``) has a one-time sign-up
+  code (:class:`~pdl_spawner.credentials.SignupCodes`, in the folder of
+  ``first_admin_password_file``; ``scripts/serve`` prints a link with it for each):
+  with it, as ``/hub/signup?code=...``, the name is approved at once; without it the
+  sign-up is refused (HTTP 403, one line), so a stranger cannot claim a listed name
+  first. Any other name, a name added at ``/hub/admin`` later included, waits until an
+  admin authorizes it at ``/hub/authorize``. ``enable_signup`` (default: the hub runs as root) turns the
   page off (404): without root every server would run as the hub's own Unix user.
 - **Logging in** takes an authorized account and its password, nothing else:
   :meth:`~PDLAuthenticator.check_allowed` asks the account, not only ``allowed_users``
@@ -77,7 +81,7 @@ from tornado.escape import url_escape
 from tornado.httputil import url_concat
 from traitlets import Bool, Integer, Unicode, default
 
-from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, secret_file
+from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, SignupCodes, secret_file
 from pdl_spawner.unix_accounts import NAME_PATTERN
 
 #: Threads that check passwords (bcrypt, slow on purpose), a pool of their own.
@@ -201,6 +205,21 @@ class PDLAuthenticator(NativeAuthenticator):
         self._signups: dict[str, deque[float]] = {}
         self.ensure_first_admin()
 
+    @property
+    def signup_codes(self) -> SignupCodes:
+        """The listed users' one-time sign-up codes, beside the first admin's password file."""
+        return SignupCodes(Path(self.first_admin_password_file).parent)
+
+    def listed_claim_problem(self, username: str, code: str) -> str | None:
+        """One line saying why signing up as ``username`` with sign-up ``code`` is refused:
+        the name waits for its listed person, and ``code`` is not their one-time code.
+        None for a name without a waiting code, and for the right code."""
+        name = self.normalize_username(username)
+        if self.signup_codes.state(name) != "open" or self.signup_codes.matches(name, code):
+            return None
+        return (f"{name} is on this hub's list: sign up with the link the admin gave you "
+                "(scripts/serve prints one for each listed user).")
+
     def ensure_first_admin(self) -> None:
         """Give ``first_admin`` an authorized account with the password file's password,
         unless they have one (then it is left as it is)."""
@@ -300,18 +319,21 @@ class PDLAuthenticator(NativeAuthenticator):
         finally:
             self._hashing -= 1
 
-    def create_user(self, username, password, password_hash: bytes | None = None, **kwargs):
+    def create_user(self, username, password, password_hash: bytes | None = None, approved: bool | None = None,
+                    **kwargs):
         """NativeAuthenticator's, taking the hash made by :meth:`hash_password` (hashing here,
-        on the caller's thread, only without one); None when the name is taken or invalid,
-        the password weak, or sign-up closed."""
+        on the caller's thread, only without one), approved as ``approved`` says (None:
+        admins and ``allowed_users``); None when the name is taken or invalid, the password
+        weak, or sign-up closed."""
         username = self.normalize_username(username)
         if (not self.enable_signup or self.user_exists(username) or not self.validate_username(username)
                 or not self.is_password_strong(password)):
             return None
         hashed = password_hash or bcrypt.hashpw(password.encode(), bcrypt.gensalt())
         try:
-            info = UserInfo(username=username, password=hashed,
-                            is_authorized=self.open_signup or username in self.get_authed_users(), **kwargs)
+            if approved is None:
+                approved = self.open_signup or username in self.get_authed_users()
+            info = UserInfo(username=username, password=hashed, is_authorized=approved, **kwargs)
         except AssertionError:  # an invalid e-mail address
             return None
         self.db.add(info)
@@ -428,19 +450,33 @@ class SignUpHandler(native.SignUpHandler):
         refusal = auth.pending_signups_full(username) or auth.signup_rate_full(address, username)
         if refusal:
             raise web.HTTPError(429, refusal)
-        taken = auth.signup_name_problem(username) is None and auth.user_exists(username)
+        code = self.get_query_argument("code", "")
+        name_ok = auth.signup_name_problem(username) is None
+        taken = name_ok and auth.user_exists(username)
+        claim = auth.listed_claim_problem(username, code) if name_ok and not taken else None
+        if claim:
+            self.set_status(403)
+            return self.finish(await self._page("alert-danger", claim))
         user = None
         if not taken and matches and auth.signup_problem(username, password) is None:
             auth.count_signup(address, username)
             hashed = await auth.hash_password(password)
-            user = auth.create_user(username, password, password_hash=hashed,
+            with_code = bool(code) and auth.signup_codes.matches(auth.normalize_username(username), code)
+            user = auth.create_user(username, password, password_hash=hashed, approved=with_code,
                                     email=self.get_body_argument("email", "", strip=False),
                                     has_2fa=bool(self.get_body_argument("2fa", "", strip=False)))
+            if user is not None and with_code:
+                auth.signup_codes.use(user.username, code)
         alert, message = self.get_result_message(user, True, taken, matches, username in auth.admin_users)
-        self.finish(await self.render_template(
+        self.finish(await self._page(alert, message, user))
+
+    async def _page(self, alert: str, message: str, user: UserInfo | None = None) -> str:
+        """The sign-up page with ``message`` in its alert."""
+        auth = self.authenticator
+        return await self.render_template(
             "signup.html", ask_email=auth.ask_email_on_signup, result_message=message, alert=alert,
             two_factor_auth=auth.allow_2fa, two_factor_auth_user=user.has_2fa if user else "",
-            two_factor_auth_value=user.otp_secret if user else "", recaptcha_key=auth.recaptcha_key, tos=auth.tos))
+            two_factor_auth_value=user.otp_secret if user else "", recaptcha_key=auth.recaptcha_key, tos=auth.tos)
 
     def get_result_message(self, user, assume_user_is_human, username_already_taken, confirmation_matches,
                            user_is_admin):

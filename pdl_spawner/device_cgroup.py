@@ -30,20 +30,18 @@ processes that hold one, so that the hub frees a GPU only when none is left.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
-import platform
 import re
 import select
 import signal
 import stat
-import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from pdl_spawner import bpf
 
 #: The cgroup (under the devices mount) that holds one cgroup per server owner.
 DEFAULT_PARENT = "pdl"
@@ -82,7 +80,7 @@ def support(mechanism: str | None = None) -> Support:
     (not root, no mount, a read-only mount, no BPF)."""
     if os.geteuid() != 0:
         return Support(None, None, f"GPU device isolation is off: it needs root (the hub runs as uid {os.geteuid()})")
-    mounts = _cgroup_mounts()
+    mounts = cgroup_mounts()
     v1 = next((where for kind, where, options in mounts if kind == "cgroup" and "devices" in options), None)
     v2 = next((where for kind, where, options in mounts if kind == "cgroup2"), None)
     reasons = []
@@ -101,7 +99,7 @@ def support(mechanism: str | None = None) -> Support:
     return Support(None, None, "GPU device isolation is off: " + "; ".join(reasons or [f"unknown mechanism {mechanism!r}"]))
 
 
-def _cgroup_mounts() -> list[tuple[str, Path, set[str]]]:
+def cgroup_mounts() -> list[tuple[str, Path, set[str]]]:
     """(fstype, mount point, options) of every cgroup and cgroup2 mount of this process."""
     found = []
     with open("/proc/self/mounts") as f:
@@ -355,33 +353,7 @@ def _wait_exit(pidfds: list[int], deadline: float) -> None:
 
 # -- cgroup v2: a BPF_PROG_TYPE_CGROUP_DEVICE program ------------------------------
 
-_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}
-_BPF_PROG_LOAD, _BPF_PROG_ATTACH, _BPF_PROG_DETACH = 5, 8, 9
-_BPF_PROG_GET_FD_BY_ID, _BPF_PROG_QUERY = 13, 16
-_BPF_PROG_TYPE_CGROUP_DEVICE, _BPF_CGROUP_DEVICE = 15, 6
-_BPF_F_ALLOW_MULTI = 2
 _BPF_DEVCG_DEV_CHAR = 2
-#: The most device programs one cgroup can hold (the kernel's BPF_CGROUP_MAX_PROGS).
-_MAX_PROGS = 64
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _bpf(command: int, attr: bytearray) -> int:
-    """The bpf() syscall with ``attr`` (updated in place); OSError when it fails."""
-    number = _BPF_SYSCALL.get(platform.machine())
-    if number is None:
-        raise OSError(errno.ENOSYS, f"bpf() syscall number unknown on {platform.machine()}")
-    buffer = (ctypes.c_char * len(attr)).from_buffer(attr)
-    result = _libc.syscall(ctypes.c_long(number), ctypes.c_int(command), buffer, ctypes.c_uint(len(attr)))
-    if result < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"bpf({command}): {os.strerror(code)}")
-    return result
-
-
-def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
-    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
 
 
 def _device_filter(deny: list[tuple[int, int]]) -> bytes:
@@ -391,80 +363,37 @@ def _device_filter(deny: list[tuple[int, int]]) -> bytes:
     with the device type (block 1, char 2) in the low 16 bits of ``access_type``.
     """
     ldx_w, and_k, jne_k, mov_k, exit_ = 0x61, 0x54, 0x55, 0xB7, 0x95
+    insn = bpf.insn
     program = [
-        _insn(ldx_w, dst=2, src=1, off=0),  # r2 = ctx->access_type
-        _insn(and_k, dst=2, imm=0xFFFF),  # r2 = device type
-        _insn(ldx_w, dst=3, src=1, off=4),  # r3 = ctx->major
-        _insn(ldx_w, dst=4, src=1, off=8),  # r4 = ctx->minor
+        insn(ldx_w, dst=2, src=1, off=0),  # r2 = ctx->access_type
+        insn(and_k, dst=2, imm=0xFFFF),  # r2 = device type
+        insn(ldx_w, dst=3, src=1, off=4),  # r3 = ctx->major
+        insn(ldx_w, dst=4, src=1, off=8),  # r4 = ctx->minor
     ]
     for major, minor in deny:  # 5 instructions each: skip the other 4 on a mismatch
         program += [
-            _insn(jne_k, dst=2, off=4, imm=_BPF_DEVCG_DEV_CHAR),
-            _insn(jne_k, dst=3, off=3, imm=major),
-            _insn(jne_k, dst=4, off=2, imm=minor),
-            _insn(mov_k, dst=0, imm=0),
-            _insn(exit_),
+            insn(jne_k, dst=2, off=4, imm=_BPF_DEVCG_DEV_CHAR),
+            insn(jne_k, dst=3, off=3, imm=major),
+            insn(jne_k, dst=4, off=2, imm=minor),
+            insn(mov_k, dst=0, imm=0),
+            insn(exit_),
         ]
-    program += [_insn(mov_k, dst=0, imm=1), _insn(exit_)]
+    program += [insn(mov_k, dst=0, imm=1), insn(exit_)]
     return b"".join(program)
 
 
 def _bpf_load(deny: list[tuple[int, int]]) -> int:
-    """Load the device filter; its program fd. On failure, load it again with the
-    verifier's log, for the message."""
-    program = _device_filter(deny)
-    code = ctypes.create_string_buffer(program, len(program))
-    license_ = ctypes.create_string_buffer(b"GPL")
-    log = ctypes.create_string_buffer(1 << 16)
-    for log_level in (0, 1):
-        attr = bytearray(128)
-        struct.pack_into("<IIQQIIQ", attr, 0, _BPF_PROG_TYPE_CGROUP_DEVICE, len(program) // 8,
-                         ctypes.addressof(code), ctypes.addressof(license_),
-                         log_level, len(log) if log_level else 0, ctypes.addressof(log) if log_level else 0)
-        attr[48:48 + 11] = b"pdl_devices"  # prog_name
-        try:
-            return _bpf(_BPF_PROG_LOAD, attr)
-        except OSError as e:
-            failure = e
-    last = log.value.decode(errors="replace").strip().splitlines()[-1:]
-    raise OSError(failure.errno, f"the kernel refused PDL's device filter: {failure.strerror} {' '.join(last)}".strip())
-
-
-def _bpf_attached(cgroup_fd: int) -> list[int]:
-    """Ids of the device programs attached to this cgroup itself."""
-    ids = (ctypes.c_uint32 * _MAX_PROGS)()
-    attr = bytearray(64)
-    struct.pack_into("<IIIIQI", attr, 0, cgroup_fd, _BPF_CGROUP_DEVICE, 0, 0, ctypes.addressof(ids), _MAX_PROGS)
-    _bpf(_BPF_PROG_QUERY, attr)
-    (count,) = struct.unpack_from("<I", attr, 24)
-    return list(ids[:count])
+    """Load the device filter; its program fd."""
+    return bpf.load(bpf.PROG_TYPE_CGROUP_DEVICE, _device_filter(deny), b"pdl_devices", "device filter")
 
 
 def _bpf_attach_device_filter(cgroup: Path, deny: list[tuple[int, int]]) -> None:
-    """Attach a filter denying ``deny`` to ``cgroup``, then detach the filters attached
-    before it (while both are attached, a device must pass both: never looser)."""
-    cgroup_fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    """Attach a filter denying ``deny`` to ``cgroup`` in place of the one before."""
+    program = _bpf_load(deny)
     try:
-        old = _bpf_attached(cgroup_fd)
-        program = _bpf_load(deny)
-        try:
-            attr = bytearray(32)
-            struct.pack_into("<IIII", attr, 0, cgroup_fd, program, _BPF_CGROUP_DEVICE, _BPF_F_ALLOW_MULTI)
-            _bpf(_BPF_PROG_ATTACH, attr)
-        finally:
-            os.close(program)
-        for prog_id in old:
-            attr = bytearray(16)
-            struct.pack_into("<I", attr, 0, prog_id)
-            old_fd = _bpf(_BPF_PROG_GET_FD_BY_ID, attr)
-            try:
-                attr = bytearray(32)
-                struct.pack_into("<III", attr, 0, cgroup_fd, old_fd, _BPF_CGROUP_DEVICE)
-                _bpf(_BPF_PROG_DETACH, attr)
-            finally:
-                os.close(old_fd)
+        bpf.attach_replacing(cgroup, bpf.ATTACH_CGROUP_DEVICE, program)
     finally:
-        os.close(cgroup_fd)
+        os.close(program)
 
 
 @lru_cache(maxsize=1)

@@ -25,8 +25,10 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
   own Unix account (:mod:`~pdl_spawner.unix_accounts`, made on the first spawn), in a
   home of mode 0700, inside a device cgroup of their own
   (:mod:`~pdl_spawner.device_cgroup`) that lets them open only the GPU device nodes
-  of their reservation; nothing of a user runs as root. Without root, every server
-  runs as the hub's own user: one person's machine.
+  of their reservation (and frees a GPU only when none of them holds it open), and
+  in a cgroup v2 whose bind filter lets them take, of ``port_range``, only their own
+  server's port (:mod:`~pdl_spawner.port_filter`); nothing of a user runs as root.
+  Without root, every server runs as the hub's own user: one person's machine.
 - The ledger and the queue are SQLite files: every call is made off the event loop
   (:mod:`~pdl_spawner.db_thread`), so a lock held elsewhere never freezes the hub.
 - Idle engines give their slots back through the server's HTTP lease API
@@ -53,7 +55,7 @@ from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 from pdl.slots import cpu_count, default_pool, parse_slot
 from pdl_server.contract import ServerContract, cluster_dir_in
 
-from . import device_cgroup, unix_accounts
+from . import device_cgroup, port_filter, unix_accounts
 from .db_thread import off_loop, submit
 from .core import SpawnerCore
 from .idle_engines import idle_reason
@@ -174,7 +176,9 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
         help="""Ports (inclusive) the hub picks each server's port from. Below Linux's
         ephemeral range (32768+), where the users' ipyparallel controllers and engines
         get their ZeroMQ ports: picked from there, a port that was free when the hub
-        chose it could be taken by another user's cluster before the server binds it.""",
+        chose it could be taken by another user's cluster before the server binds it.
+        As root, a server's processes may bind only their own server's port of the
+        range (:mod:`~pdl_spawner.port_filter`).""",
     )
 
     @validate("port_range")
@@ -286,6 +290,33 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
         return device_cgroup.DeviceCgroup(f"{self.account}/{self.name}" if self.name else self.account,
                                           isolation=PDLLocalSpawner._isolation)
 
+    @property
+    def port_cgroup(self) -> port_filter.PortCgroup | None:
+        """This server's bind filter's cgroup (:mod:`~pdl_spawner.port_filter`); None
+        without :attr:`system_users`, or where the machine cannot filter binds (the hub
+        logs why once)."""
+        if not self.system_users:
+            return None
+        if PDLLocalSpawner._port_isolation is None:
+            PDLLocalSpawner._port_isolation = problem = port_filter.support() or ""
+            if problem:
+                self.log.warning("%s: a user's processes can bind the ports of port_range", problem)
+            else:
+                self.log.info("Port isolation: each server binds only its own port of port_range %s-%s",
+                              *self.port_range)
+        if PDLLocalSpawner._port_isolation:
+            return None
+        return port_filter.PortCgroup(f"{self.account}/{self.name}" if self.name else self.account)
+
+    #: port_filter.support()'s answer, looked up once per hub process ("" when it works)
+    _port_isolation: str | None = None
+
+    def restrict_ports(self) -> None:
+        """Let this server's processes bind, of :attr:`port_range`, only :attr:`port`. Blocks."""
+        cgroup = self.port_cgroup
+        if cgroup is not None:
+            cgroup.restrict(*self.port_range, self.port)
+
     def gpu_nodes(self, slots: list[str]) -> list[Path]:
         """Device nodes of the GPU slots among ``slots``."""
         nodes = []
@@ -340,19 +371,21 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
             self.log.error("processes %s of %s survived SIGKILL", left, self.owner)
         else:
             cgroup.remove()
+            ports = self.port_cgroup
+            if ports is not None:
+                ports.remove()
 
     def _skeleton(self) -> str | None:
         return self.skeleton_dir or None
 
     def make_preexec_fn(self, name):
         if self.system_users:
-            cgroup = self.cgroup
-            procs = cgroup.procs_file if cgroup is not None else None
+            joined = [c.procs_file for c in (self.cgroup, self.port_cgroup) if c is not None]
             become_user = set_user_setuid(self.account)
 
             def preexec():
-                if procs is not None:
-                    device_cgroup.join(procs)  # as root, before giving root up
+                for procs in joined:  # as root, before giving root up (one folder on cgroup v2 hosts)
+                    device_cgroup.join(procs)
                 become_user()
 
             return preexec
@@ -389,7 +422,25 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
             if _can_bind(self.ip or "127.0.0.1", port):
                 PDLLocalSpawner._ports[self.owner] = port
                 return port
-        raise web.HTTPError(503, f"no free port for the server in port_range {low}-{high}")
+        message = f"no free port for the server in port_range {low}-{high}: {self._port_holders(given)}"
+        raise web.HTTPError(503, message, reason=message)
+
+    def _port_holders(self, given: set[int]) -> str:
+        """Who holds the ports of :attr:`port_range`, in a few words: the servers of this
+        hub, and the accounts listening on the rest."""
+        low, high = self.port_range
+        counts: dict[str, int] = {}
+        servers = sorted({owner for owner, port in PDLLocalSpawner._ports.items() if port in given})
+        if servers:
+            counts[f"the servers of {', '.join(servers[:5])}{' and more' if len(servers) > 5 else ''}"] = len(given)
+        for port, account in port_filter.port_holders(low, high).items():
+            if port not in given:
+                counts[account] = counts.get(account, 0) + 1
+        held = sum(counts.values())
+        if high - low + 1 > held:
+            counts["other sockets (bound, not listening)"] = high - low + 1 - held
+        return "; ".join(f"{who} {'hold' if who.startswith(('the servers', 'other')) else 'holds'} {n}"
+                         for who, n in sorted(counts.items(), key=lambda item: -item[1]))
 
     @property
     def cluster_dir(self) -> Path:
@@ -479,6 +530,8 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
             if self.system_users:
                 await asyncio.to_thread(self.prepare_account)
             self.port = self.pick_port()
+            if self.system_users:
+                await asyncio.to_thread(self.restrict_ports)
             url = await self.launch_server()
             self.watch_lease()
             return url

@@ -34,6 +34,7 @@ import requests
 import websocket
 
 from pdl.process import pid_alive
+from pdl_spawner.credentials import SignupCodes
 from pdl_server.contract import cluster_dir_in
 from waiting import wait_until
 
@@ -68,9 +69,10 @@ class Hub:
     """
 
     def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
-                 hub_env: dict | None = None, extra_config: str = ""):
+                 hub_env: dict | None = None, extra_config: str = "", signs_up_later: tuple[str, ...] = ()):
         self.root = Path(root)
         self.users = users
+        self.signs_up_later = signs_up_later  # listed users the harness does not sign up (a test does)
         self.pool = pool
         self.token = secrets.token_hex(16)
         self.port = free_port()
@@ -309,29 +311,40 @@ c.JupyterHub.log_level = "INFO"
             return (self.state_dir / "password").read_text().strip()
         return self.passwords[user]
 
+    def signup_codes(self) -> dict[str, str]:
+        """The listed users' one-time sign-up codes not used yet, as ``scripts/serve`` prints
+        them (the state folder's ``signup-codes``)."""
+        return SignupCodes(self.state_dir).ensure([])
+
     def sign_up_listed_users(self) -> None:
-        """Every listed user but the admin signs up through the form, with a random
-        password of their own, and is approved at once; once (a restarted hub keeps them)."""
+        """Every listed user but the admin signs up through the form, with the link of
+        their one-time code and a random password of their own, and is approved at once;
+        once (a restarted hub keeps them)."""
+        codes = None
         for user in self.users[1:]:
-            if user not in self.passwords:
+            if user not in self.passwords and user not in self.signs_up_later:
+                codes = codes if codes is not None else self.signup_codes()
                 password = secrets.token_urlsafe(12)
-                answer = self.signup(user, password)
+                answer = self.signup(user, password, code=codes.get(user, ""))
                 if "approved" not in answer:
                     raise RuntimeError(f"{user} could not sign up: {answer}\n{self.log_tail()}")
                 self.passwords[user] = password
 
-    def signup(self, user: str, password: str, confirmation: str | None = None) -> str:
-        """Sign up through ``/hub/signup``, as a browser does; the page's one-line answer."""
+    def signup(self, user: str, password: str, confirmation: str | None = None, code: str = "") -> str:
+        """Sign up through ``/hub/signup`` (``?code=`` with ``code``, as a sign-up link
+        opens it), as a browser does; the page's one-line answer (a refusal's too)."""
         s = requests.Session()
-        s.get(f"{self.url}/hub/signup", timeout=10).raise_for_status()
+        page = f"{self.url}/hub/signup" + (f"?code={code}" if code else "")
+        s.get(page, timeout=10).raise_for_status()
         form = {
             "_xsrf": s.cookies.get("_xsrf", ""),
             "username": user,
             "signup_password": password,
             "signup_password_confirmation": password if confirmation is None else confirmation,
         }
-        r = s.post(f"{self.url}/hub/signup", data=form, timeout=30)
-        r.raise_for_status()
+        r = s.post(page, data=form, timeout=30)  # the form posts back to the page's own address
+        if r.status_code != 403:  # a refused claim of a listed name: the page says why
+            r.raise_for_status()
         return page_alert(r.text)
 
     def login(self, user: str, password: str | None = None) -> requests.Session:
@@ -372,12 +385,13 @@ def running(hub: Hub, start: bool = True):
 
 
 def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
-                hub_env: dict | None = None, extra_config: str = "", start: bool = True):
+                hub_env: dict | None = None, extra_config: str = "", start: bool = True,
+                signs_up_later: tuple[str, ...] = ()):
     """For a ``hub`` fixture (``yield from``): a :class:`Hub` :func:`running` in ``root``.
     The Swarm's is ``swarm_hub_harness.swarm_hub_fixture``; a fixture that prepares more
     before its tests (spawns servers) uses ``with running(Hub(...)) as hub:``."""
-    with running(Hub(root, users, pool, spawner_env=spawner_env, hub_env=hub_env, extra_config=extra_config),
-                 start=start) as hub:
+    with running(Hub(root, users, pool, spawner_env=spawner_env, hub_env=hub_env, extra_config=extra_config,
+                     signs_up_later=signs_up_later), start=start) as hub:
         yield hub
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import requests
 
 from hub_harness import REPO
+from pdl_spawner.credentials import USED
 from swarm_harness import HOST_DOCKER
 from swarm_hub_harness import SwarmHub
 from waiting import wait_until
@@ -132,6 +133,12 @@ class ImageHub(SwarmHub):
             self.shell(f"docker rm -f {CONTAINER}; docker volume rm -f {STATE_VOLUME}", check=False)
 
     # -- users ---------------------------------------------------------------------------
+
+    def signup_codes(self) -> dict[str, str]:
+        """The listed users' unused sign-up codes, as the README says to read them (the state volume)."""
+        text = self.shell(f"docker exec {CONTAINER} cat /srv/jupyterhub/state/signup-codes").stdout
+        return {name: code for name, code in (line.split() for line in text.splitlines() if len(line.split()) == 2)
+                if code != USED}
 
     def password(self, user: str) -> str:
         """The admin's as the README says to read it (the state volume), others' as they signed up."""

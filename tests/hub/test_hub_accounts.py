@@ -18,7 +18,8 @@ import requests
 from hub_harness import hub_fixture, runs_as_root
 from pdl_spawner.credentials import ADMIN_PASSWORD_BYTES, secret_file
 
-USERS = ["admin", "ann", "ben"]
+SIGNED_UP = ["admin", "ann", "ben"]  # the harness signs ann and ben up
+USERS = [*SIGNED_UP, "kate"]  # kate signs up in a test, with her one-time code
 ATTEMPTS, LOCKOUT_S = 3, 5  # the hub's PDL_LOGIN_ATTEMPTS and PDL_LOGIN_LOCKOUT_S
 PENDING = 2  # the hub's PDL_PENDING_SIGNUPS
 LOGIN_COOKIE = "jupyterhub-hub-login"
@@ -33,7 +34,7 @@ def hub(tmp_path_factory):
         pytest.skip("signup is open only when the hub runs as root (without root, one user logs in)")
     yield from hub_fixture(tmp_path_factory.mktemp("hub-accounts"), USERS, ["cpu:0"],
                            hub_env={"PDL_LOGIN_ATTEMPTS": str(ATTEMPTS), "PDL_LOGIN_LOCKOUT_S": str(LOCKOUT_S),
-                                    "PDL_PENDING_SIGNUPS": str(PENDING)})
+                                    "PDL_PENDING_SIGNUPS": str(PENDING)}, signs_up_later=("kate",))
 
 
 def stored_passwords(hub) -> dict[str, bytes]:
@@ -95,13 +96,13 @@ def test_ben_cannot_log_in_as_ann_with_his_password_nor_a_shared_one(hub):
 def test_passwords_are_stored_as_bcrypt_hashes_only(hub):
     """Guards README "stored as a bcrypt hash": the hub's database holds no password in clear."""
     stored = stored_passwords(hub)
-    assert set(USERS) <= set(stored)
-    for user in USERS:
+    assert set(SIGNED_UP) <= set(stored)
+    for user in SIGNED_UP:
         assert stored[user].startswith(b"$2b$12$"), stored[user][:7]  # bcrypt, cost 12
         assert bcrypt.checkpw(hub.password(user).encode(), stored[user])
     assert not bcrypt.checkpw(hub.password("ben").encode(), stored["ann"])
     database = (hub.state_dir / "jupyterhub.sqlite").read_bytes()
-    for user in USERS:
+    for user in SIGNED_UP:
         assert hub.password(user).encode() not in database
 
 
@@ -209,6 +210,29 @@ def test_a_strangers_check_in_flight_does_not_turn_the_owners_browser_away(authe
 
 
 @pytest.mark.hub
+def test_a_listed_name_is_claimed_only_with_its_one_time_code(hub):
+    """The attack (issue 27, 8): anyone could sign up first as a name in PDL_USERS and was
+    approved at once with their own password. Guards ``SignUpHandler.post``
+    (``listed_claim_problem``) and ``credentials.SignupCodes``: without kate's code, or
+    with another's or a made-up one, the sign-up is refused in one line and makes no
+    account; with hers (the link scripts/serve prints) she is approved at once, once."""
+    codes = hub.signup_codes()
+    assert set(codes) == {"kate"}  # ann's and ben's were used when the harness signed them up
+    refusal = ("kate is on this hub's list: sign up with the link the admin gave you "
+               "(scripts/serve prints one for each listed user).")
+    for code in ("", "made-up-code", codes["kate"][:-1]):
+        assert hub.signup("kate", "a-strangers-passphrase", code=code) == refusal
+    assert hub.signup("\u212Aate", "a-strangers-passphrase", code="") != "Signed up and approved: you can log in now."
+    assert "kate" not in stored_passwords(hub)
+    assert os.stat(hub.state_dir / "signup-codes").st_mode & 0o077 == 0
+
+    assert hub.signup("kate", "kates-own-passphrase", code=codes["kate"]) == "Signed up and approved: you can log in now."
+    assert logged_in(hub.login("kate", "kates-own-passphrase"))
+    assert hub.signup_codes() == {}
+    assert "already in use" in hub.signup("kate", "a-strangers-passphrase", code=codes["kate"])
+
+
+@pytest.mark.hub
 def test_an_unlisted_name_that_signs_up_waits_for_the_admins_approval(hub):
     """Guards README "Others who sign up wait for the admin's approval at /hub/authorize",
     and that only the admin, from the hub's own page, can approve."""
@@ -237,10 +261,10 @@ def test_names_that_cannot_be_unix_accounts_are_refused_with_what_is_valid(hub, 
     digits, _ or -: each becomes a Unix account", and the attack of issue 27 (8): a
     look-alike (``\u212Aate`` with a Kelvin sign, ``\uff41nn`` with a fullwidth a) became
     the name it resembles (kate; ann, taken) at sign-up."""
+    before = stored_passwords(hub)
     answer = hub.signup(name, "a-fine-passphrase")
     assert NAME_RULE in answer and "\n" not in answer, answer
-    assert not any(stored.lower() == name.lower() for stored in stored_passwords(hub))
-    assert "kate" not in stored_passwords(hub)
+    assert stored_passwords(hub) == before  # no account made, none changed
     if name.isascii():  # a look-alike logs in as the name it resembles: ann's count must stay clear
         assert not logged_in(hub.login(name, "a-fine-passphrase"))
 
@@ -514,3 +538,22 @@ def test_a_sign_ups_password_is_hashed_off_the_event_loop_and_429_beyond_the_cap
     assert all(e.status_code == 429 for e in refused)
     assert bcrypt.checkpw(b"passphrase-0", hashes[0])
     assert threads and all(name.startswith("pdl-login-check") for name in threads), threads
+
+
+@pytest.mark.unit
+def test_sign_up_codes_are_private_one_per_name_and_work_once(tmp_path):
+    """Guards ``credentials.SignupCodes``: a restart (``ensure`` again) keeps each code and
+    never makes a used one new; the file is mode 0600 from the start; a code works for
+    its own name only, once."""
+    from pdl_spawner.credentials import SignupCodes
+
+    codes = SignupCodes(tmp_path / "state")
+    first = codes.ensure(["ann", "ben"])
+    assert set(first) == {"ann", "ben"} and first["ann"] != first["ben"] and len(first["ann"]) >= 20
+    assert stat.S_IMODE(os.stat(tmp_path / "state" / "signup-codes").st_mode) == 0o600
+    assert codes.ensure(["ann", "ben"]) == first
+    assert not codes.use("ann", first["ben"]) and codes.state("ann") == "open"
+    assert codes.use("ann", first["ann"]) and codes.state("ann") == "used"
+    assert not codes.use("ann", first["ann"]) and not codes.matches("ann", first["ann"])
+    assert codes.ensure(["ann", "ben", "kate"]).keys() == {"ben", "kate"}  # ann's stays used
+    assert codes.state("zoe") is None

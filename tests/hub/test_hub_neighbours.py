@@ -364,6 +364,40 @@ print(json.dumps({{"anns": found}}))
     assert hub.reservations()[anns] == "ann"
 
 
+def test_ben_cannot_squat_the_ports_the_hub_gives_servers(hub, ben):
+    """The attack (issue 27, 5): ben's kernel bound every free port of port_range (its
+    file limit raised to the hard one), and the next user's spawn failed with "503 no
+    free port". Guards ``PDLLocalSpawner.restrict_ports`` (port_filter): of the range, a
+    server's processes may bind only their own server's port."""
+    from pdl_spawner.local import PDLLocalSpawner
+
+    low, high = PDLLocalSpawner.class_traits()["port_range"].default()
+    found = run_as_ben(ben, f"""
+import errno, json, resource, socket
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+squatted, refused = [], 0
+for port in range({low}, {high} + 1):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port)); s.listen(); squatted.append(s)
+    except OSError as e:
+        s.close(); refused += e.errno == errno.EPERM
+outside = socket.socket(); outside.bind(("127.0.0.1", 0)); outside_port = outside.getsockname()[1]; outside.close()
+print(json.dumps({{"squatted": len(squatted), "refused": refused, "outside": outside_port}}))
+""")
+    try:
+        # every port but his own server's (in use: EADDRINUSE) is refused; port 0 still works
+        assert found["squatted"] == 0 and found["refused"] == high - low, found
+        assert not low <= found["outside"] <= high
+        r = hub.spawn("admin", 1)
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready("admin")
+    finally:
+        run_as_ben(ben, "import json\nfor s in squatted: s.close()\nprint(json.dumps({}))")
+        hub.api("DELETE", "/users/admin/server")
+        wait_until(lambda: "admin" not in hub.running_servers(), 60, what="the admin's server to stop")
+
+
 def test_bens_terminal_runs_as_ben_and_cannot_read_the_hubs_password(hub):
     """Guards the terminal's process, a child of ben's server, running as his account."""
     token = hub.user_token("ben")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from importlib.metadata import entry_points
 from types import SimpleNamespace
 
@@ -425,3 +426,29 @@ def test_pdl_runs_users_only_as_accounts_its_own_hub_made(tmp_path):
         for name in (lab_member, ours):
             subprocess.run(["userdel", "--remove", name], capture_output=True)
     assert not any(p.pw_name in (lab_member, ours) for p in pwd.getpwall())
+
+
+def test_a_spawn_without_a_free_port_says_who_holds_the_ports(tmp_path):
+    """Issue 27 (5): "503 no free port" named nobody. It names the servers of this hub and
+    the accounts that listen on the rest of port_range."""
+    import pwd
+    import socket
+
+    from pdl_spawner.local import PDLLocalSpawner
+
+    low = 29881
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(tmp_path / "r.sqlite"),
+                              port_range=(low, low + 1))
+    PDLLocalSpawner._ports["bob"] = low  # given to bob's server
+    try:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", low + 1))
+            busy.listen()
+            with pytest.raises(web.HTTPError) as refused:
+                spawner.pick_port()
+    finally:
+        PDLLocalSpawner._ports.clear()
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert refused.value.status_code == 503
+    assert refused.value.reason == (f"no free port for the server in port_range {low}-{low + 1}: "
+                                    f"the servers of bob hold 1; {me} holds 1")

@@ -1,0 +1,67 @@
+"""The bind filter of a server's cgroup (:mod:`pdl_spawner.port_filter`) with the real
+kernel: a process in the cgroup binds, of the hub's range, only its server's port.
+Needs root and a cgroup v2 mount: skips otherwise, and fails instead with ``$CI``."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from pdl_spawner import device_cgroup, port_filter
+
+pytestmark = pytest.mark.integration
+
+LOW, HIGH, OWN = 29901, 29910, 29905
+
+BINDS = """
+import json, socket
+found = {}
+for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+    for port in (%d, %d, %d, %d, %d, 0):
+        s = socket.socket(family)
+        try:
+            s.bind((address, port)); found[f"{family.name} {port}"] = "bound"
+        except OSError as e:
+            found[f"{family.name} {port}"] = e.strerror
+        finally:
+            s.close()
+print(json.dumps(found))
+""" % (LOW - 1, LOW, OWN, HIGH, HIGH + 1)
+
+
+def test_a_server_binds_only_its_own_port_of_the_range():
+    """Guards ``PortCgroup.restrict``: EPERM for the range's other ports, IPv4 and IPv6;
+    its own port, ports outside the range and port 0 bind; a second restrict replaces
+    the first (the new own port binds, the old one does not)."""
+    problem = port_filter.support()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"{problem} (CI is set: failing instead of skipping)")
+        pytest.skip(problem)
+    cgroup = port_filter.PortCgroup("ann", parent=f"pdl-test-{secrets.token_hex(3)}")
+    try:
+        cgroup.restrict(LOW, HIGH, OWN)
+
+        def binds() -> dict:
+            done = subprocess.run([sys.executable, "-I", "-S", "-c", BINDS], capture_output=True, text=True,
+                                  preexec_fn=lambda: device_cgroup.join(cgroup.procs_file), timeout=30)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        found = binds()
+        refused = "Operation not permitted"
+        for family in ("AF_INET", "AF_INET6"):
+            assert found[f"{family} {LOW}"] == refused and found[f"{family} {HIGH}"] == refused, found
+            for port in (LOW - 1, OWN, HIGH + 1, 0):
+                assert found[f"{family} {port}"] == "bound", found
+        cgroup.restrict(LOW, HIGH, LOW)
+        found = binds()
+        assert found[f"AF_INET {LOW}"] == "bound" and found[f"AF_INET {OWN}"] == refused, found
+    finally:
+        cgroup.remove()
+        cgroup.path.parent.rmdir()
