@@ -373,7 +373,10 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
             cgroup.remove()
             ports = self.port_cgroup
             if ports is not None:
-                ports.remove()
+                try:
+                    ports.remove()
+                except OSError as e:  # the next start of this server uses it again, with its own filter
+                    self.log.warning("could not remove the port cgroup of %s: %s", self.owner, e)
 
     def _skeleton(self) -> str | None:
         return self.skeleton_dir or None
@@ -471,19 +474,22 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
 
     async def reclaim_idle_workers(self) -> list[str] | None:
         """Free this server's slots in the ledger (logged as a reclaim); its device cgroup
-        then opens no GPU. Only when no process of the user holds one of its GPUs open:
-        the cgroup first stops new opens, then the user's processes are looked at; while
-        one holds a GPU (a handle opened before, which the cgroup cannot take back), every
-        slot stays reserved and the GPUs open again, and this returns None (the next
-        look tries again). The lease is the user's to write, so "released" alone never
-        frees a GPU that is in use."""
+        then opens no GPU. Only when no process of the user holds one of its GPUs open
+        (a handle opened before, which the cgroup cannot take back): the user's processes
+        are looked at, and when none holds one, looked at again after the cgroup stopped
+        new opens. While one does, every slot stays reserved (the GPUs stay open to them)
+        and this returns None (the next look tries again). The lease is the user's to
+        write, so "released" alone never frees a GPU that is in use."""
         held = await off_loop(self.ledger.held_by, self.owner)
         if not held:
             return []
-        self.restrict_devices([])
         holders = await off_loop(self.gpu_holders, held)
+        if not holders:  # look again once no new open can succeed: one opened meanwhile shows now
+            self.restrict_devices([])
+            holders = await off_loop(self.gpu_holders, held)
+            if holders:
+                self.restrict_devices(held)
         if holders:
-            self.restrict_devices(held)
             kept = ", ".join(f"pid {pid} has {' '.join(nodes)}" for pid, nodes in sorted(holders.items()))
             if kept != self._kept_for:
                 self.log.info("Kept %s for %s, whose lease says released: %s open; freed once none is",

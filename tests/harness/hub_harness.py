@@ -68,6 +68,9 @@ class Hub:
     a prefix unique to this hub, and homes in ``root/homes``; :meth:`close` deletes them.
     """
 
+    #: Listed users the harness does not sign up (a test does); a subclass's hub may not set it.
+    signs_up_later: tuple[str, ...] = ()
+
     def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
                  hub_env: dict | None = None, extra_config: str = "", signs_up_later: tuple[str, ...] = ()):
         self.root = Path(root)
