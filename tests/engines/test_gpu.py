@@ -25,9 +25,12 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
 ]
 
-#: bf16 + channels_last + compile may differ from fp32 by this much (relative) in an
-#: epoch's mean training loss over the same data and seed.
-RECIPE_LOSS_TOLERANCE = 0.10
+#: bf16 + channels_last + compile may differ from fp32 by this much (relative) in one
+#: batch's loss, same weights and images (bfloat16 keeps 8 bits of mantissa: ~0.4 %).
+RECIPE_LOSS_TOLERANCE = 0.02
+#: ... and their gradients at least this similar (cosine over all parameters, at the
+#: random start where bf16 rounding weighs most: 0.957 measured on an H200).
+RECIPE_GRADIENT_COSINE = 0.9
 MIB = 1 << 20
 
 
@@ -110,22 +113,56 @@ print(json.dumps({"first": losses[0], "last": losses[-1], "weights": model.modul
     assert len({round(s["weights"], 4) for s in seen}) == 1, "DDP replicas diverged"
 
 
-def test_the_bf16_channels_last_compile_recipe_tracks_fp32(tmp_path):
+def test_the_recipe_runs_bf16_channels_last_and_compiled(tmp_path):
+    """``fit``'s fast path really runs as its flags say: the network's first layer sees
+    channels_last input and answers in bfloat16, and a compiled graph ran."""
+    import torch._dynamo
     from pdl_cinic10.cache import load
     from pdl_cinic10.model import ResNet18
     from pdl_cinic10.sample import make_sample
     from pdl_cinic10.train import Hyper, fit
 
-    make_sample(tmp_path, train_per_class=200, test_per_class=40, valid_per_class=1)
+    make_sample(tmp_path, train_per_class=100, test_per_class=20, valid_per_class=1)
     device = torch.device("cuda")
     train, test = load(tmp_path, "train", device=device), load(tmp_path, "test", device=device)
-    losses = {}
-    for name, fast in (("recipe", True), ("fp32", False)):
-        torch.manual_seed(0)
-        hp = Hyper(epochs=2, width=32, bf16=fast, channels_last=fast, compile=fast)
-        losses[name] = [h["train_loss"] for h in fit(ResNet18(width=32), train, test, hp, device=device)["history"]]
-    for recipe, fp32 in zip(losses["recipe"], losses["fp32"]):
-        assert math.isfinite(recipe) and abs(recipe - fp32) <= RECIPE_LOSS_TOLERANCE * fp32, losses
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    seen = []
+    model = ResNet18(width=32)
+    first_conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    first_conv.register_forward_hook(lambda _m, inputs, out: seen.append(
+        (inputs[0].is_contiguous(memory_format=torch.channels_last), out.dtype)))
+    result = fit(model, train, test, Hyper(epochs=1, width=32, bf16=True, channels_last=True, compile=True),
+                 device=device)
+    assert math.isfinite(result["history"][-1]["train_loss"]), result["history"]
+    assert seen and all(s == (True, torch.bfloat16) for s in seen), seen[:3]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, dict(torch._dynamo.utils.counters["stats"])
+
+
+def test_the_recipe_computes_what_fp32_does():
+    """bf16 + channels_last + compile give the fp32 loss and gradient of one batch,
+    within bfloat16's precision (same weights, same images)."""
+    from pdl_cinic10.model import ResNet18
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = ResNet18(width=32).to(device)
+    x = torch.randn(256, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (256,), device=device)
+
+    def loss_and_grad(net, images, fast):
+        net.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=fast):
+            loss = torch.nn.functional.cross_entropy(net(images), y)
+        loss.backward()
+        return loss.item(), torch.cat([p.grad.flatten().float() for p in model.parameters()])
+
+    fp32_loss, fp32_grad = loss_and_grad(model, x, False)
+    model.to(memory_format=torch.channels_last)
+    fast_loss, fast_grad = loss_and_grad(torch.compile(model), x.contiguous(memory_format=torch.channels_last), True)
+    cosine = torch.nn.functional.cosine_similarity(fp32_grad, fast_grad, dim=0).item()
+    assert abs(fast_loss - fp32_loss) <= RECIPE_LOSS_TOLERANCE * fp32_loss, (fast_loss, fp32_loss)
+    assert cosine >= RECIPE_GRADIENT_COSINE, cosine
 
 
 def test_a_checkpoint_saves_and_resumes_on_the_gpu(tmp_path):
