@@ -12,6 +12,10 @@ Environment variables tune it without editing this file:
   ``PDL_HOMES_ROOT`` (default ``/home``); ``PDL_ACCOUNT_PREFIX`` changes ``pdl-``;
 - ``PDL_HUB_PORT``: port on 127.0.0.1 (default 8000); ``PDL_HUB_INTERNAL_PORT``
   and ``PDL_PROXY_API_PORT`` move the hub's own API (8081) and the proxy's (8001);
+- ``PDL_PUBLIC_URL``: the URL browsers open, ``http(s)://NAME[:PORT]`` (default
+  ``http://localhost:<PDL_HUB_PORT>``); each user's server is at ``<name>.NAME``, an
+  origin of its own, so a lab's name needs a wildcard DNS entry (docs/admin.md, "One
+  origin per user");
 - ``PDL_KEEP_SERVERS``: ``1`` (default) keeps users' servers running across a hub
   restart; ``0`` stops them, and frees their slots, when the hub stops;
 - ``PDL_SPAWNER``: ``local`` (default: engines are processes on this machine) or
@@ -71,6 +75,7 @@ from pathlib import Path
 
 from pdl_spawner.accounts import TEMPLATE_DIR, name_problem
 from pdl_spawner.credentials import SignupCodes
+from pdl_spawner.public_url import default_public_url, public_url_problem
 from pdl_spawner.request_limits import DEFAULT_MAX_REQUEST_BYTES, limit_request_bodies
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
@@ -96,6 +101,14 @@ if _embedded and os.geteuid() != 0 and len(users) > 1:
 
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = int(os.environ.get("PDL_HUB_PORT", "8000"))
+# Each user's server is a web origin of its own, <name>.<host> beside the hub at <host>
+# (pdl_spawner/public_url.py): a page a user serves cannot act as whoever opens it.
+_public_url = os.environ.get("PDL_PUBLIC_URL", "").strip() or default_public_url(c.JupyterHub.port)
+if public_url_problem(_public_url):
+    raise SystemExit(public_url_problem(_public_url))
+c.JupyterHub.subdomain_host = _public_url.rstrip("/")
+# a user's own Jupyter config (~/.jupyter, ~/.local/share/jupyter) never loads into their server
+c.Spawner.disable_user_config = True
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = int(os.environ.get("PDL_HUB_INTERNAL_PORT", "8081"))
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('PDL_PROXY_API_PORT', '8001')}"

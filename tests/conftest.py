@@ -6,7 +6,8 @@ so); fixtures that only one side uses are in that folder's ``conftest.py``. The 
 are markers (pyproject.toml). The harness modules in ``harness/`` are importable from
 every folder (``pythonpath`` in pyproject.toml).
 
-Here: ``pdl_session``, a local cluster of three CPU-slot engines for a module; and
+Here: the tests' clients resolve ``*.localhost`` as browsers do (``harness/host_names.py``);
+``pdl_session``, a local cluster of three CPU-slot engines for a module; and
 the services' logs added to a failing test's report: the hub's and its servers' for a
 test that uses a hub fixture, the node daemons' for one on the simulated swarm, the
 Slurm daemons' (and the queue) for one on the simulated Slurm cluster.
@@ -15,6 +16,11 @@ Slurm daemons' (and the queue) for one on the simulated Slurm cluster.
 from __future__ import annotations
 
 import pytest
+
+import host_names
+
+# each user's server is an origin of its own, <name>.localhost: resolve it as browsers do
+host_names.install()
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def test_new_user_logs_in_spawns_and_trains_in_the_browser(hub, page):
     assert sorted(hub.reservations().values()) == ["ada"] * 3
 
     # ?reset: no restored workspace dialogs; wait for Idle before running (jupyterlab#15420)
-    page.goto(f"{hub.url}/user/ada/lab/tree/notebooks/cinic10_distributed.ipynb?reset")
+    page.goto(f"{hub.user_url('ada')}/lab/tree/notebooks/cinic10_distributed.ipynb?reset")
     page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
     page.click("#jp-menu-panel >> text=Run", timeout=10_000)
     page.click("text=Run All Cells", timeout=10_000)

@@ -47,7 +47,7 @@ def write_notebook(hub: Hub, user: str, name: str) -> None:
              for src in CELLS]
     nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"kernelspec": {
         "name": "python3", "display_name": "Python 3", "language": "python"}}, "cells": cells}
-    r = requests.put(f"{hub.url}/user/{user}/api/contents/{name}", json={"type": "notebook", "content": nb},
+    r = requests.put(f"{hub.user_url(user)}/api/contents/{name}", json={"type": "notebook", "content": nb},
                      headers={"Authorization": f"token {hub.user_token(user)}"}, timeout=30)
     r.raise_for_status()
 
@@ -94,7 +94,7 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
     page.wait_for_url("**/user/ada/lab**", timeout=90_000)
 
     write_notebook(hub, "ada", "panel.ipynb")
-    page.goto(f"{hub.url}/user/ada/lab/tree/panel.ipynb?reset")
+    page.goto(f"{hub.user_url('ada')}/lab/tree/panel.ipynb?reset")
     page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
 
     page.click(".lm-TabBar-tab[data-id='pdl-cluster-panel']")

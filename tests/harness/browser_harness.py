@@ -8,6 +8,8 @@ import shutil
 
 import pytest
 
+import host_names
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -28,7 +30,7 @@ def chromium_page(failure_dir, width: int = 1400, height: int = 1000):
             pytest.fail(reason)
         pytest.skip(reason)
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS + host_names.chromium_rules())
         page = browser.new_context(viewport={"width": width, "height": height}).new_page()
         try:
             yield page

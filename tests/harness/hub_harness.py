@@ -29,9 +29,11 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 import websocket
+from jupyterhub.utils import subdomain_hook_idna
 
 from pdl.process import pid_alive
 from pdl_spawner.credentials import SignupCodes
@@ -79,7 +81,7 @@ class Hub:
         self.pool = pool
         self.token = secrets.token_hex(16)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://localhost:{self.port}"  # the hub's public URL (PDL_PUBLIC_URL's default)
         # fixed for the hub's lifetime: running servers keep talking to these after a restart
         self.internal_port, self.proxy_api_port = free_port(), free_port()
         self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin_view.py)
@@ -246,9 +248,23 @@ c.JupyterHub.log_level = "INFO"
         kwargs.setdefault("timeout", 60)
         return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, **kwargs)
 
+    def user_url(self, user: str) -> str:
+        """``user``'s server as a browser reaches it: its own origin, ``<name>.<hub's host>``
+        (JupyterHub's subdomain_host), then ``/user/<name>``; no trailing slash."""
+        return f"{self._origin_of(user, 'user')}/user/{user}"
+
+    def service_url(self, name: str) -> str:
+        """The hub service ``name`` as a browser reaches it (its own origin too)."""
+        return f"{self._origin_of(name, 'service')}/services/{name}"
+
+    def _origin_of(self, name: str, kind: str) -> str:
+        public = urlsplit(self.url)
+        return f"{public.scheme}://{subdomain_hook_idna(name, public.hostname, kind)}" + (
+            f":{public.port}" if public.port else "")
+
     def server_api(self, user: str, path: str, token: str | None = None) -> dict:
         """GET ``/user/<user><path>`` from the user's own server (with a token of theirs)."""
-        r = requests.get(f"{self.url}/user/{user}{path}", timeout=30,
+        r = requests.get(f"{self.user_url(user)}{path}", timeout=30,
                          headers={"Authorization": f"token {token or self.user_token(user)}"})
         r.raise_for_status()
         return r.json()
@@ -400,7 +416,7 @@ def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict
 
 def admin_status(hub) -> dict:
     """The admin view's JSON (``/services/pdl-admin/api/status``), as the admin sees it."""
-    r = requests.get(f"{hub.url}/services/pdl-admin/api/status",
+    r = requests.get(f"{hub.service_url('pdl-admin')}/api/status",
                      headers={"Authorization": f"token {hub.user_token('admin')}"}, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()
@@ -448,7 +464,7 @@ class Kernel:
 
     def __init__(self, hub: Hub, user: str, kernel_id: str | None = None):
         """A new kernel of ``user``'s, or (``kernel_id``) one that runs already, attached to again."""
-        self.base = f"{hub.url}/user/{user}/api"
+        self.base = f"{hub.user_url(user)}/api"
         self.headers = {"Authorization": f"token {hub.user_token(user)}"}
         if kernel_id is None:
             r = requests.post(f"{self.base}/kernels", json={"name": "python3"}, headers=self.headers, timeout=60)

@@ -2,9 +2,9 @@
 
 :func:`readme_commands` reads "Replicate on another cluster" from README.md: the
 ``docker run`` command and the upgrade's ``docker stop``/``docker rm`` line. The tests
-change only the registry, the addresses and the Docker socket's host path
-(:func:`for_the_sim`), and add ``-e PDL_PREFLIGHT_SKIP=gpu`` (the simulated nodes declare
-GPUs torch cannot see); each change must find its text in the README exactly once, so
+change only the registry, the addresses, the public URL (:data:`PUBLIC_NAME`) and the
+Docker socket's host path (:func:`for_the_sim`), and add ``-e PDL_PREFLIGHT_SKIP=gpu``
+(the simulated nodes declare GPUs torch cannot see); each change must find its text in the README exactly once, so
 the README and the tests cannot drift apart. :class:`ImageHub` runs the command with
 the host's Docker client against the manager's engine (node1): the hub's container
 then lives in node1's network namespace, with node1's host name, which resolves nowhere.
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import requests
 
+import host_names
 from hub_harness import REPO
 from pdl_spawner.credentials import USED
 from swarm_harness import HOST_DOCKER
@@ -31,6 +32,14 @@ STATE_VOLUME = "pdl-hub-state"
 #: The README's placeholders, and the versions its example names.
 README_HUB_IMAGE = "REGISTRY/pdl-hub:0.1.0"
 README_NOTEBOOK_IMAGE = "REGISTRY/pdl-notebook:0.1.0"
+README_PUBLIC_URL = "http://hub.lab.example:8000"
+#: The hub's public name in the tests: it and its subdomains lead to node1, as a lab's
+#: wildcard DNS entry would (host_names: the tests' clients and Chromium).
+PUBLIC_NAME = "pdl-hub.test"
+
+
+def public_url() -> str:
+    return f"http://{PUBLIC_NAME}:8000"
 
 
 def readme_commands() -> tuple[str, str]:
@@ -58,6 +67,7 @@ def for_the_sim(command: str, swarm, hub_image: str, notebook_image: str) -> str
     command = replace_once(command, README_NOTEBOOK_IMAGE, notebook_image)
     command = replace_once(command, "PDL_HUB_CONNECT_IP=10.0.0.5", f"PDL_HUB_CONNECT_IP={swarm.node_addr(1)}")
     command = replace_once(command, "PDL_NODES=gpu1,gpu2,gpu3", f"PDL_NODES={nodes}")
+    command = replace_once(command, f"PDL_PUBLIC_URL={README_PUBLIC_URL}", f"PDL_PUBLIC_URL={public_url()}")
     command = replace_once(command, "-v /var/run/docker.sock:", f"-v {swarm.socket_path(1)}:")
     # the fake GPUs are invisible to torch: the preflight's GPU check would stop every cell
     return replace_once(command, f" {hub_image}", f" -e PDL_PREFLIGHT_SKIP=gpu {hub_image}")
@@ -75,7 +85,8 @@ class ImageHub(SwarmHub):
         self.run_command, self.stop_command = readme_commands()
         self.users = next(arg.split("=", 1)[1] for arg in shlex.split(self.run_command)
                           if arg.startswith("PDL_USERS=")).split(",")
-        self.url = f"http://{swarm.node_addr(1)}:8000"
+        host_names.register(PUBLIC_NAME, swarm.node_addr(1))
+        self.url = public_url()
         self.token = ""
         self.passwords: dict[str, str] = {}
         self.image = hub_image
@@ -131,6 +142,7 @@ class ImageHub(SwarmHub):
                 wait_until(lambda: not self.running_servers(), 120, what="servers to stop")
         finally:
             self.shell(f"docker rm -f {CONTAINER}; docker volume rm -f {STATE_VOLUME}", check=False)
+            host_names.unregister(PUBLIC_NAME)
 
     # -- users ---------------------------------------------------------------------------
 

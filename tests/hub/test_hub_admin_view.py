@@ -67,7 +67,7 @@ def hub(tmp_path_factory):
 
 
 def view_url(hub: Hub, path: str = "") -> str:
-    return f"{hub.url}/services/pdl-admin/{path}"
+    return f"{hub.service_url('pdl-admin')}/{path}"
 
 
 def api_status(hub: Hub, token: str) -> requests.Response:

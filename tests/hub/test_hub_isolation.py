@@ -60,7 +60,7 @@ def tokens(both):
 
 def server_calls(hub, owner: str) -> list[tuple[str, str]]:
     """Calls to ``owner``'s single-user server: Jupyter's API and the Cluster panel's."""
-    base = f"{hub.url}/user/{owner}"
+    base = hub.user_url(owner)
     return [
         ("GET", f"{base}/api/contents"),
         ("GET", f"{base}/api/kernels"),
@@ -100,7 +100,7 @@ def test_a_users_token_is_refused_on_another_users_server_and_api(both, tokens):
     assert hub.server_ready("ben")
 
     # ann's token does open ann's own server
-    assert as_user(tokens["ann"], "GET", f"{hub.url}/user/ann/api/contents").status_code == 200
+    assert as_user(tokens["ann"], "GET", f"{hub.user_url('ann')}/api/contents").status_code == 200
 
 
 def test_the_owners_token_gets_the_same_calls_through(both, tokens):
@@ -123,15 +123,15 @@ def test_the_owners_token_gets_the_same_calls_through(both, tokens):
 def test_a_users_login_cookie_cannot_open_another_users_server(both):
     hub = both
     ann = hub.login("ann")
-    own = ann.get(f"{hub.url}/user/ann/lab", timeout=60)  # through the OAuth redirects
-    assert own.status_code == 200 and own.url.startswith(f"{hub.url}/user/ann/lab")
-    assert ann.get(f"{hub.url}/user/ann/api/contents", timeout=60).status_code == 200
+    own = ann.get(f"{hub.user_url('ann')}/lab", timeout=60)  # through the OAuth redirects
+    assert own.status_code == 200 and own.url.startswith(f"{hub.user_url('ann')}/lab")
+    assert ann.get(f"{hub.user_url('ann')}/api/contents", timeout=60).status_code == 200
 
-    other = ann.get(f"{hub.url}/user/ben/lab", timeout=60)
+    other = ann.get(f"{hub.user_url('ben')}/lab", timeout=60)
     assert other.status_code in (403, 404), (other.status_code, other.url)
-    assert not other.url.startswith(f"{hub.url}/user/ben/")
+    assert not other.url.startswith(f"{hub.user_url('ben')}/")
     for path in ("api/contents", "api/kernels", "pdl/api/cluster"):
-        r = ann.get(f"{hub.url}/user/ben/{path}", timeout=60, allow_redirects=False)
+        r = ann.get(f"{hub.user_url('ben')}/{path}", timeout=60, allow_redirects=False)
         assert r.status_code in (403, 404), (path, r.status_code)
 
 

@@ -401,11 +401,11 @@ print(json.dumps({{"squatted": len(squatted), "refused": refused, "outside": out
 def test_bens_terminal_runs_as_ben_and_cannot_read_the_hubs_password(hub):
     """Guards the terminal's process, a child of ben's server, running as his account."""
     token = hub.user_token("ben")
-    base = f"{hub.url}/user/ben/api/terminals"
+    base = f"{hub.user_url('ben')}/api/terminals"
     r = requests.post(base, headers={"Authorization": f"token {token}"}, timeout=30)
     r.raise_for_status()
     name = r.json()["name"]
-    ws = websocket.create_connection(f"{hub.url.replace('http', 'ws')}/user/ben/terminals/websocket/{name}",
+    ws = websocket.create_connection(f"{hub.user_url('ben').replace('http', 'ws', 1)}/terminals/websocket/{name}",
                                      header=[f"Authorization: token {token}"], timeout=5)
     try:
         # $((6*7)) and $(id -u) appear expanded only in the output, not in the echoed command line
