@@ -27,6 +27,7 @@
 - :mod:`pdl_spawner.accounts`: each user's own login (jupyterhub-nativeauthenticator),
   and :mod:`pdl_spawner.credentials`: the admin's first password.
 - :mod:`pdl_spawner.request_limits`: the largest request body the hub reads.
+- :mod:`pdl_spawner.public_url`: the hub's public URL, each user's server an origin of its own.
 - :mod:`pdl_spawner.unix_accounts`: one Unix account per hub user (as root).
 - :mod:`pdl_spawner.device_cgroup`: per-server GPU device isolation and process tracking.
 - :mod:`pdl_spawner.port_filter`: which ports of the hub's range a server may bind (its own).
