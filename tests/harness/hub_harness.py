@@ -428,6 +428,32 @@ def page_alert(page: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", found.group(1))).split()) if found else ""
 
 
+def squat_ports(kernel: Kernel, low: int, high: int) -> dict:
+    """From ``kernel`` (a hostile user's), try to bind every port of ``low..high`` on
+    127.0.0.1, with the open-file limit raised to the hard one, and keep what it got
+    (:func:`release_ports` lets go). Returns ``{"squatted": ports bound, "refused": EPERMs,
+    "outside": the port that binding port 0 got}``."""
+    out = kernel.execute_ok(f"""
+import errno, json, resource, socket
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+squatted, refused = [], 0
+for port in range({low}, {high} + 1):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port)); s.listen(); squatted.append(s)
+    except OSError as e:
+        s.close(); refused += e.errno == errno.EPERM
+outside = socket.socket(); outside.bind(("127.0.0.1", 0)); outside_port = outside.getsockname()[1]; outside.close()
+print(json.dumps({{"squatted": len(squatted), "refused": refused, "outside": outside_port}}))
+""", timeout=120)
+    return json.loads(out["stdout"].strip().splitlines()[-1])
+
+
+def release_ports(kernel: Kernel) -> None:
+    """Close what :func:`squat_ports` bound in ``kernel``."""
+    kernel.execute_ok("for s in squatted: s.close()")
+
+
 def queue_up(hub, user: str, workers: int = 1):
     """Ask for ``workers`` with ``queue: true``: the spawn waits (202) instead of failing."""
     r = hub.api("POST", f"/users/{user}/server", json={"workers": workers, "queue": True})

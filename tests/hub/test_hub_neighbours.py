@@ -21,7 +21,7 @@ import pytest
 import requests
 import websocket
 
-from hub_harness import Hub, Kernel, listening_tcp, open_path_to, running, runs_as_root
+from hub_harness import Hub, Kernel, listening_tcp, open_path_to, release_ports, running, runs_as_root, squat_ports
 from waiting import wait_until
 
 pytestmark = [
@@ -372,19 +372,7 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers(hub, ben):
     from pdl_spawner.local import PDLLocalSpawner
 
     low, high = PDLLocalSpawner.class_traits()["port_range"].default()
-    found = run_as_ben(ben, f"""
-import errno, json, resource, socket
-resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
-squatted, refused = [], 0
-for port in range({low}, {high} + 1):
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port)); s.listen(); squatted.append(s)
-    except OSError as e:
-        s.close(); refused += e.errno == errno.EPERM
-outside = socket.socket(); outside.bind(("127.0.0.1", 0)); outside_port = outside.getsockname()[1]; outside.close()
-print(json.dumps({{"squatted": len(squatted), "refused": refused, "outside": outside_port}}))
-""")
+    found = squat_ports(ben, low, high)
     try:
         # every port but his own server's (in use: EADDRINUSE) is refused; port 0 still works
         assert found["squatted"] == 0 and found["refused"] == high - low, found
@@ -393,7 +381,7 @@ print(json.dumps({{"squatted": len(squatted), "refused": refused, "outside": out
         assert r.status_code in (201, 202), r.text
         hub.wait_ready("admin")
     finally:
-        run_as_ben(ben, "import json\nfor s in squatted: s.close()\nprint(json.dumps({}))")
+        release_ports(ben)
         hub.api("DELETE", "/users/admin/server")
         wait_until(lambda: "admin" not in hub.running_servers(), 60, what="the admin's server to stop")
 

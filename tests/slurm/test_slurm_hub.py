@@ -14,7 +14,7 @@ import pytest
 
 import slurm_harness
 from pdl_spawner import device_cgroup
-from hub_harness import Kernel, Progress, queue_up
+from hub_harness import Kernel, Progress, queue_up, release_ports, squat_ports
 from fault_cells import SUM, magic
 from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum
 from swarm_hub_harness import DDP_CELL, DDP_RESULT, HVD_CELL, HVD_RESULT
@@ -224,6 +224,28 @@ def test_ben_cannot_reach_anns_job_engines_or_files(hub, slurm):
     for user in ("ann", "ben"):
         hub.api("DELETE", f"/users/{user}/server")
     wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+
+
+def test_ben_cannot_squat_the_ports_the_hub_gives_servers_on_the_login_node(hub, slurm):
+    """The attack of issue 27, 5, on Slurm: servers run on the login node (as on the
+    embedded default), where ben's kernel tried to bind every port of port_range. Guards
+    ``PDLLocalSpawner.restrict_ports``, which PDLSlurmSpawner's start keeps: of the range,
+    ben's processes may bind only his own server's port (EADDRINUSE: it is in use)."""
+    from pdl_spawner.slurm import PDLSlurmSpawner
+
+    low, high = PDLSlurmSpawner.class_traits()["port_range"].default()
+    assert hub.spawn("ben", 1).status_code in (201, 202)
+    hub.wait_ready("ben", timeout=120)
+    kernel = Kernel(hub, "ben")
+    try:
+        found = squat_ports(kernel, low, high)
+        release_ports(kernel)
+    finally:
+        kernel.close()
+        hub.api("DELETE", "/users/ben/server")
+        wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"ben's job to go: {slurm.jobs()}")
+    assert found["squatted"] == 0 and found["refused"] == high - low, found
+    assert not low <= found["outside"] <= high
 
 
 def test_the_form_offers_the_admins_partitions_and_time_limits_and_refuses_others(hub, slurm):
