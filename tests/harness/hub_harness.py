@@ -428,6 +428,16 @@ def page_alert(page: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", found.group(1))).split()) if found else ""
 
 
+def origin_answers(hub: Hub, user: str) -> dict[str, int]:
+    """The HTTP status of ``user``'s server's ``/api/status``, with a token of theirs, at
+    its own origin (``own``: 200 when it runs) and through the hub's origin (``hub``:
+    JupyterHub answers there itself, never the user's server)."""
+    headers = {"Authorization": f"token {hub.user_token(user)}"}
+    return {where: requests.get(url, headers=headers, timeout=30, allow_redirects=False).status_code
+            for where, url in (("own", f"{hub.user_url(user)}/api/status"),
+                               ("hub", f"{hub.url}/user/{user}/api/status"))}
+
+
 def squat_ports(kernel: Kernel, low: int, high: int) -> dict:
     """From ``kernel`` (a hostile user's), try to bind every port of ``low..high`` on
     127.0.0.1, with the open-file limit raised to the hard one, and keep what it got

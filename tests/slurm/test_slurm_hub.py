@@ -14,7 +14,7 @@ import pytest
 
 import slurm_harness
 from pdl_spawner import device_cgroup
-from hub_harness import Kernel, Progress, queue_up, release_ports, squat_ports
+from hub_harness import Kernel, Progress, origin_answers, queue_up, release_ports, squat_ports
 from fault_cells import SUM, magic
 from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum
 from swarm_hub_harness import DDP_CELL, DDP_RESULT, HVD_CELL, HVD_RESULT
@@ -205,6 +205,7 @@ def test_ben_cannot_reach_anns_job_engines_or_files(hub, slurm):
         hub.wait_ready(user, timeout=120)
     [job] = hub.pdl_jobs("ann")
     assert job["user"] == hub.account("ann")
+    assert origin_answers(hub, "ann") == {"own": 200, "hub": 302}  # her server is an origin of its own
     ben, ben_home = hub.account("ben"), str(hub.home("ben"))
     anns_engine = wait_until(lambda: next((p for p, env in slurm_engines(hub.root).items()
                                            if env["HOME"] == str(hub.home("ann"))), None), 60, what="ann's engine")

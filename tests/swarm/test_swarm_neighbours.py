@@ -25,7 +25,7 @@ import os
 import pytest
 from docker.types import EndpointSpec, RestartPolicy
 
-from hub_harness import Kernel
+from hub_harness import Kernel, origin_answers
 from swarm_hub_harness import IMAGE, swarm_hub_fixture
 from waiting import wait_until
 
@@ -162,12 +162,14 @@ def test_bens_containers_reach_nothing_of_anns_server_on_any_of_her_nodes(hub, s
     Jupyter port): with the node's own network, ben's container on her node reaches
     her TCP store, gloo and controller ports. Also the kernels' IPC transport
     (jupyter-config/jupyter_server_config.py: no kernel port to reach), the PID
-    namespace and the per-user home volume."""
+    namespace, the per-user home volume, and the servers' own web origins."""
     for user, gpus in (("ann", 2), ("ben", 1)):
         r = hub.spawn(user, gpus)
         assert r.status_code in (201, 202), r.text
     for user in ("ann", "ben"):
         hub.wait_ready(user, timeout=240)
+    # each server is an origin of its own here too (jupyterhub_config.py: subdomain_host)
+    assert origin_answers(hub, "ann") == {"own": 200, "hub": 302}
     ann_net, ben_net = labels_of(swarm, "pdl-ann")["pdl.network"], labels_of(swarm, "pdl-ben")["pdl.network"]
     assert ann_net != ben_net
 
