@@ -2,11 +2,18 @@
 
     python scripts/gpu_check.py OUT
 
+    python scripts/gpu_check.py OUT --cpu-only   # a machine without a GPU, on purpose
+
 Each step runs in its own process with a time limit (seconds, below), writes
-``OUT/<step>.log`` and gives one result: passed, failed or skipped, with a figure.
-``OUT/summary.md`` gets the table of every step and the machine it ran on; the same
-table is printed. Steps that need a CUDA GPU are skipped without one, and the summary
-says why in one line. The exit status is 1 when a step failed, else 0.
+``OUT/<step>.log`` and gives one result: passed, failed or skipped, with a figure. A
+step stopped by its limit says "timed out after N s" with its last log line (the last
+lines are printed too); the test steps run pytest verbosely, so each test's result is
+in the log as it finishes, and a stopped step still counts those. A test that skipped
+counts as skipped, never as passed. ``OUT/summary.md`` gets the table of every step
+and the machine it ran on; the same table is printed. Steps that need a CUDA GPU are
+skipped without one, and the summary says why in one line. Exit status: 1 when a step
+failed; else 3 when no CUDA GPU was seen and ``--cpu-only`` was not given (a GPU check
+that checked no GPU has not passed); else 0.
 
 Steps: the bundle's install (``OUT/install.json``, from ``scripts/gpu-check``);
 ``%%distributed`` outside the hub (a DDP cell on every slot of this machine: its GPUs,
@@ -23,6 +30,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -75,6 +83,14 @@ class Result:
     seconds: float = 0.0
 
 
+#: Exit status when no CUDA GPU was seen and the caller did not ask for a CPU-only run.
+NO_GPU_EXIT = 3
+#: Lines of a stopped step's log that are printed.
+LAST_LINES = 5
+#: pytest -v's line for one finished test: its id and outcome.
+TEST_OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b", re.M)
+
+
 def run_logged(out: Path, step: str, cmd: list[str], cwd: Path = REPO) -> tuple[int | None, str]:
     """Run ``cmd`` in ``cwd`` with the step's time limit, output to ``OUT/<step>.log``;
     (exit status or None when it ran out of time, the output)."""
@@ -96,6 +112,53 @@ def run_logged(out: Path, step: str, cmd: list[str], cwd: Path = REPO) -> tuple[
     return rc, text
 
 
+def timed_out(step: str, text: str) -> Result:
+    """A step stopped by its limit: "timed out after N s" and the log's last line (the
+    last :data:`LAST_LINES` are printed)."""
+    lines = [line.rstrip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    print(f"gpu-check: {step} timed out after {LIMITS_S[step]} s; its log ended with:", *lines[-LAST_LINES:],
+          sep="\n  ", flush=True)
+    last = lines[-1][:120] if lines else "(nothing logged)"
+    return Result("failed", f"timed out after {LIMITS_S[step]} s; last: {last}")
+
+
+def pytest_counts(xml: Path, text: str) -> dict[str, int]:
+    """passed, failed (failures and errors) and skipped tests of a pytest run: from its
+    JUnit XML when it finished, else from its verbose log's lines (a run stopped midway)."""
+    if xml.exists():
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+        return {"passed": n["tests"] - n["failures"] - n["errors"] - n["skipped"],
+                "failed": n["failures"] + n["errors"], "skipped": n["skipped"]}
+    outcomes = dict(TEST_OUTCOME.findall(text))  # a test's last line wins (an ERROR in teardown)
+    return {"passed": sum(o in ("PASSED", "XFAIL") for o in outcomes.values()),
+            "failed": sum(o in ("FAILED", "ERROR", "XPASS") for o in outcomes.values()),
+            "skipped": sum(o == "SKIPPED" for o in outcomes.values())}
+
+
+def pytest_result(step: str, rc: int | None, xml: Path, text: str) -> Result:
+    """The result of a step that ran pytest: failed when a test failed, the run did not
+    finish (timed out, with the tests done so far) or pytest itself failed; skipped when
+    every test skipped (or none ran); else passed."""
+    counts = pytest_counts(xml, text)
+    figure = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+    if rc is None:
+        stopped = timed_out(step, text)
+        return Result("failed", f"{stopped.figure.split(';')[0]} ({figure} by then)")
+    if counts["failed"] or rc not in (0, 5) or not xml.exists():
+        return Result("failed", figure if xml.exists() else f"pytest exited with {rc}: see {step}.log")
+    return Result("passed" if counts["passed"] else "skipped", figure)
+
+
+def pytest_cmd(xml: Path, *args: str) -> list[str]:
+    """pytest on the GPU tests, verbose (a line per finished test), results also to
+    ``xml`` (removed first: a stopped run must not leave an earlier run's)."""
+    xml.unlink(missing_ok=True)
+    return [sys.executable, "-m", "pytest", "-m", "gpu", "tests/engines/test_gpu.py", "-p", "no:cacheprovider",
+            "-v", "-rs", f"--junitxml={xml}", *args]
+
+
 def no_gpu_reason() -> str | None:
     """Why the GPU steps cannot run here (None: a CUDA GPU is there)."""
     import torch
@@ -115,7 +178,7 @@ def step_distributed(out: Path) -> Result:
     rc, text = run_logged(out, "distributed", [sys.executable, "-c", DISTRIBUTED_SCRIPT], cwd=out)
     ranks = re.findall(r"rank (\d+)/(\d+) backend (\S+) device (\S+) loss (\S+) finite (\S+)", text)
     if rc != 0 or not ranks or len(ranks) != int(ranks[0][1]) or any(r[5] != "True" for r in ranks):
-        return Result("failed", "see distributed.log" if rc is not None else f"over {LIMITS_S['distributed']} s")
+        return Result("failed", "see distributed.log") if rc is not None else timed_out("distributed", text)
     world, backend = ranks[0][1], ranks[0][2]
     devices = sorted({r[3].split(":")[0] for r in ranks})
     return Result("passed", f"{world} ranks, {backend} on {'/'.join(devices)}, DDP loss "
@@ -124,18 +187,8 @@ def step_distributed(out: Path) -> Result:
 
 def step_gpu_tests(out: Path) -> Result:
     xml = out / "gpu-tests.xml"
-    rc, _ = run_logged(out, "gpu-tests", [sys.executable, "-m", "pytest", "-m", "gpu", "tests/engines/test_gpu.py",
-                                          "-p", "no:cacheprovider", "-q", "-rs", f"--junitxml={xml}"])
-    if rc is None or not xml.exists():
-        return Result("failed", f"over {LIMITS_S['gpu-tests']} s" if rc is None else "see gpu-tests.log")
-    suite = ET.parse(xml).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    figure = f"{passed} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped"
-    if counts["failures"] or counts["errors"] or rc not in (0, 5):
-        return Result("failed", figure)
-    return Result("passed" if passed else "skipped", figure)
+    rc, text = run_logged(out, "gpu-tests", pytest_cmd(xml))
+    return pytest_result("gpu-tests", rc, xml, text)
 
 
 def step_throughput(out: Path) -> Result:
@@ -145,7 +198,7 @@ def step_throughput(out: Path) -> Result:
     ratio = re.search(r"ratio .*: ([\d.]+)", text)
     pdl = re.search(r"\| PDL[^|]*\| (\d+) \|", text)
     if rc != 0 or not ratio:
-        return Result("failed", "see throughput.log" if rc is not None else f"over {LIMITS_S['throughput']} s")
+        return Result("failed", "see throughput.log") if rc is not None else timed_out("throughput", text)
     per_epoch = 90000 / float(pdl.group(1)) if pdl else None
     figure = f"PDL / pytorch-cifar {ratio.group(1)}x"
     if per_epoch:
@@ -163,23 +216,30 @@ def step_time_to_accuracy(out: Path) -> Result:
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("| PDL,")]
     if rc != 0 or len(rows) != 2:
-        return Result("failed", "see time-to-accuracy.log" if rc is not None
-                      else f"over {LIMITS_S['time-to-accuracy']} s")
+        return Result("failed", "see time-to-accuracy.log") if rc is not None \
+            else timed_out("time-to-accuracy", text)
     parts = [f"{recipe.split(':')[0]} ({network}): {when}" for recipe, network, when, *_ in rows]
     return Result("passed", "97 % on real digits: " + "; ".join(parts))
 
 
 def step_horovod(out: Path) -> Result:
+    """Build Horovod with NCCL (scripts/build-horovod), then its GPU test: passed only
+    when that test ran and passed (a skipped test is a skipped step, with the reason)."""
     if not shutil.which("nvcc"):
         return Result("skipped", "no CUDA compiler (nvcc) to build Horovod's NCCL operations")
-    rc, text = run_logged(out, "horovod", ["bash", "-c",
-                                           f"HOROVOD_GPU_OPERATIONS=NCCL scripts/build-horovod {sys.executable} && "
-                                           f"{sys.executable} -m pytest -m gpu -k horovod tests/engines/test_gpu.py "
-                                           "-p no:cacheprovider -q -rs"])
-    if rc != 0:
-        return Result("failed", "see horovod.log" if rc is not None else f"over {LIMITS_S['horovod']} s")
+    xml = out / "horovod-tests.xml"
+    test = shlex.join(pytest_cmd(xml, "-k", "horovod"))
+    rc, text = run_logged(out, "horovod", ["bash", "-c", f"HOROVOD_GPU_OPERATIONS=NCCL scripts/build-horovod "
+                                                         f"{sys.executable} && echo 'gpu-check: built' && {test}"])
+    if "gpu-check: built" not in text:
+        return Result("failed", "the build failed: see horovod.log") if rc is not None else timed_out("horovod", text)
     built = re.search(r"build-horovod: (built|installed) horovod (\S+)", text)
-    return Result("passed", f"horovod {built.group(2) if built else '?'} with NCCL; GPU test passed")
+    version = f"horovod {built.group(2) if built else '?'} with NCCL"
+    result = pytest_result("horovod", rc, xml, text)
+    if result.status == "skipped":
+        reason = re.search(r"^SKIPPED \[\d+\] \S+: (.*)$", text, re.M)
+        return Result("skipped", f"{version} built; its GPU test skipped: {reason.group(1) if reason else '?'}")
+    return Result(result.status, f"{version}; GPU test {result.status} ({result.figure})")
 
 
 def machine() -> str:
@@ -209,6 +269,8 @@ def main(argv: list[str]) -> int:
     names = [name for name, *_ in STEPS]
     parser = argparse.ArgumentParser(prog="scripts/gpu_check.py")
     parser.add_argument("out", type=Path, help="folder for the logs and summary.md")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help=f"a run without a GPU on purpose: exit 0 rather than {NO_GPU_EXIT} when no GPU is seen")
     parser.add_argument("--steps", default=",".join(names),
                         help=f"comma-separated steps to run, of: {', '.join(names)} (default: all)")
     args = parser.parse_args(argv)
@@ -241,7 +303,13 @@ def main(argv: list[str]) -> int:
     lines += [f"| {title} | {r.status} | {r.figure} | {r.seconds:.0f} |" for title, r in rows]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 1 if any(r.status == "failed" for _, r in rows) else 0
+    if any(r.status == "failed" for _, r in rows):
+        return 1
+    if reason and not args.cpu_only:
+        print(f"gpu-check: no CUDA GPU was checked ({reason}); exit {NO_GPU_EXIT} (--cpu-only runs without one "
+              "on purpose)", file=sys.stderr)
+        return NO_GPU_EXIT
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ the ``gpu`` tests (which skip), skips the GPU-only steps, and says why in one li
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -17,17 +18,71 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 #: Python's own interpreter of this checkout's .venv (the GPU machine's stand-in).
 BASE_PYTHON = os.path.realpath(sys.executable)
 
 
+def load_gpu_check():
+    """scripts/gpu_check.py as a module (it is a script, not a package)."""
+    if "gpu_check" not in sys.modules:  # registered first: its dataclass looks itself up there
+        spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+        sys.modules["gpu_check"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["gpu_check"]
+
+
+def gpu_test_count() -> int:
+    """How many tests ``pytest -m gpu`` has (each skips here)."""
+    done = run(sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+               "tests/engines/test_gpu.py")
+    return sum("::" in line for line in done.stdout.splitlines())
+
+
 def run(*cmd, **kwargs) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, **kwargs)
     assert done.returncode == 0, f"{cmd[:2]} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
+
+
+@pytest.mark.unit
+def test_a_step_stopped_by_its_limit_says_so_with_its_last_line(tmp_path, monkeypatch, capsys):
+    check = load_gpu_check()
+    monkeypatch.setitem(check.LIMITS_S, "distributed", 1)
+    rc, text = check.run_logged(tmp_path, "distributed", ["bash", "-c", "echo one; echo two; sleep 30"])
+    assert rc is None
+    assert check.timed_out("distributed", text).figure == "timed out after 1 s; last: two"
+    assert "gpu-check: distributed timed out after 1 s; its log ended with:\n  one\n  two" in capsys.readouterr().out
+    assert (tmp_path / "distributed.log").read_text().endswith("[gpu-check: stopped after the step's limit of 1 s]\n")
+
+
+@pytest.mark.unit
+def test_a_stopped_test_step_keeps_the_results_of_the_tests_that_finished(tmp_path):
+    check = load_gpu_check()
+    log = ("tests/engines/test_gpu.py::test_a PASSED                  [ 33%]\n"
+           "tests/engines/test_gpu.py::test_b SKIPPED (needs a CUDA GPU) [ 66%]\n"
+           "tests/engines/test_gpu.py::test_c ")
+    result = check.pytest_result("gpu-tests", None, tmp_path / "none.xml", log)
+    limit = check.LIMITS_S["gpu-tests"]
+    assert (result.status, result.figure) == ("failed", f"timed out after {limit} s (1 passed, 0 failed, 1 skipped by then)")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("tests, failures, skipped, rc, expected", [
+    (1, 0, 1, 0, ("skipped", "0 passed, 0 failed, 1 skipped")),   # e.g. Horovod's test when Horovod is missing
+    (3, 0, 1, 0, ("passed", "2 passed, 0 failed, 1 skipped")),
+    (3, 1, 0, 1, ("failed", "2 passed, 1 failed, 0 skipped")),
+    (0, 0, 0, 5, ("skipped", "0 passed, 0 failed, 0 skipped")),   # none collected
+])
+def test_a_skipped_test_is_never_counted_as_passed(tmp_path, tests, failures, skipped, rc, expected):
+    check = load_gpu_check()
+    xml = tmp_path / "r.xml"
+    xml.write_text(f'<testsuites><testsuite tests="{tests}" failures="{failures}" errors="0" skipped="{skipped}"/>'
+                   "</testsuites>")
+    result = check.pytest_result("gpu-tests", rc, xml, "")
+    assert (result.status, result.figure) == expected
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +94,7 @@ def bundle(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.integration
 def test_the_bundle_is_under_60_mib_and_carries_no_torch(bundle):
     size = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
     assert size < 60 * 1024 * 1024, f"{size / 2**20:.1f} MiB"
@@ -60,12 +116,13 @@ def target(tmp_path_factory) -> Path:
     return venv
 
 
+@pytest.mark.integration
 def test_the_check_installs_offline_runs_distributed_and_skips_the_gpu_steps(bundle, target, tmp_path):
     out = tmp_path / "results"
     # an index pip would use if the check let it: nothing answers there
     done = subprocess.run(["bash", "scripts/gpu-check", str(out), "--bundle", str(bundle), "--python",
-                           str(target / "bin" / "python")], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PIP_INDEX_URL": "http://127.0.0.1:9/unreachable"})
+                           str(target / "bin" / "python"), "--cpu-only"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PIP_INDEX_URL": "http://127.0.0.1:9/unreachable"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = (out / "summary.md").read_text()
     rows = {row[0]: row[1:] for row in (
@@ -73,7 +130,7 @@ def test_the_check_installs_offline_runs_distributed_and_skips_the_gpu_steps(bun
     assert rows["bundle installed offline"][0] == "passed"
     assert rows["%%distributed outside the hub"][0] == "passed"
     assert re.match(r"\d+ ranks, gloo on cpu, DDP loss", rows["%%distributed outside the hub"][1])
-    assert rows["pytest -m gpu"][:2] == ["skipped", "0 passed, 0 failed, 10 skipped"]
+    assert rows["pytest -m gpu"][:2] == ["skipped", f"0 passed, 0 failed, {gpu_test_count()} skipped"]
     assert rows["training throughput, CINIC-10 size"][:2] == ["skipped", "no CUDA GPU"]
     assert rows["Horovod with NCCL"][:2] == ["skipped", "no CUDA GPU"]
     reasons = [line for line in summary.splitlines() if line.startswith("GPU steps skipped:")]
@@ -88,6 +145,20 @@ def torch_version(venv: Path) -> str:
     return run(str(venv / "bin" / "python"), "-c", "import torch; print(torch.__version__)").stdout.strip()
 
 
+@pytest.mark.integration
+def test_without_a_gpu_the_check_fails_unless_asked_for_a_cpu_only_run(bundle, target, tmp_path):
+    """A GPU check that saw no GPU has not passed: exit 3 and one line, after the steps ran."""
+    done = subprocess.run(["bash", "scripts/gpu-check", str(tmp_path / "results"), "--bundle", str(bundle),
+                           "--python", str(target / "bin" / "python"), "--steps", "install"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"gpu-check: no CUDA GPU was checked (torch {torch_version(target)} sees no CUDA GPU "
+        "(torch.cuda.is_available() is False)); exit 3 (--cpu-only runs without one on purpose)")
+    assert "| bundle installed offline | passed |" in (tmp_path / "results" / "summary.md").read_text()
+
+
+@pytest.mark.integration
 def test_a_machine_without_what_the_bundle_assumes_is_told_in_one_line(bundle, target, tmp_path):
     """Guards the assumed-packages check in scripts/gpu-check: without it, the check
     would install and run without them, and fail later somewhere else."""
