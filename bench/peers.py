@@ -10,6 +10,10 @@ for this torch); its transforms are reproduced with numpy, per sample, as
 ``RandomCrop(32, padding=4)``, ``RandomHorizontalFlip()``, ``ToTensor()`` and
 ``Normalize(mean, std)`` do them.
 
+With ``arrays`` (uint8 images in memory, as torchvision's ``CIFAR10`` dataset holds
+them) instead of a folder, each sample becomes a PIL image in ``__getitem__``
+(``Image.fromarray``, as ``CIFAR10`` does) instead of a decoded PNG; the rest is the same.
+
 Also: :func:`bench_root`, the PNG folder every benchmark reads.
 """
 
@@ -27,7 +31,7 @@ from pdl_cinic10.data import split_files
 from pdl_cinic10.sample import make_sample
 from pdl_cinic10.train import MEAN, STD
 
-__all__ = ["bench_root", "ImageFolderPNG", "peer_loader", "peer_optimizer", "peer_fit"]
+__all__ = ["bench_root", "ImageFolderPNG", "ArrayImages", "peer_loader", "peer_optimizer", "peer_fit"]
 
 
 def bench_root(per_class: int, test_per_class: int | None = None) -> Path:
@@ -46,11 +50,25 @@ def bench_root(per_class: int, test_per_class: int | None = None) -> Path:
     return root
 
 
+def cifar_transform(pixels: np.ndarray, train: bool) -> torch.Tensor:
+    """pytorch-cifar's per-sample transforms on one uint8 [32, 32, 3] image: a float32
+    [3, 32, 32] normalised tensor (random crop and flip when ``train``)."""
+    if train:
+        padded = np.pad(pixels, ((4, 4), (4, 4), (0, 0)))  # RandomCrop(32, padding=4): zero padding
+        top, left = random.randint(0, 8), random.randint(0, 8)
+        pixels = padded[top : top + 32, left : left + 32]
+        if random.random() < 0.5:  # RandomHorizontalFlip()
+            pixels = pixels[:, ::-1]
+    x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).float() / 255  # ToTensor()
+    return (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)  # Normalize()
+
+
 class ImageFolderPNG(torch.utils.data.Dataset):
     """``(float32 [3, 32, 32] normalised, label)`` per PNG of ``root/<split>``, decoded on access."""
 
     def __init__(self, root: str | os.PathLike, split: str, *, train: bool):
         self.samples = split_files(root, split)
+        self.labels = [label for label, _ in self.samples]
         self.train = train
 
     def __len__(self) -> int:
@@ -60,24 +78,39 @@ class ImageFolderPNG(torch.utils.data.Dataset):
         label, path = self.samples[i]
         with Image.open(path) as image:
             pixels = np.array(image.convert("RGB"))  # [32, 32, 3] uint8, writable
-        if self.train:
-            padded = np.pad(pixels, ((4, 4), (4, 4), (0, 0)))  # RandomCrop(32, padding=4): zero padding
-            top, left = random.randint(0, 8), random.randint(0, 8)
-            pixels = padded[top : top + 32, left : left + 32]
-            if random.random() < 0.5:  # RandomHorizontalFlip()
-                pixels = pixels[:, ::-1]
-        x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).float() / 255  # ToTensor()
-        x = (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)  # Normalize()
-        return x, label
+        return cifar_transform(pixels, self.train), label
+
+
+class ArrayImages(torch.utils.data.Dataset):
+    """``(float32 [3, 32, 32] normalised, label)`` per image of uint8 ``images`` [N, 32, 32, 3]
+    held in memory, each made a PIL image on access as torchvision's ``CIFAR10`` does."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, *, train: bool):
+        self.images, self.labels, self.train = images, [int(v) for v in labels], train
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        pixels = np.array(Image.fromarray(self.images[i]))
+        return cifar_transform(pixels, self.train), self.labels[i]
+
+
+def _dataset(source, split: str, train: bool) -> torch.utils.data.Dataset:
+    """``source``: a CINIC-10-layout folder, or ``{split: (uint8 [N, 32, 32, 3], labels)}``."""
+    if isinstance(source, dict):
+        return ArrayImages(*source[split], train=train)
+    return ImageFolderPNG(source, split, train=train)
 
 
 def peer_loader(root, split: str, *, batch_size: int, workers: int, train: bool,
                 rank: int = 0, world_size: int = 1, seed: int = 0) -> torch.utils.data.DataLoader:
     """pytorch-cifar's DataLoader (shuffled for training), sharded by a DistributedSampler.
 
-    Its ``workers`` processes start with each epoch and end with it, as in pytorch-cifar.
+    ``root``: a folder, or arrays in memory (:func:`_dataset`). Its ``workers`` processes
+    start with each epoch and end with it, as in pytorch-cifar.
     """
-    dataset = ImageFolderPNG(root, split, train=train)
+    dataset = _dataset(root, split, train)
     sampler = torch.utils.data.DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed
     )
@@ -94,6 +127,9 @@ def peer_fit(model: torch.nn.Module, root, *, epochs: int, batch_size: int = 128
              device: str | torch.device = "cpu", on_epoch=None, lr: float = 0.1,
              schedule_epochs: int | None = None, stop_at: float | None = None) -> list[dict]:
     """pytorch-cifar's ``train()``/``test()`` loop, on this rank of any torch.distributed group.
+
+    ``root``: a CINIC-10-layout folder, or ``{"train": ..., "test": ...}`` arrays in memory
+    (:class:`ArrayImages`).
 
     fp32, cross-entropy, :func:`peer_optimizer` stepped per epoch; DDP when a
     group is initialised. ``on_epoch(record)`` is called after each epoch's test,
@@ -112,9 +148,9 @@ def peer_fit(model: torch.nn.Module, root, *, epochs: int, batch_size: int = 128
     criterion = torch.nn.CrossEntropyLoss()
     train = peer_loader(root, "train", batch_size=batch_size, workers=workers, train=True,
                         rank=rank, world_size=world)
-    test = ImageFolderPNG(root, "test", train=False)
+    test = _dataset(root, "test", train=False)
     test_x = torch.stack([test[i][0] for i in range(len(test))])
-    test_y = torch.tensor([label for label, _ in test.samples])
+    test_y = torch.tensor(test.labels)
     records = []
     for epoch in range(epochs):
         train.sampler.set_epoch(epoch)

@@ -42,17 +42,40 @@ def make_sample(
         if count < 1:
             raise ValueError(f"{split}_per_class must be >= 1, got {count}")
     root = Path(root)
-    for split_index, split in enumerate(SPLITS):
-        rng = np.random.default_rng([seed, split_index])
-        for label, name in enumerate(CLASSES):
-            folder = root / split / name
-            folder.mkdir(parents=True, exist_ok=True)
-            for i, pixels in enumerate(_class_images(label, counts[split], rng)):
-                image = Image.fromarray(pixels)
-                if i % _GRAY_EVERY == _GRAY_EVERY - 1:
-                    image = image.convert("L")
-                image.save(folder / f"sample-{i:05d}.png")
+    for split in SPLITS:
+        for name in CLASSES:
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+        for label, i, image in _split_images(split, counts[split], seed):
+            image.save(root / split / CLASSES[label] / f"sample-{i:05d}.png")
     return root
+
+
+def sample_split(split: str, per_class: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The images of ``split`` that :func:`make_sample` writes with ``per_class`` images a
+    class and ``seed``, in memory, with no file: ``(uint8 [N, 32, 32, 3] RGB, int64 labels
+    [N])`` in class then file order, pixel for pixel what the PNGs decode to (the grayscale
+    ones as RGB), as :func:`pdl_cinic10.data.load_split` reads them (channels last here)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+    if per_class < 1:
+        raise ValueError(f"per_class must be >= 1, got {per_class}")
+    images = np.empty((per_class * len(CLASSES), IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
+    labels = np.repeat(np.arange(len(CLASSES), dtype=np.int64), per_class)
+    for n, (_, _, image) in enumerate(_split_images(split, per_class, seed)):
+        images[n] = np.asarray(image.convert("RGB"))
+    return images, labels
+
+
+def _split_images(split: str, count: int, seed: int):
+    """``(label, index, PIL image)`` of every image of ``split``, ``count`` a class: the
+    one stream both :func:`make_sample` and :func:`sample_split` draw from."""
+    rng = np.random.default_rng([seed, SPLITS.index(split)])
+    for label in range(len(CLASSES)):
+        for i, pixels in enumerate(_class_images(label, count, rng)):
+            image = Image.fromarray(pixels)
+            if i % _GRAY_EVERY == _GRAY_EVERY - 1:
+                image = image.convert("L")
+            yield label, i, image
 
 
 def _class_images(label: int, count: int, rng: np.random.Generator) -> np.ndarray:

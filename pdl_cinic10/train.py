@@ -22,6 +22,7 @@ import pdl
 from pdl import checkpoint as ckpt
 
 from .collectives import Collectives, for_backend
+from .compile_support import compile_problem
 from .data import epoch_batches, seed_from, steps_per_epoch
 from .recipe import Hyper, peak_lr, warmup_steps
 
@@ -95,7 +96,9 @@ def fit(
     """Train ``model`` for ``hp.epochs`` epochs and evaluate after each.
 
     ``train``/``test`` are ``(uint8 images [N,3,32,32], int64 labels [N])``, the
-    same on every rank. ``log`` gets one line per epoch (and one on resuming),
+    same on every rank. ``log`` gets one line per epoch (and one on resuming, and one
+    when ``hp.compile`` asks for torch.compile on a GPU that lacks what it needs:
+    training then runs uncompiled, :mod:`~pdl_cinic10.compile_support`),
     on rank 0 only; progress
     (step, loss, epoch, img_per_s) goes to :func:`pdl.log` about 20 times an epoch,
     which a ``%%distributed`` cell shows as a live bar and loss curve.
@@ -147,7 +150,10 @@ def fit(
     )
     history = _resume(checkpoint, hp, world, module, optimizer, log if rank == 0 else None)
     net, optimizer = comm.distribute(module, optimizer)
-    forward = torch.compile(net) if gpu and hp.compile else net
+    compile_off = compile_problem() if gpu and hp.compile else None
+    if compile_off and rank == 0:
+        log(f"torch.compile is off: {compile_off}")
+    forward = torch.compile(net) if gpu and hp.compile and not compile_off else net
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu and hp.bf16)
     criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
 

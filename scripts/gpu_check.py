@@ -1,26 +1,27 @@
 """The steps of ``scripts/gpu-check``, run by it in the environment it installed offline.
 
-    python scripts/gpu_check.py OUT
-
-    python scripts/gpu_check.py OUT --cpu-only   # a machine without a GPU, on purpose
+    python scripts/gpu_check.py OUT [--steps A,B] [--cpu-only]   # --cpu-only: no GPU, on purpose
 
 Each step runs in its own process with a time limit (seconds, below), writes
 ``OUT/<step>.log`` and gives one result: passed, failed or skipped, with a figure. A
 step stopped by its limit says "timed out after N s" with its last log line (the last
 lines are printed too); the test steps run pytest verbosely, so each test's result is
 in the log as it finishes, and a stopped step still counts those. A test that skipped
-counts as skipped, never as passed. ``OUT/summary.md`` gets the table of every step
-and the machine it ran on; the same table is printed. Steps that need a CUDA GPU are
-skipped without one, and the summary says why in one line. Exit status: 1 when a step
+counts as skipped, never as passed. ``OUT/summary.md`` gets the table of every step,
+the machine it ran on and whether torch.compile can run there; the same is printed
+(``OUT/run.json``: the command and when; ``scripts/gpu_publish.py OUT`` puts both into
+docs/benchmarks.md).
+Steps that need a CUDA GPU are skipped without one, and the summary says why in one
+line. Exit status: 1 when a step
 failed; else 3 when no CUDA GPU was seen and ``--cpu-only`` was not given (a GPU check
 that checked no GPU has not passed); else 0.
 
 Steps: the bundle's install (``OUT/install.json``, from ``scripts/gpu-check``);
 ``%%distributed`` outside the hub (a DDP cell on every slot of this machine: its GPUs,
 or CPU slots); ``pytest -m gpu`` (tests/engines/test_gpu.py); the training throughput
-benchmark on CINIC-10-sized data (GPU only); the time to 97 % test accuracy on real
-images (bench/time_to_accuracy.py on the digits, GPU only); Horovod built with NCCL and its GPU test
-(GPU with CUDA's compiler only).
+benchmark on CINIC-10-sized data made in memory (GPU only); the time to 97 % test
+accuracy on real images (bench/time_to_accuracy.py on the digits, GPU only); Horovod
+built with NCCL and its GPU test (GPU with CUDA's compiler only).
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-#: Each step's time limit, seconds: with the install's 60 (scripts/gpu-check), under the
-#: 10 minutes a whole check may take.
-LIMITS_S = {"distributed": 90, "gpu-tests": 150, "throughput": 140, "time-to-accuracy": 75, "horovod": 240}
+#: Each step's time limit, seconds: with the install's 60 (scripts/gpu-check), at most
+#: :data:`WORST_CASE_S` in all. Measured on an H200 (docs/benchmarks.md): 19, 50 to 96,
+#: 93 (then writing PNGs), 23 and 106 (building Horovod with an empty cache).
+LIMITS_S = {"distributed": 45, "gpu-tests": 150, "throughput": 90, "time-to-accuracy": 50, "horovod": 200}
+#: The longest a whole check may take, install included: 10 minutes.
+WORST_CASE_S = 600
 #: Training images of the throughput benchmark: CINIC-10's 90,000 (9,000 a class).
 BENCH_PER_CLASS = 9000
 
@@ -194,7 +198,8 @@ def step_gpu_tests(out: Path) -> Result:
 def step_throughput(out: Path) -> Result:
     workers = str(min(8, os.cpu_count() or 2))
     rc, text = run_logged(out, "throughput", [sys.executable, "bench/train_throughput.py", "--per-class",
-                                              str(BENCH_PER_CLASS), "--epochs", "3", "--workers", workers])
+                                              str(BENCH_PER_CLASS), "--epochs", "3", "--workers", workers,
+                                              "--in-memory"])
     ratio = re.search(r"ratio .*: ([\d.]+)", text)
     pdl = re.search(r"\| PDL[^|]*\| (\d+) \|", text)
     if rc != 0 or not ratio:
@@ -222,11 +227,63 @@ def step_time_to_accuracy(out: Path) -> Result:
     return Result("passed", "97 % on real digits: " + "; ".join(parts))
 
 
+def nvcc_release(nvcc: str) -> str:
+    """The CUDA release ``nvcc --version`` reports ("13.0"), or "?"."""
+    try:
+        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    found = re.search(r"release (\d+\.\d+)", text)
+    return found.group(1) if found else "?"
+
+
+def nccl_home() -> Path | None:
+    """A folder whose ``include/nccl.h`` Horovod's build can use: ``$HOROVOD_NCCL_HOME``,
+    ``$NCCL_HOME``, the CUDA toolkit's (``$CUDA_HOME``, nvcc's, ``/usr/local/cuda``), the
+    system's (``/usr/local``, ``/usr``), or the one torch's CUDA wheels bring (the
+    ``nvidia-nccl`` package); None when there is none."""
+    nvcc = shutil.which("nvcc")
+    folders = [os.environ.get("HOROVOD_NCCL_HOME"), os.environ.get("NCCL_HOME"), os.environ.get("CUDA_HOME"),
+               str(Path(nvcc).resolve().parent.parent) if nvcc else None, "/usr/local/cuda", "/usr/local", "/usr"]
+    folders += [str(Path(p) / "nvidia" / "nccl") for p in sys.path if p]
+    return next((Path(f) for f in folders if f and (Path(f) / "include" / "nccl.h").is_file()), None)
+
+
+def horovod_build_problem() -> str | None:
+    """None when this machine has what building Horovod with NCCL needs; else one line
+    naming everything it lacks: a C++ compiler, make, cmake, Python.h, a CUDA build of
+    torch, nvcc of torch's CUDA major version, NCCL."""
+    import torch
+    from pdl_cinic10.compile_support import python_header
+
+    lacks = []
+    if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
+        lacks.append("a C++ compiler (g++)")
+    if not shutil.which("make"):
+        lacks.append("make")
+    if not shutil.which("cmake"):
+        lacks.append("cmake")
+    if python_header() is None:
+        lacks.append("Python.h (python3-dev)")
+    cuda = torch.version.cuda
+    nvcc = shutil.which("nvcc")
+    if cuda is None:
+        lacks.append(f"a CUDA build of torch (torch {torch.__version__} has none)")
+    elif nvcc is None:
+        lacks.append(f"nvcc (CUDA {cuda}'s compiler)")
+    elif nvcc_release(nvcc).split(".")[0] != cuda.split(".")[0]:
+        lacks.append(f"an nvcc of CUDA {cuda.split('.')[0]} (torch's CUDA {cuda}; {nvcc} is CUDA {nvcc_release(nvcc)})")
+    if nccl_home() is None:
+        lacks.append("NCCL (torch's nvidia-nccl wheel or /usr/include/nccl.h)")
+    return f"cannot build Horovod with NCCL here: this machine lacks {', '.join(lacks)}" if lacks else None
+
+
 def step_horovod(out: Path) -> Result:
     """Build Horovod with NCCL (scripts/build-horovod), then its GPU test: passed only
     when that test ran and passed (a skipped test is a skipped step, with the reason)."""
-    if not shutil.which("nvcc"):
-        return Result("skipped", "no CUDA compiler (nvcc) to build Horovod's NCCL operations")
+    problem = horovod_build_problem()
+    if problem:
+        return Result("skipped", problem)
     xml = out / "horovod-tests.xml"
     test = shlex.join(pytest_cmd(xml, "-k", "horovod"))
     rc, text = run_logged(out, "horovod", ["bash", "-c", f"HOROVOD_GPU_OPERATIONS=NCCL scripts/build-horovod "
@@ -240,6 +297,15 @@ def step_horovod(out: Path) -> Result:
         reason = re.search(r"^SKIPPED \[\d+\] \S+: (.*)$", text, re.M)
         return Result("skipped", f"{version} built; its GPU test skipped: {reason.group(1) if reason else '?'}")
     return Result(result.status, f"{version}; GPU test {result.status} ({result.figure})")
+
+
+def compile_finding() -> str:
+    """"ready" when torch.compile has what it needs on a GPU here, else "off: " and what is
+    missing (pdl_cinic10.compile_support; the recipe then trains uncompiled)."""
+    from pdl_cinic10.compile_support import compile_problem
+
+    problem = compile_problem()
+    return f"off: {problem}" if problem else "ready (a C compiler, Python.h and triton)"
 
 
 def machine() -> str:
@@ -280,6 +346,12 @@ def main(argv: list[str]) -> int:
         parser.error(f"unknown step {unknown[0]!r}; valid steps: {', '.join(names)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # how and when this ran, for scripts/gpu_publish.py
+    command = ["bash scripts/gpu-check", f"{args.out.name}/"]
+    command += ["--steps", args.steps] if args.steps != ",".join(names) else []
+    command += ["--cpu-only"] if args.cpu_only else []
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (out / "run.json").write_text(json.dumps({"command": " ".join(command), "started": started}) + "\n")
     reason = no_gpu_reason()
     rows = []
     for name, title, fn, needs_gpu in STEPS:
@@ -296,7 +368,7 @@ def main(argv: list[str]) -> int:
         result.seconds = time.monotonic() - started
         rows.append((title, result))
         print(f"gpu-check: {title}: {result.status} ({result.figure}) in {result.seconds:.0f} s", flush=True)
-    lines = [f"Machine: {machine()}", ""]
+    lines = [f"Machine: {machine()}", "", f"torch.compile: {compile_finding()}", ""]
     if reason:
         lines += [f"GPU steps skipped: {reason}.", ""]
     lines += ["| step | result | figure | seconds |", "|---|---|---|---:|"]

@@ -48,6 +48,15 @@ def run(*cmd, **kwargs) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.unit
+def test_the_whole_check_takes_at_most_10_minutes_limits_included():
+    check = load_gpu_check()
+    script = (REPO / "scripts" / "gpu-check").read_text()
+    install = sum(int(v) for v in re.findall(r"^(?:REQUIREMENTS|WHEEL)_LIMIT_S=(\d+)$", script, re.M))
+    assert install == 60 and check.WORST_CASE_S == 600
+    assert install + sum(check.LIMITS_S.values()) <= check.WORST_CASE_S, check.LIMITS_S
+
+
+@pytest.mark.unit
 def test_a_step_stopped_by_its_limit_says_so_with_its_last_line(tmp_path, monkeypatch, capsys):
     check = load_gpu_check()
     monkeypatch.setitem(check.LIMITS_S, "distributed", 1)
@@ -133,6 +142,8 @@ def test_the_check_installs_offline_runs_distributed_and_skips_the_gpu_steps(bun
     assert rows["pytest -m gpu"][:2] == ["skipped", f"0 passed, 0 failed, {gpu_test_count()} skipped"]
     assert rows["training throughput, CINIC-10 size"][:2] == ["skipped", "no CUDA GPU"]
     assert rows["Horovod with NCCL"][:2] == ["skipped", "no CUDA GPU"]
+    # torch.compile's needs, found up front: CPU torch brings no triton
+    assert "torch.compile: off: no triton package (torch's CUDA wheels bring it)" in summary, summary
     reasons = [line for line in summary.splitlines() if line.startswith("GPU steps skipped:")]
     assert reasons == [f"GPU steps skipped: torch {torch_version(target)} sees no CUDA GPU "
                        "(torch.cuda.is_available() is False)."]
@@ -175,3 +186,103 @@ def test_a_machine_without_what_the_bundle_assumes_is_told_in_one_line(bundle, t
     assert ("gpu-check: this machine lacks pdl-no-such-package, which the bundle assumes; make the bundle with "
             'scripts/gpu-bundle --assume "" to carry them') in done.stderr, done.stderr
     assert not (tmp_path / "results" / "summary.md").exists()
+
+
+def load_publisher():
+    spec = importlib.util.spec_from_file_location("gpu_publish", REPO / "scripts" / "gpu_publish.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.unit
+def test_one_command_puts_a_checks_summary_between_the_docs_markers(tmp_path):
+    publisher = load_publisher()
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "summary.md").write_text("Machine: an H200\n\n| step | result |\n|---|---|\n| x | passed |\n")
+    (results / "run.json").write_text('{"command": "bash scripts/gpu-check results/", "started": "2026-11-26 04:20 UTC"}')
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\nbefore\n{publisher.BEGIN}\nold figures\n{publisher.END}\nafter\n")
+    done = subprocess.run([sys.executable, "scripts/gpu_publish.py", str(results), "--doc", str(doc)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert doc.read_text() == (
+        f"# Benchmarks\n\nbefore\n{publisher.BEGIN}\nRun 2026-11-26 04:20 UTC:\n\n```bash\n"
+        "bash scripts/gpu-check results/\n```\n\nMachine: an H200\n\n| step | result |\n|---|---|\n| x | passed |\n"
+        f"{publisher.END}\nafter\n")
+
+
+@pytest.mark.unit
+def test_a_doc_without_the_markers_is_refused_in_one_line_and_left_alone(tmp_path):
+    publisher = load_publisher()
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "summary.md").write_text("Machine: an H200\n")
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n")
+    done = subprocess.run([sys.executable, "scripts/gpu_publish.py", str(results), "--doc", str(doc)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"gpu_publish: {doc} needs one {publisher.BEGIN!r} line")
+    assert doc.read_text() == "# Benchmarks\n"
+
+
+@pytest.mark.unit
+def test_the_docs_hold_the_block_the_publisher_writes():
+    publisher = load_publisher()
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    assert text.count(publisher.BEGIN) == 1 and text.count(publisher.END) == 1
+    block = text.split(publisher.BEGIN)[1].split(publisher.END)[0]
+    assert "| step | result | figure | seconds |" in block
+
+
+def fake_tools(folder: Path, nvcc_release: str | None = None) -> Path:
+    """Executables named as a GPU machine's build tools (each only exits 0; ``nvcc --version``
+    says ``nvcc_release``)."""
+    folder.mkdir()
+    for tool in ("g++", "make", "cmake") + (("nvcc",) if nvcc_release else ()):
+        script = folder / tool
+        script.write_text("#!/bin/sh\n" + (f"echo 'Cuda compilation tools, release {nvcc_release}, V{nvcc_release}.1'\n"
+                                           if tool == "nvcc" else "exit 0\n"))
+        script.chmod(0o755)
+    return folder
+
+
+@pytest.fixture
+def bare_build_env(monkeypatch):
+    for var in ("CXX", "HOROVOD_NCCL_HOME", "NCCL_HOME", "CUDA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.unit
+def test_a_machine_without_horovods_build_tools_is_told_all_it_lacks_in_one_line(tmp_path, monkeypatch,
+                                                                                 bare_build_env):
+    import torch
+
+    check = load_gpu_check()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert check.nccl_home() is None, "this machine has NCCL: the test needs one without"
+    assert check.horovod_build_problem() == (
+        "cannot build Horovod with NCCL here: this machine lacks a C++ compiler (g++), make, cmake, "
+        f"a CUDA build of torch (torch {torch.__version__} has none), NCCL (torch's nvidia-nccl wheel or "
+        "/usr/include/nccl.h)")
+
+
+@pytest.mark.unit
+def test_an_nvcc_of_another_cuda_than_torchs_is_named_with_both_versions(tmp_path, monkeypatch, bare_build_env):
+    import torch
+
+    check = load_gpu_check()
+    tools = fake_tools(tmp_path / "bin", nvcc_release="12.4")
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # the seam: torch's CUDA build
+    nccl = tmp_path / "nccl"
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "include" / "nccl.h").write_text("/* NCCL */\n")
+    monkeypatch.setenv("HOROVOD_NCCL_HOME", str(nccl))
+    assert check.horovod_build_problem() == (
+        "cannot build Horovod with NCCL here: this machine lacks an nvcc of CUDA 13 (torch's CUDA 13.0; "
+        f"{tools / 'nvcc'} is CUDA 12.4)")
+    (tools / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.48'\n")
+    assert check.horovod_build_problem() is None

@@ -76,7 +76,8 @@ def start_server(root: Path) -> LabServer:
     server = LabServer(root, extra_args=[f"--ServerApp.base_url=/user/{USER}/"])
     origin, server.url = server.url, f"{server.url}/user/{USER}"
     server.start()
-    server.as_hub = SimpleNamespace(url=origin, user_token=lambda user: server.token)
+    server.as_hub = SimpleNamespace(url=origin, user_url=lambda user: f"{origin}/user/{user}",
+                                    user_token=lambda user: server.token)
     return server
 
 

@@ -63,6 +63,15 @@ def open_path_to(path: Path) -> None:
             part.chmod(part.stat().st_mode | 0o011)
 
 
+#: The tests' hubs' public host name: each user's server is then ``<name>.hub.localhost``,
+#: which resolves as every ``*.localhost`` does (host_names). A dotted name, because
+#: Python's cookie jar files the dotless ``localhost`` as ``localhost.local`` and never
+#: sends back the session id JupyterHub sets for ``.localhost`` (browsers do): the hub
+#: then refuses the forms' XSRF tokens, which are bound to it. ``localhost`` itself, the
+#: embedded default, is what tests/hub/test_hub_origins.py runs, in a real browser.
+PUBLIC_HOST = "hub.localhost"
+
+
 class Hub:
     """A JupyterHub process for one test module.
 
@@ -74,14 +83,15 @@ class Hub:
     signs_up_later: tuple[str, ...] = ()
 
     def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
-                 hub_env: dict | None = None, extra_config: str = "", signs_up_later: tuple[str, ...] = ()):
+                 hub_env: dict | None = None, extra_config: str = "", signs_up_later: tuple[str, ...] = (),
+                 public_host: str = PUBLIC_HOST):
         self.root = Path(root)
         self.users = users
         self.signs_up_later = signs_up_later  # listed users the harness does not sign up (a test does)
         self.pool = pool
         self.token = secrets.token_hex(16)
         self.port = free_port()
-        self.url = f"http://localhost:{self.port}"  # the hub's public URL (PDL_PUBLIC_URL's default)
+        self.url = f"http://{public_host}:{self.port}"  # the hub's public URL (PDL_PUBLIC_URL)
         # fixed for the hub's lifetime: running servers keep talking to these after a restart
         self.internal_port, self.proxy_api_port = free_port(), free_port()
         self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin_view.py)
@@ -138,6 +148,7 @@ c.JupyterHub.log_level = "INFO"
             PDL_PROXY_API_PORT=str(self.proxy_api_port),
             PDL_ADMIN_VIEW_PORT=str(self.admin_view_port),
             PDL_POOL=",".join(self.pool),
+            PDL_PUBLIC_URL=self.url,
             PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             **self.hub_env,
         )
@@ -405,12 +416,12 @@ def running(hub: Hub, start: bool = True):
 
 def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
                 hub_env: dict | None = None, extra_config: str = "", start: bool = True,
-                signs_up_later: tuple[str, ...] = ()):
+                signs_up_later: tuple[str, ...] = (), public_host: str = PUBLIC_HOST):
     """For a ``hub`` fixture (``yield from``): a :class:`Hub` :func:`running` in ``root``.
     The Swarm's is ``swarm_hub_harness.swarm_hub_fixture``; a fixture that prepares more
     before its tests (spawns servers) uses ``with running(Hub(...)) as hub:``."""
     with running(Hub(root, users, pool, spawner_env=spawner_env, hub_env=hub_env, extra_config=extra_config,
-                     signs_up_later=signs_up_later), start=start) as hub:
+                     signs_up_later=signs_up_later, public_host=public_host), start=start) as hub:
         yield hub
 
 

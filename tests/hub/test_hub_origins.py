@@ -86,14 +86,15 @@ def start_ben(hub: Hub) -> Hub:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    for hub in hub_fixture(tmp_path_factory.mktemp("origins-hub"), USERS, POOL):
+    # the embedded default's public URL: http://localhost:<port>, servers at <name>.localhost
+    for hub in hub_fixture(tmp_path_factory.mktemp("origins-hub"), USERS, POOL, public_host="localhost"):
         yield start_ben(hub)
 
 
 @pytest.fixture(scope="module")
 def hub_serving_bens_config(tmp_path_factory):
     # the seam: ben's ~/.jupyter config loads, so his server serves what he likes
-    for hub in hub_fixture(tmp_path_factory.mktemp("origins-hub-user-config"), USERS, POOL,
+    for hub in hub_fixture(tmp_path_factory.mktemp("origins-hub-user-config"), USERS, POOL, public_host="localhost",
                            extra_config="c.Spawner.disable_user_config = False"):
         yield start_ben(hub)
 

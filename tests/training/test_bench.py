@@ -46,11 +46,13 @@ def test_data_pipeline_bench_prints_both_pipelines_and_the_ratio(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_train_throughput_bench_prints_both_recipes_and_the_ratio(tmp_path):
-    out = run_bench(tmp_path, "train_throughput.py", "--per-class", "20", "--epochs", "2", "--width", "4")
+@pytest.mark.parametrize("in_memory", [(), ("--in-memory",)], ids=["png-folder", "in-memory"])
+def test_train_throughput_bench_prints_both_recipes_and_the_ratio(tmp_path, in_memory):
+    out = run_bench(tmp_path, "train_throughput.py", "--per-class", "20", "--epochs", "2", "--width", "4", *in_memory)
     rows = TABLE_ROW.findall(out)
     assert any("PDL" in r for r in rows) and any("pytorch-cifar" in r for r in rows), out
     assert ratio(out, "PDL / pytorch-cifar") > 0
+    assert ("200 train images (the synthetic sample, in memory)" in out) == bool(in_memory), out
 
 
 @pytest.mark.timeout(600)

@@ -16,7 +16,7 @@ from PIL import Image
 
 from pdl_cinic10 import CLASSES, SPLITS
 from pdl_cinic10.data import default_root, epoch_batches, load_split, resolve_root, shard_indices, steps_per_epoch
-from pdl_cinic10.sample import make_sample
+from pdl_cinic10.sample import make_sample, sample_split
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUT = "<root>/{train,valid,test}/<class>/*.png"
@@ -62,6 +62,26 @@ def test_sample_default_sizes_and_speed(tmp_path):
 
 
 @pytest.mark.unit
+def test_the_sample_in_memory_is_what_its_pngs_decode_to(tmp_path):
+    """sample_split (the GPU check's throughput data, no files) and make_sample's PNGs are
+    the same images, grayscale ones included, in the same order."""
+    root = make_sample(tmp_path, train_per_class=30, test_per_class=4, valid_per_class=1)
+    for split, per_class in (("train", 30), ("test", 4)):
+        images, labels = load_split(root, split)
+        in_memory, in_memory_labels = sample_split(split, per_class)
+        assert np.array_equal(images.permute(0, 2, 3, 1).numpy(), in_memory)
+        assert np.array_equal(labels.numpy(), in_memory_labels)
+    gray = sample_split("train", 30)[0][24]  # every 25th image of a class is grayscale
+    assert np.array_equal(gray[..., 0], gray[..., 1]) and np.array_equal(gray[..., 1], gray[..., 2])
+
+
+@pytest.mark.parametrize("split, per_class, message", [("training", 3, "split must be one of train, valid, test"),
+                                                       ("train", 0, "per_class must be >= 1, got 0")])
+def test_the_sample_in_memory_refuses_what_it_cannot_make(split, per_class, message):
+    with pytest.raises(ValueError, match=message):
+        sample_split(split, per_class)
+
+
 def test_grayscale_png_is_converted_to_rgb(tmp_path):
     root = make_sample(tmp_path, train_per_class=1, test_per_class=1, valid_per_class=1)
     gray = np.arange(32 * 32, dtype=np.uint8).reshape(32, 32)
