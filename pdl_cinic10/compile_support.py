@@ -16,8 +16,8 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-#: The compilers Triton looks for when ``$CC`` is not set, in its order.
-C_COMPILERS = ("clang", "gcc", "cc")
+#: The compilers Triton looks for on Linux when ``$CC`` is not set, in its order (not ``cc``).
+C_COMPILERS = ("gcc", "clang")
 
 
 def c_compiler() -> str | None:

@@ -24,7 +24,7 @@ def test_this_machines_compiler_and_python_header_are_found():
 def test_without_a_c_compiler_the_problem_says_so_and_what_to_install(monkeypatch, tmp_path):
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert compile_problem() == ("no C compiler ($CC, or clang, gcc, cc on PATH), which torch.compile's Triton "
+    assert compile_problem() == ("no C compiler ($CC, or gcc, clang on PATH), which torch.compile's Triton "
                                  "kernels need (install gcc)")
 
 
