@@ -104,8 +104,9 @@ c.JupyterHub.port = int(os.environ.get("PDL_HUB_PORT", "8000"))
 # Each user's server is a web origin of its own, <name>.<host> beside the hub at <host>
 # (pdl_spawner/public_url.py): a page a user serves cannot act as whoever opens it.
 _public_url = os.environ.get("PDL_PUBLIC_URL", "").strip() or default_public_url(c.JupyterHub.port)
-if public_url_problem(_public_url):
-    raise SystemExit(public_url_problem(_public_url))
+_public_url_problem = public_url_problem(_public_url)
+if _public_url_problem:
+    raise SystemExit(_public_url_problem)
 c.JupyterHub.subdomain_host = _public_url.rstrip("/")
 # a user's own Jupyter config (~/.jupyter, ~/.local/share/jupyter) never loads into their server
 c.Spawner.disable_user_config = True

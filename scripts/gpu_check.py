@@ -10,18 +10,18 @@ in the log as it finishes, and a stopped step still counts those. A test that sk
 counts as skipped, never as passed. ``OUT/summary.md`` gets the table of every step,
 the machine it ran on and whether torch.compile can run there; the same is printed
 (``OUT/run.json``: the command and when; ``scripts/gpu_publish.py OUT`` puts both into
-docs/benchmarks.md).
-Steps that need a CUDA GPU are skipped without one, and the summary says why in one
-line. Exit status: 1 when a step
-failed; else 3 when no CUDA GPU was seen and ``--cpu-only`` was not given (a GPU check
-that checked no GPU has not passed); else 0.
+docs/benchmarks.md). Steps that need a CUDA GPU are skipped without one, and the
+summary says why in one line. Exit status: 1 when a step failed; else 3 when no CUDA
+GPU was seen and ``--cpu-only`` was not given (a GPU check that checked no GPU has not
+passed); else 0.
 
 Steps: the bundle's install (``OUT/install.json``, from ``scripts/gpu-check``);
 ``%%distributed`` outside the hub (a DDP cell on every slot of this machine: its GPUs,
 or CPU slots); ``pytest -m gpu`` (tests/engines/test_gpu.py); the training throughput
 benchmark on CINIC-10-sized data made in memory (GPU only); the time to 97 % test
 accuracy on real images (bench/time_to_accuracy.py on the digits, GPU only); Horovod
-built with NCCL and its GPU test (GPU with CUDA's compiler only).
+built with NCCL and its GPU test (GPU only; skipped with one line naming all the build
+lacks where a tool is missing).
 """
 
 from __future__ import annotations
@@ -148,8 +148,8 @@ def pytest_result(step: str, rc: int | None, xml: Path, text: str) -> Result:
     counts = pytest_counts(xml, text)
     figure = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
     if rc is None:
-        stopped = timed_out(step, text)
-        return Result("failed", f"{stopped.figure.split(';')[0]} ({figure} by then)")
+        timed_out(step, text)  # prints the log's last lines
+        return Result("failed", f"timed out after {LIMITS_S[step]} s ({figure} by then)")
     if counts["failed"] or rc not in (0, 5) or not xml.exists():
         return Result("failed", figure if xml.exists() else f"pytest exited with {rc}: see {step}.log")
     return Result("passed" if counts["passed"] else "skipped", figure)
@@ -271,8 +271,8 @@ def horovod_build_problem() -> str | None:
         lacks.append(f"a CUDA build of torch (torch {torch.__version__} has none)")
     elif nvcc is None:
         lacks.append(f"nvcc (CUDA {cuda}'s compiler)")
-    elif nvcc_release(nvcc).split(".")[0] != cuda.split(".")[0]:
-        lacks.append(f"an nvcc of CUDA {cuda.split('.')[0]} (torch's CUDA {cuda}; {nvcc} is CUDA {nvcc_release(nvcc)})")
+    elif (release := nvcc_release(nvcc)).split(".")[0] != cuda.split(".")[0]:
+        lacks.append(f"an nvcc of CUDA {cuda.split('.')[0]} (torch's CUDA {cuda}; {nvcc} is CUDA {release})")
     if nccl_home() is None:
         lacks.append("NCCL (torch's nvidia-nccl wheel or /usr/include/nccl.h)")
     return f"cannot build Horovod with NCCL here: this machine lacks {', '.join(lacks)}" if lacks else None

@@ -57,4 +57,3 @@ def chromium_rules() -> list[str]:
     rules = ", ".join(f"MAP {pattern} {address}" for name, address in _REGISTERED.items()
                       for pattern in (name, f"*.{name}"))
     return [f"--host-resolver-rules={rules}"] if rules else []
-

@@ -4,8 +4,8 @@
 ``docker run`` command and the upgrade's ``docker stop``/``docker rm`` line. The tests
 change only the registry, the addresses, the public URL (:data:`PUBLIC_NAME`) and the
 Docker socket's host path (:func:`for_the_sim`), and add ``-e PDL_PREFLIGHT_SKIP=gpu``
-(the simulated nodes declare GPUs torch cannot see); each change must find its text in the README exactly once, so
-the README and the tests cannot drift apart. :class:`ImageHub` runs the command with
+(the simulated nodes declare GPUs torch cannot see); each change must find its text in
+the README exactly once, so the README and the tests cannot drift apart. :class:`ImageHub` runs the command with
 the host's Docker client against the manager's engine (node1): the hub's container
 then lives in node1's network namespace, with node1's host name, which resolves nowhere.
 """
