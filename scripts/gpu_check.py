@@ -251,16 +251,17 @@ def nccl_home() -> Path | None:
 
 def horovod_build_problem() -> str | None:
     """None when this machine has what building Horovod with NCCL needs; else one line
-    naming everything it lacks: a C++ compiler, make, cmake, Python.h, a CUDA build of
-    torch, nvcc of torch's CUDA major version, NCCL."""
+    naming everything it lacks: a C++ compiler, make (or ninja), cmake, Python.h, a CUDA
+    build of torch, nvcc of torch's CUDA major version, NCCL (scripts/gpu-check installs
+    cmake and ninja from the bundle first)."""
     import torch
     from pdl_cinic10.compile_support import python_header
 
     lacks = []
     if not (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")):
         lacks.append("a C++ compiler (g++)")
-    if not shutil.which("make"):
-        lacks.append("make")
+    if not (shutil.which("make") or shutil.which("ninja")):  # scripts/build-horovod takes ninja without make
+        lacks.append("make or ninja")
     if not shutil.which("cmake"):
         lacks.append("cmake")
     if python_header() is None:

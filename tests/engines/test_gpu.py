@@ -19,6 +19,7 @@ import torch
 
 from engines_harness import interrupt_running_loop
 from pdl.slots import detect_gpus
+from pdl_cinic10 import CLASSES
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,6 +33,7 @@ RECIPE_LOSS_TOLERANCE = 0.02
 #: random start where bf16 rounding weighs most: 0.957 measured on an H200).
 RECIPE_GRADIENT_COSINE = 0.9
 MIB = 1 << 20
+GIB = 1 << 30
 
 
 def nvidia_smi(*fields: str) -> list[list[str]]:
@@ -62,6 +64,81 @@ def run_json(session, cell: str, n: int, **kwargs) -> list[dict]:
     out = io.StringIO()
     session.run(cell, n, all_output=True, out=out, **kwargs)
     return [json.loads(m) for m in re.findall(r"\{.*\}", out.getvalue())]
+
+
+#: A cell that runs ``fit`` as the notebook does, on this rank's own copy of the synthetic
+#: sample (100 train and 20 test images a class), with ``backend`` and ``Hyper(**hyper)``
+#: filled in. It records what fit's backend made of the model and the optimizer (by
+#: wrapping the ``distribute`` of the collectives fit asks for) and prints one JSON object.
+FIT_CELL = """
+import json, tempfile
+import torch, torch._dynamo
+from pdl_cinic10 import train as training
+from pdl_cinic10.cache import load
+from pdl_cinic10.compile_support import compile_problem
+from pdl_cinic10.model import ResNet18
+from pdl_cinic10.sample import make_sample
+
+def kind(obj):
+    return f"{type(obj).__module__}.{type(obj).__name__}"
+
+def fit_and_report(backend, hyper):
+    made = []  # (net, optimizer) as fit's collectives returned them
+    for_backend = training.for_backend
+
+    def recording_for_backend(name):
+        comm = for_backend(name)
+        distribute = comm.distribute
+        def recording_distribute(module, optimizer):
+            made.append(distribute(module, optimizer))
+            return made[-1]
+        comm.distribute = recording_distribute
+        return comm
+
+    with tempfile.TemporaryDirectory() as root:
+        make_sample(root, train_per_class=100, test_per_class=20, valid_per_class=1)
+        train, test = [load(root, split, device=device, cache_dir=f"{root}/cache") for split in ("train", "test")]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    lines = []
+    training.for_backend = recording_for_backend
+    try:
+        result = training.fit(ResNet18(width=hyper["width"]).to(device), train, test, training.Hyper(**hyper),
+                              device=device, backend=backend, log=lines.append)
+    finally:
+        training.for_backend = for_backend
+    return {"rank": rank, "world": world_size, "losses": [h["train_loss"] for h in result["history"]],
+            "test_acc": result["test_acc"], "made": [[kind(net), kind(opt)] for net, opt in made],
+            "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"], "compile_off": compile_problem(),
+            "weights": sum(p.detach().double().sum() for p in result["model"].parameters()).item(),
+            "log": lines}
+
+print(json.dumps(fit_and_report(%r, %r)))
+"""
+
+
+def fit_on_every_gpu(session, gpus, backend: str, **hyper) -> list[dict]:
+    """:data:`FIT_CELL` on one rank per GPU; asserts that every rank reported, in a world
+    of them all, with a finite loss every epoch, that fit distributed the model once, and
+    that the ranks end with the same weights. Returns the reports."""
+    seen = run_json(session, FIT_CELL % (backend, hyper), len(gpus), backend=backend)
+    assert sorted(s["rank"] for s in seen) == list(range(len(gpus))), seen
+    assert all(s["world"] == len(gpus) for s in seen), seen
+    assert all(len(s["losses"]) == hyper["epochs"] and all(map(math.isfinite, s["losses"])) for s in seen), seen
+    assert all(len(s["made"]) == 1 for s in seen), [s["made"] for s in seen]
+    weights = [s["weights"] for s in seen]
+    assert max(weights) - min(weights) <= 1e-6 * max(1.0, *map(abs, weights)), f"replicas diverged: {weights}"
+    return seen
+
+
+@pytest.fixture
+def horovod():
+    """``horovod.torch``; skips the test where Horovod is missing or built without NCCL."""
+    hvd = pytest.importorskip("horovod.torch")
+    if not hvd.nccl_built():
+        pytest.skip("this Horovod was built without NCCL (scripts/build-horovod with HOROVOD_GPU_OPERATIONS=NCCL)")
+    return hvd
 
 
 def test_each_engine_sees_exactly_its_reserved_gpu(session, gpus):
@@ -111,6 +188,18 @@ print(json.dumps({"first": losses[0], "last": losses[-1], "weights": model.modul
     seen = run_json(session, cell, len(gpus))
     assert all(s["last"] < 0.1 * s["first"] for s in seen), seen
     assert len({round(s["weights"], 4) for s in seen}) == 1, "DDP replicas diverged"
+
+
+def test_fit_trains_under_ddp_compiled_on_every_gpu(session, gpus):
+    """The notebook's path: ``fit`` in a cell on one rank per GPU, bf16, channels_last and
+    compiled. Every rank trains (finite loss) through at least one compiled graph, fit
+    wraps the model in DDP when there is more than one rank (in a world of one it trains
+    it unwrapped), and the replicas end with the same weights."""
+    seen = fit_on_every_gpu(session, gpus, "torch", epochs=1, width=32, bf16=True, channels_last=True, compile=True)
+    for s in seen:
+        net, _ = s["made"][0]
+        assert net.endswith(".DistributedDataParallel") == (len(gpus) > 1), s
+        assert s["graphs"] >= 1, f"no graph was compiled on rank {s['rank']} ({s['compile_off']}): {s}"
 
 
 def test_the_recipe_runs_bf16_channels_last_and_compiled(tmp_path):
@@ -185,15 +274,30 @@ def test_a_checkpoint_saves_and_resumes_on_the_gpu(tmp_path):
 
 
 def test_after_ctrl_c_the_engines_gpu_memory_is_reused_not_leaked(session, gpus):
+    """Each rank's reserved GPU memory (torch's caching allocator): interrupting a loop
+    that holds a 512 MiB buffer leaves at least that much more than before it (the loop
+    really ran on the GPU), and interrupting it again adds at most 64 MiB (the memory of
+    the first is reused, not leaked)."""
     body = "b = torch.empty(512 << 20, dtype=torch.uint8, device=device); b.fill_(1); torch.cuda.synchronize()"
-    report = ("import json, torch\nprint(json.dumps({'reserved': torch.cuda.memory_reserved(), "
-              "'allocated': torch.cuda.memory_allocated()}))")
-    reserved = []
-    for _ in range(2):
-        interrupt_running_loop(session, body, n=len(gpus))
-        reserved.append([s["reserved"] for s in run_json(session, report, len(gpus))])
-    for first, second in zip(*reserved):
-        assert second <= first + 64 * MIB, f"GPU memory grew from {first // MIB} to {second // MIB} MiB"
+    report = "import json, torch\nprint(json.dumps({'rank': rank, 'reserved': torch.cuda.memory_reserved()}))"
+
+    def reserved() -> list[int]:
+        """Each rank's reserved bytes, in rank order."""
+        seen = sorted(run_json(session, report, len(gpus)), key=lambda s: s["rank"])
+        assert len(seen) == len(gpus), f"{len(seen)} of {len(gpus)} ranks reported: {seen}"
+        return [s["reserved"] for s in seen]
+
+    # earlier cells' cached blocks could serve the buffer without reserving more: free them
+    session.run("import torch; torch.cuda.empty_cache()", len(gpus), out=io.StringIO())
+    before = reserved()
+    interrupt_running_loop(session, body, n=len(gpus))
+    first = reserved()
+    interrupt_running_loop(session, body, n=len(gpus))
+    second = reserved()
+    for rank, (b, f, s) in enumerate(zip(before, first, second)):
+        assert f >= b + 512 * MIB, f"rank {rank}: the loop's 512 MiB buffer was not on the GPU ({b // MIB} MiB " \
+                                   f"reserved before it, {f // MIB} MiB after)"
+        assert s <= f + 64 * MIB, f"rank {rank}: GPU memory grew from {f // MIB} to {s // MIB} MiB"
 
 
 def test_the_preflight_shows_the_real_gpu_driver_and_cuda(session, gpus):
@@ -205,18 +309,37 @@ def test_the_preflight_shows_the_real_gpu_driver_and_cuda(session, gpus):
 
 
 def test_the_cluster_panel_reads_the_real_nvidia_smi():
+    """What the panel parses from nvidia-smi agrees with CUDA's own answers: each GPU
+    torch sees is there by UUID with CUDA's name for it, and 1 GiB this process
+    allocates on GPU 0 shows in its used memory (at least 0.9 GiB more: nvidia-smi counts
+    MiB, and other processes may hold or free some)."""
     from pdl_lab.resources import gpu_stats
 
-    stats = gpu_stats()
-    rows = nvidia_smi("index", "uuid", "name", "memory.total")
-    assert [(s["index"], s["uuid"], s["name"]) for s in stats] == [(i, u, n) for i, u, n, _ in rows]
-    assert all(s["mem_total_bytes"] == int(total) * MIB for s, (*_, total) in zip(stats, rows)), stats
+    by_uuid = {s["uuid"]: s for s in gpu_stats()}
+    uuids = [f"GPU-{torch.cuda.get_device_properties(i).uuid}" for i in range(torch.cuda.device_count())]
+    for i, uuid in enumerate(uuids):
+        assert uuid in by_uuid, (uuid, sorted(by_uuid))
+        assert by_uuid[uuid]["name"] == torch.cuda.get_device_name(i), (by_uuid[uuid], torch.cuda.get_device_name(i))
+
+    def used_now() -> int:
+        """The panel's reading of GPU 0's used memory, in bytes."""
+        return next(s for s in gpu_stats() if s["uuid"] == uuids[0])["mem_used_bytes"]
+
+    torch.cuda.empty_cache()  # else the allocation may come from this process's cached blocks
+    torch.cuda.synchronize(0)
+    used_before = used_now()
+    block = torch.empty(GIB, dtype=torch.uint8, device="cuda:0")
+    try:
+        block.fill_(1)
+        torch.cuda.synchronize(0)
+        used_after = used_now()
+    finally:
+        del block
+        torch.cuda.empty_cache()
+    assert used_after - used_before >= 0.9 * GIB, f"used {used_before // MIB} MiB, then {used_after // MIB} MiB"
 
 
-def test_horovod_all_reduces_with_nccl(session, gpus):
-    hvd = pytest.importorskip("horovod.torch")
-    if not hvd.nccl_built():
-        pytest.skip("this Horovod was built without NCCL (scripts/build-horovod with HOROVOD_GPU_OPERATIONS=NCCL)")
+def test_horovod_all_reduces_with_nccl(horovod, session, gpus):
     cell = """
 import json, torch
 t = hvd.allreduce(torch.full((1024,), float(rank + 1), device=device), op=hvd.Sum)
@@ -225,6 +348,20 @@ print(json.dumps({"sum": t[0].item(), "size": hvd.size(), "device": str(t.device
     seen = run_json(session, cell, len(gpus), backend="horovod")
     n = len(gpus)
     assert len(seen) == n and all(s == {"sum": n * (n + 1) / 2, "size": n, "device": "cuda:0"} for s in seen), seen
+
+
+def test_fit_trains_with_horovods_optimizer_on_the_gpu(horovod, session, gpus):
+    """``fit`` in a ``--backend horovod`` cell (bf16, channels_last, not compiled): it
+    steps ``hvd.DistributedOptimizer`` over a world of every rank, the loss falls from
+    the first epoch to the second, the test accuracy ends above chance (85 % on a CPU),
+    and the replicas end with the same weights."""
+    seen = fit_on_every_gpu(session, gpus, "horovod", epochs=2, batch_size=32, width=32, bf16=True,
+                            channels_last=True, compile=False)
+    for s in seen:
+        _, optimizer = s["made"][0]
+        assert optimizer.startswith("horovod.torch.optimizer."), s  # hvd.DistributedOptimizer's class
+        assert s["losses"][1] < s["losses"][0], s
+        assert s["test_acc"] > 1 / len(CLASSES), s  # above chance
 
 
 @pytest.fixture
