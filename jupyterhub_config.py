@@ -48,7 +48,7 @@ Environment variables tune it without editing this file:
 - ``PDL_PREFLIGHT_SKIP``: preflight checks to skip on every user's engines, e.g. ``gpu``
   on a test cluster whose declared GPUs torch cannot see (docs/admin.md, "Preflight").
 
-Login is jupyterhub-nativeauthenticator (``pdl_spawner.accounts.PDLAuthenticator``):
+Login is jupyterhub-nativeauthenticator (``pdl_spawner.core.accounts.PDLAuthenticator``):
 every user has their own password, kept as a bcrypt hash in the hub's database. The
 admin's account is made at first start with a random password, stored with mode 0600
 in ``$PDL_STATE_DIR/password`` (``scripts/serve`` prints it). As root, everyone else
@@ -73,10 +73,10 @@ import os
 import sys
 from pathlib import Path
 
-from pdl_spawner.accounts import TEMPLATE_DIR, name_problem
-from pdl_spawner.credentials import SignupCodes
-from pdl_spawner.public_url import default_public_url, public_url_problem
-from pdl_spawner.request_limits import DEFAULT_MAX_REQUEST_BYTES, limit_request_bodies
+from pdl_spawner.core.accounts import TEMPLATE_DIR, name_problem
+from pdl_spawner.core.credentials import SignupCodes
+from pdl_spawner.core.public_url import default_public_url, public_url_problem
+from pdl_spawner.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, limit_request_bodies
 
 c = get_config()  # noqa: F821 - provided by JupyterHub
 
@@ -102,7 +102,7 @@ if _embedded and os.geteuid() != 0 and len(users) > 1:
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = int(os.environ.get("PDL_HUB_PORT", "8000"))
 # Each user's server is a web origin of its own, <name>.<host> beside the hub at <host>
-# (pdl_spawner/public_url.py): a page a user serves cannot act as whoever opens it.
+# (pdl_spawner/core/public_url.py): a page a user serves cannot act as whoever opens it.
 _public_url = os.environ.get("PDL_PUBLIC_URL", "").strip() or default_public_url(c.JupyterHub.port)
 _public_url_problem = public_url_problem(_public_url)
 if _public_url_problem:
@@ -126,7 +126,7 @@ c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
 c.JupyterHub.cleanup_servers = os.environ.get("PDL_KEEP_SERVERS", "1") == "0"
 c.ConfigurableHTTPProxy.pid_file = str(state_dir / "proxy.pid")
 
-# Each user's own password (pdl_spawner/accounts.py): the admin's account is made from
+# Each user's own password (pdl_spawner/core/accounts.py): the admin's account is made from
 # $PDL_STATE_DIR/password; listed users sign up with their one-time codes and are approved at once, others wait.
 for _name in users:
     if name_problem(_name):
@@ -135,7 +135,7 @@ _max_body = os.environ.get("PDL_MAX_REQUEST_BYTES", str(DEFAULT_MAX_REQUEST_BYTE
 if not _max_body.isdigit() or int(_max_body) == 0:
     raise SystemExit(f"PDL_MAX_REQUEST_BYTES must be a positive number of bytes, got {_max_body[:40]!r}")
 limit_request_bodies(int(_max_body))
-c.JupyterHub.authenticator_class = "pdl_spawner.accounts.PDLAuthenticator"
+c.JupyterHub.authenticator_class = "pdl_spawner.core.accounts.PDLAuthenticator"
 c.PDLAuthenticator.first_admin = users[0]
 c.PDLAuthenticator.first_admin_password_file = str(state_dir / "password")
 c.PDLAuthenticator.allowed_failed_logins = int(os.environ.get("PDL_LOGIN_ATTEMPTS", "5"))
@@ -187,7 +187,7 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     # engine per GPU that the nodes declare (docs/admin.md). The hub talks to the
     # manager's Docker socket and must be reachable from every node.
     c.JupyterHub.spawner_class = "pdl-swarm"
-    from pdl_spawner.hub_address import proxy_ip
+    from pdl_spawner.swarm.hub_address import proxy_ip
 
     if not os.environ.get("PDL_HUB_CONNECT_IP"):
         raise SystemExit("jupyterhub_config.py: PDL_SPAWNER=swarm needs PDL_HUB_CONNECT_IP, this node's address "

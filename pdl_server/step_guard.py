@@ -2,7 +2,7 @@
 step, and end the step with it.
 
 With ``PDLSlurmSpawner.server_placement = "allocation"`` the server is a step of the
-user's job (:func:`pdl_spawner.slurm_placement.server_step_argv`), and the ``srun`` on
+user's job (:func:`pdl_spawner.slurm.placement.server_step_argv`), and the ``srun`` on
 the login node that the hub watches lasts as long as the step. A step lasts as long as
 something holds its output open. Slurm stops what is left of a step once its task
 exits, but where it tracks a step by its process tree (``ProctrackType=

@@ -36,7 +36,7 @@ import websocket
 from jupyterhub.utils import subdomain_hook_idna
 
 from pdl.process import pid_alive
-from pdl_spawner.credentials import SignupCodes
+from pdl_spawner.core.credentials import SignupCodes
 from pdl_server.contract import cluster_dir_in
 from waiting import wait_until
 
@@ -213,7 +213,7 @@ c.JupyterHub.log_level = "INFO"
         wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
         subprocess.run(["userdel", "--remove", name], capture_output=True)
         shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)  # its runtime folder (the spawner's)
-        from pdl_spawner import device_cgroup
+        from pdl_spawner.core import device_cgroup
 
         if device_cgroup.support():  # its cgroup, left behind when the hub was killed
             device_cgroup.DeviceCgroup(name).remove()
@@ -397,7 +397,7 @@ c.JupyterHub.log_level = "INFO"
 
     def reservations(self) -> dict[str, str]:
         """slot -> owner, read from the ledger file."""
-        from pdl_spawner.reservations import SlotLedger
+        from pdl_spawner.core.reservations import SlotLedger
 
         return {h.slot: h.owner for h in SlotLedger(self.state_dir / "reservations.sqlite").holdings()}
 

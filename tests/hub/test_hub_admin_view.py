@@ -1,4 +1,4 @@
-"""The admin view (pdl_spawner/admin_view.py): the pure rows and page, then the
+"""The admin view (pdl_spawner/admin_view.py, its frame and local source): the pure rows and page, then the
 ``pdl-admin`` service in a real JupyterHub, where admins see who holds which slot,
 who waits and what was reclaimed, and nobody else gets in."""
 
@@ -13,9 +13,11 @@ import pytest
 import requests
 
 from hub_harness import Hub, hub_fixture, pids_matching
-from pdl_spawner.admin_view import duration_text, render_page, status_model
-from pdl_spawner.reservations import Holding, Reclaim, SlotLedger
-from pdl_spawner.wait_queue import Waiter
+from pdl_spawner.admin_view import render_page
+from pdl_spawner.core.admin_frame import duration_text
+from pdl_spawner.local.admin_source import status_model
+from pdl_spawner.core.reservations import Holding, Reclaim, SlotLedger
+from pdl_spawner.core.wait_queue import Waiter
 from waiting import wait_until
 
 USERS = ["admin", "alice", "bob", "carol"]
@@ -34,7 +36,7 @@ def test_status_rows_in_slot_order_with_iso_times_and_seconds():
                           [Reclaim("dave", ["cpu:3"], T0, "engines idle for 600 s")],
                           node="box", pool=["cpu:2", "cpu:3", "cpu:10"], now=T0 + 65)
     assert status == {
-        "node": "box", "now": "2023-11-14T22:14:25Z", "pool": ["cpu:2", "cpu:3", "cpu:10"], "free": ["cpu:3"],
+        "source": "local", "node": "box", "now": "2023-11-14T22:14:25Z", "pool": ["cpu:2", "cpu:3", "cpu:10"], "free": ["cpu:3"],
         "reservations": [
             {"slot": "cpu:2", "node": "box", "owner": "alice", "user": "alice", "server": "",
              "since": "2023-11-14T22:11:50Z", "held_s": 155},

@@ -101,7 +101,7 @@ def account_of(hub, user: str) -> pwd.struct_passwd:
 
 
 def test_ben_cannot_log_in_as_ann_with_his_own_password(hub):
-    """Guards the per-user credential (pdl_spawner/accounts.py): no password is shared."""
+    """Guards the per-user credential (pdl_spawner/core/accounts.py): no password is shared."""
     session = hub.login("ann", password=hub.password("ben"))
     assert "jupyterhub-hub-login" not in session.cookies
     assert hub.login("ann").cookies.get("jupyterhub-hub-login")  # her own password does
@@ -369,7 +369,7 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers(hub, ben):
     file limit raised to the hard one), and the next user's spawn failed with "503 no
     free port". Guards ``PDLLocalSpawner.restrict_ports`` (port_filter): of the range, a
     server's processes may bind only their own server's port."""
-    from pdl_spawner.local import PDLLocalSpawner
+    from pdl_spawner.local.spawner import PDLLocalSpawner
 
     low, high = PDLLocalSpawner.class_traits()["port_range"].default()
     found = squat_ports(ben, low, high)

@@ -42,7 +42,7 @@ def timed_get(session: requests.Session, url: str, **kwargs) -> tuple[float, int
 
 
 def test_the_hub_answers_within_0_2_s_while_the_ledger_is_locked_elsewhere(hub):
-    """Guards ``pdl_spawner.db_thread.off_loop`` around every ledger and queue call of the
+    """Guards ``pdl_spawner.core.db_thread.off_loop`` around every ledger and queue call of the
     spawner (``reserve``, the spawn form): run on the event loop, the spawn below would
     freeze every page for as long as the lock is held."""
     hub.start()
@@ -82,7 +82,7 @@ def test_a_reservation_made_just_before_a_hub_crash_is_freed_on_restart(hub, tmp
     stall.touch()
     hub.extra_config = f"""
 import os, time
-from pdl_spawner.local import PDLLocalSpawner
+from pdl_spawner.local.spawner import PDLLocalSpawner
 
 class StallAfterReserve(PDLLocalSpawner):
     def prepare_account(self):  # the fault: a spawn that stalls once it holds its slots

@@ -8,7 +8,7 @@ import pytest
 
 from fault_cells import SUM, magic
 from hub_harness import Kernel, engine_processes, hub_fixture
-from pdl_spawner.reservations import SlotLedger
+from pdl_spawner.core.reservations import SlotLedger
 from waiting import wait_until
 
 pytestmark = pytest.mark.hub

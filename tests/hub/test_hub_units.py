@@ -13,8 +13,8 @@ import pytest
 from tornado import web
 
 from pdl.slots import cpus_for_slot, engine_env, parse_slot
-from pdl_spawner import form
-from pdl_spawner.reservations import NotEnoughSlots, SlotLedger
+from pdl_spawner.core import form
+from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 
 pytestmark = pytest.mark.unit
 
@@ -135,7 +135,7 @@ def _fake_user(name: str):
 def test_a_default_above_the_pool_asks_for_the_whole_pool_not_a_refusal(tmp_path):
     """The hub's default of 3 workers on a 2-core machine (a pool of 2 CPU workers): a
     spawn that names no count gets 2, and the form offers 2, instead of a 400."""
-    from pdl_spawner.local import PDLLocalSpawner
+    from pdl_spawner.local.spawner import PDLLocalSpawner
 
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1"], default_workers=3,
                               reservations_db=str(tmp_path / "r.sqlite"))
@@ -148,7 +148,7 @@ def test_a_default_above_the_pool_asks_for_the_whole_pool_not_a_refusal(tmp_path
 
 
 def test_local_spawner_refuses_an_image_before_reserving_or_starting(tmp_path):
-    from pdl_spawner.local import PDLLocalSpawner
+    from pdl_spawner.local.spawner import PDLLocalSpawner
 
     db = tmp_path / "r.sqlite"
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(db))
@@ -162,7 +162,7 @@ def test_local_spawner_refuses_an_image_before_reserving_or_starting(tmp_path):
 def test_local_spawner_gives_each_server_a_port_nothing_else_holds(tmp_path):
     import socket
 
-    from pdl_spawner.local import PDLLocalSpawner
+    from pdl_spawner.local.spawner import PDLLocalSpawner
 
     low = 29871
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(tmp_path / "r.sqlite"),
@@ -209,7 +209,7 @@ def test_the_default_cpu_pool_is_one_worker_per_core_and_never_oversubscribes(mo
 
 
 def test_spawner_is_registered_and_documents_its_config():
-    from pdl_spawner.local import PDLLocalSpawner
+    from pdl_spawner.local.spawner import PDLLocalSpawner
 
     assert entry_points(group="jupyterhub.spawners")["pdl-local"].load() is PDLLocalSpawner
     own = ["pool", "cpu_slots", "default_workers", "max_workers", "reservations_db",
@@ -256,7 +256,7 @@ class _LeaseDouble:
 
 
 def _lease_spawner(tmp_path, lease: dict, **traits):
-    from pdl_spawner.local import PDLLocalSpawner
+    from pdl_spawner.local.spawner import PDLLocalSpawner
 
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1", "cpu:2"], system_users=False,
                               reservations_db=str(tmp_path / "r.sqlite"), engine_idle_timeout=9,
@@ -269,7 +269,7 @@ RELEASED = {"released": {"reason": "engines idle for 9 s"}, "want": None, "grant
 
 
 def test_engines_asked_back_while_others_wait_are_refused_with_advice_for_a_cell(tmp_path):
-    from pdl_spawner.wait_queue import WaitQueue
+    from pdl_spawner.core.wait_queue import WaitQueue
 
     spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 1}})
     WaitQueue(spawner.reservations_db).join("bob", "bob", 2)  # bob waits for two slots, which are free
@@ -334,7 +334,7 @@ def test_clear_state_frees_a_reservation_the_state_never_recorded(tmp_path):
     """Guards ``PDLLocalSpawner.clear_state`` releasing by owner: after a hub crash between
     the reservation and JupyterHub saving the state, the restarted hub's spawner has no
     slots in its state, and clearing it must still free what the ledger holds."""
-    from pdl_spawner.db_thread import submit
+    from pdl_spawner.core.db_thread import submit
 
     spawner = _lease_spawner(tmp_path, {})
     SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
@@ -347,9 +347,9 @@ def test_clear_state_frees_a_reservation_the_state_never_recorded(tmp_path):
 @pytest.mark.unit
 @pytest.mark.parametrize("value", [0, -1, True, "1048576", 1.5])
 def test_the_request_body_limit_takes_a_positive_number_of_bytes_only(value):
-    """Guards pdl_spawner.request_limits: a limit of 0 (or a string from the environment)
+    """Guards pdl_spawner.core.request_limits: a limit of 0 (or a string from the environment)
     would refuse every request, or none, silently."""
-    from pdl_spawner.request_limits import limit_request_bodies
+    from pdl_spawner.core.request_limits import limit_request_bodies
 
     with pytest.raises(ValueError, match="positive number of bytes"):
         limit_request_bodies(value)
@@ -364,7 +364,7 @@ def test_a_missing_runtime_root_is_made_open_to_the_accounts_whatever_the_umask(
     import pwd
     import stat
 
-    from pdl_spawner.unix_accounts import ensure_runtime_dir
+    from pdl_spawner.core.unix_accounts import ensure_runtime_dir
 
     if os.geteuid() != 0:
         pytest.skip("gives the folder to another account: needs root")
@@ -394,7 +394,7 @@ def test_pdl_runs_users_only_as_accounts_its_own_hub_made(tmp_path):
     import stat
     import subprocess
 
-    from pdl_spawner.unix_accounts import ForeignAccount, accounts_made, ensure_account, uid_min
+    from pdl_spawner.core.unix_accounts import ForeignAccount, accounts_made, ensure_account, uid_min
 
     if os.geteuid() != 0:
         pytest.skip("makes Unix accounts: needs root")
@@ -434,7 +434,7 @@ def test_a_spawn_without_a_free_port_says_who_holds_the_ports(tmp_path):
     import pwd
     import socket
 
-    from pdl_spawner.local import PDLLocalSpawner
+    from pdl_spawner.local.spawner import PDLLocalSpawner
 
     low = 29881
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(tmp_path / "r.sqlite"),

@@ -1,4 +1,4 @@
-"""The admin view's Slurm source (pdl_spawner/admin_view.py): the pure model and page
+"""The admin view's Slurm source (pdl_spawner/slurm/admin_source.py): the pure model and page
 from ``squeue --json`` / ``sinfo --json`` output shaped as Slurm 22.05 writes it, the
 reader with Slurm's commands answered from that, and the choice of source; no Slurm,
 no hub."""
@@ -11,12 +11,13 @@ from html import escape
 
 import pytest
 
-from pdl_spawner import admin_view
-from pdl_spawner.admin_view import (
-    SLURM_RECLAIMS_NOTE, read_slurm_status, reader_from_env, render_page, slurm_job_owner, slurm_status_model,
+from pdl_spawner.admin_view import reader_from_env, render_page
+from pdl_spawner.slurm import admin_source as slurm_source
+from pdl_spawner.slurm.admin_source import (
+    SLURM_RECLAIMS_NOTE, read_slurm_status, slurm_job_owner, slurm_status_model,
 )
-from pdl_spawner.slurm_cli import SlurmCommands
-from pdl_spawner.slurm_jobs import parse_jobs, parse_nodes
+from pdl_spawner.slurm.cli import SlurmCommands
+from pdl_spawner.slurm.jobs import parse_jobs, parse_nodes
 
 pytestmark = pytest.mark.unit
 
@@ -238,7 +239,7 @@ def test_the_reader_asks_slurms_own_commands_for_json_and_expands_no_node_list(m
 def test_the_environment_picks_the_slurm_source_with_no_file():
     reader = reader_from_env({"PDL_SLURM": "1", "PDL_SLURM_PARTITION": " gpu ", "PATH": "/opt/slurm/bin:/usr/bin",
                               "SLURM_CONF": "/etc/lab/slurm.conf", "PDL_DOCKER_HOST": "tcp://m:2375"})
-    assert reader.func is admin_view.read_slurm_status and reader.args == ()
+    assert reader.func is slurm_source.read_slurm_status and reader.args == ()
     assert reader.keywords == {"partition": "gpu", "account_prefix": "pdl-", "slurm_env": {
         "PATH": "/opt/slurm/bin:/usr/bin", "LANG": "C.UTF-8", "SLURM_CONF": "/etc/lab/slurm.conf"}}
     # as jupyterhub_config.py gives it: SLURM_CONF empty when the hub had none

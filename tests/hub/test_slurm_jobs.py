@@ -1,4 +1,4 @@
-"""What Slurm says, read into PDL's terms (pdl_spawner/slurm_jobs.py): the sbatch
+"""What Slurm says, read into PDL's terms (pdl_spawner/slurm/jobs.py): the sbatch
 arguments of a reservation, and ``squeue --json`` / ``sinfo --json`` output (the shape
 Slurm 22.05 writes, openapi v0.0.38, and the newer number and state forms) read into
 jobs, nodes, GPU usage and queue positions; no Slurm."""
@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from pdl_spawner.slurm_jobs import (
+from pdl_spawner.slurm.jobs import (
     JOB_NAME_PREFIX, SlurmJob, SlurmNode, default_partition, gpu_usage, job_name, parse_job_id, parse_jobs,
     parse_nodes, pdl_job_owner, pending_message, queue_position, sbatch_argv,
 )

@@ -1,4 +1,4 @@
-"""A Slurm server inside its job (pdl_spawner/slurm_placement.py): the server step's
+"""A Slurm server inside its job (pdl_spawner/slurm/placement.py): the server step's
 srun arguments, its node read from ``squeue --json`` / ``sinfo --json``, the check
 that the nodes can reach the hub's API, and the step's guard
 (pdl_server/step_guard.py), which ends the step with the server; no Slurm."""
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from pdl_spawner.slurm_jobs import SlurmNode
-from pdl_spawner.slurm_placement import ServerNode, batch_host, hub_api_problem, node_address, server_step_argv
+from pdl_spawner.slurm.jobs import SlurmNode
+from pdl_spawner.slurm.placement import ServerNode, batch_host, hub_api_problem, node_address, server_step_argv
 
 pytestmark = pytest.mark.unit
 

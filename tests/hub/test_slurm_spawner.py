@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from tornado import web
 
-from pdl_spawner.slurm import PDLSlurmSpawner
+from pdl_spawner.slurm.spawner import PDLSlurmSpawner
 
 
 def _user(name: str):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pdl_spawner.wait_queue import WaitQueue
+from pdl_spawner.core.wait_queue import WaitQueue
 
 pytestmark = pytest.mark.unit
 

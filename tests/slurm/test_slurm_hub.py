@@ -13,7 +13,7 @@ import time
 import pytest
 
 import slurm_harness
-from pdl_spawner import device_cgroup
+from pdl_spawner.core import device_cgroup
 from hub_harness import Kernel, Progress, origin_answers, queue_up, release_ports, squat_ports
 from fault_cells import SUM, magic
 from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum
@@ -195,7 +195,7 @@ def test_a_dead_engine_comes_back_as_a_new_step_of_the_same_job_and_a_hub_restar
 
 def test_ben_cannot_reach_anns_job_engines_or_files(hub, slurm):
     """Guards that ann's job, its steps and her files are hers alone: the job is submitted
-    as her own account (pdl_spawner/slurm.py: ``submit(argv, account=self.account)``), so
+    as her own account (pdl_spawner/slurm/spawner.py: ``submit(argv, account=self.account)``), so
     Slurm's owner checks refuse ben's scancel, srun into it and scontrol update; her
     engines run as her account, so ben cannot signal them; her home is hers (mode 0700,
     unix_accounts). With one account shared by all users' jobs, each of these would work."""
@@ -232,7 +232,7 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers_on_the_login_node(hub,
     embedded default), where ben's kernel tried to bind every port of port_range. Guards
     ``PDLLocalSpawner.restrict_ports``, which PDLSlurmSpawner's start keeps: of the range,
     ben's processes may bind only his own server's port (EADDRINUSE: it is in use)."""
-    from pdl_spawner.slurm import PDLSlurmSpawner
+    from pdl_spawner.slurm.spawner import PDLSlurmSpawner
 
     low, high = PDLSlurmSpawner.class_traits()["port_range"].default()
     assert hub.spawn("ben", 1).status_code in (201, 202)

@@ -1,11 +1,11 @@
-"""Where the hub's proxy listens on a Swarm manager (pdl_spawner/hub_address.py): an
+"""Where the hub's proxy listens on a Swarm manager (pdl_spawner/swarm/hub_address.py): an
 address JupyterHub can check even where the host's name does not resolve."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdl_spawner.hub_address import proxy_ip, resolves
+from pdl_spawner.swarm.hub_address import proxy_ip, resolves
 
 pytestmark = pytest.mark.unit
 

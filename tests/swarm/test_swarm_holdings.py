@@ -1,19 +1,21 @@
-"""Who holds which GPU of a swarm (pdl_spawner/swarm_gpus.py) and the admin view's
-Swarm source (pdl_spawner/admin_view.py): pure functions over Engine API objects shaped
+"""Who holds which GPU of a swarm (pdl_spawner/swarm/gpus.py) and the admin view's
+Swarm source (pdl_spawner/swarm/admin_source.py): pure functions over Engine API objects shaped
 as docker-py's ``APIClient`` returns them; no Docker, no hub."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdl_spawner import admin_view
-from pdl_spawner.admin_view import read_status, read_swarm_status, reader_from_env, render_page, swarm_status_model
-from pdl_spawner.reservations import Reclaim, SlotLedger
-from pdl_spawner.swarm_gpus import (
+from pdl_spawner.admin_view import reader_from_env, render_page
+from pdl_spawner.local.admin_source import read_status
+from pdl_spawner.swarm import admin_source as swarm_source
+from pdl_spawner.swarm.admin_source import read_swarm_status, swarm_status_model
+from pdl_spawner.core.reservations import Reclaim, SlotLedger
+from pdl_spawner.swarm.gpus import (
     OTHER_SERVICES, PENDING, GpuHolding, SwarmSnapshot, gpu_holdings, gpu_pool, gpu_usage, gpus_in_use,
     parse_timestamp, swarm_snapshot,
 )
-from pdl_spawner.wait_queue import Waiter, WaitQueue
+from pdl_spawner.core.wait_queue import Waiter, WaitQueue
 from swarm_doubles import FakeSwarm
 
 pytestmark = pytest.mark.unit
@@ -220,7 +222,7 @@ def test_the_swarm_status_names_gpus_by_node_and_counts_other_services_not_free(
     status = swarm_status_model(snapshot("alice/big"), [Waiter("carol", "carol", 1, T0 + 5)],
                                 [Reclaim("dave", ["pdl-node2/GPU-fake-2"], T0, "engines idle for 600 s")], now=T0 + 65)
     assert status == {
-        "nodes": ["pdl-node1", "pdl-node2", "pdl-node3"], "unavailable": ["pdl-node3"], "now": "2023-11-14T22:14:25Z",
+        "source": "swarm", "nodes": ["pdl-node1", "pdl-node2", "pdl-node3"], "unavailable": ["pdl-node3"], "now": "2023-11-14T22:14:25Z",
         "pool": ["pdl-node1/GPU-fake-1", "pdl-node2/GPU-fake-2", "pdl-node2/GPU-fake-3"],
         "free": ["pdl-node2/GPU-fake-2"], "other_services": ["pdl-node2/GPU-fake-3"],
         "reservations": [
@@ -286,7 +288,7 @@ def test_the_swarm_reader_takes_holdings_from_docker_and_the_queue_and_reclaims_
     ledger.reclaim("carol", "engines idle for 600 s")
     api = ([node("pdl-node1", ["GPU-fake-1"]), node("pdl-node2", ["GPU-fake-2"])], [engine_service("s1", "alice")],
            [task("t1", "s1", "pdl-node1", "GPU-fake-1")])
-    monkeypatch.setattr(admin_view, "read_swarm", lambda host: api if host == "tcp://m:2375" else None)
+    monkeypatch.setattr(swarm_source, "read_swarm", lambda host: api if host == "tcp://m:2375" else None)
     status = read_swarm_status(db, docker_host="tcp://m:2375", resource=GPU, node_names=[])
     assert [(r["node"], r["slot"], r["owner"]) for r in status["reservations"]] == \
         [("pdl-node1", "GPU-fake-1", "alice")]

@@ -150,14 +150,14 @@ def run_as_ben(swarm, network: str, node: int, argv: list[str]) -> dict:
 
 
 def test_ben_cannot_log_in_as_ann_with_his_own_password(hub):
-    """Guards the per-user credential (pdl_spawner/accounts.py) in the hub's Swarm mode."""
+    """Guards the per-user credential (pdl_spawner/core/accounts.py) in the hub's Swarm mode."""
     session = hub.login("ann", password=hub.password("ben"))
     assert "jupyterhub-hub-login" not in session.cookies
     assert hub.login("ann").cookies.get("jupyterhub-hub-login")  # her own password does
 
 
 def test_bens_containers_reach_nothing_of_anns_server_on_any_of_her_nodes(hub, swarm):
-    """Guards the private networks (pdl_spawner/swarm_specs.py: ``"Networks": [{"Target":
+    """Guards the private networks (pdl_spawner/swarm/specs.py: ``"Networks": [{"Target":
     network}]`` in notebook_service and engine_service; ``_service`` publishes only the
     Jupyter port): with the node's own network, ben's container on her node reaches
     her TCP store, gloo and controller ports. Also the kernels' IPC transport
@@ -213,7 +213,7 @@ def test_bens_containers_reach_nothing_of_anns_server_on_any_of_her_nodes(hub, s
 
 
 def test_a_full_pool_of_private_networks_refuses_a_spawn_in_one_line(hub, swarm):
-    """Guards NetworkPool.claim (pdl_spawner/swarm_networks.py): with every network of
+    """Guards NetworkPool.claim (pdl_spawner/swarm/networks.py): with every network of
     the pool taken, another server would have to share one. ben's server goes, so a
     GPU is free; the pool shrinks to ann's network alone."""
     assert hub.api("DELETE", "/users/ben/server").status_code in (202, 204)

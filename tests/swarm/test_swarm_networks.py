@@ -1,4 +1,4 @@
-"""Which private network a new server gets (pure part of :mod:`pdl_spawner.swarm_networks`).
+"""Which private network a new server gets (pure part of :mod:`pdl_spawner.swarm.networks`).
 
 The pool itself, the keeper and the isolation they give run on the simulated swarm in
 ``tests/swarm/test_swarm_neighbours.py``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdl_spawner.swarm_networks import NoFreeNetwork, free_network, pool_names
+from pdl_spawner.swarm.networks import NoFreeNetwork, free_network, pool_names
 
 pytestmark = pytest.mark.unit
 

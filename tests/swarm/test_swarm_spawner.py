@@ -18,7 +18,7 @@ from jupyterhub.objects import Hub, Server
 from tornado import web
 
 from pdl.connection import engine_file
-from pdl_spawner.swarm import PDLSwarmSpawner
+from pdl_spawner.swarm.spawner import PDLSwarmSpawner
 from swarm_doubles import FakeSwarm
 
 pytestmark = pytest.mark.unit

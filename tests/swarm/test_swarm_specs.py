@@ -11,8 +11,8 @@ import json
 import pytest
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
-from pdl_spawner import swarm_specs
-from pdl_spawner.swarm_specs import Owner
+from pdl_spawner.swarm import specs as swarm_specs
+from pdl_spawner.swarm.specs import Owner
 
 pytestmark = pytest.mark.unit
 

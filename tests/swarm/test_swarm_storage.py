@@ -93,7 +93,7 @@ def test_bad_storage_settings_are_refused_when_configured(config, message):
 
 @pytest.mark.unit
 def test_storage_settings_are_documented():
-    from pdl_spawner.swarm import PDLSwarmSpawner
+    from pdl_spawner.swarm.spawner import PDLSwarmSpawner
 
     traits = PDLSwarmSpawner.class_traits(config=True)
     for name in ("home_storage", "home_volume_driver", "home_volume_driver_opts", "home_path_template",

@@ -11,9 +11,9 @@ from tornado import web
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, controller_files, engine_file
 from pdl.runtime.swarm_boot import gpu_slot_env
-from pdl_spawner import form
-from pdl_spawner.swarm_gpus import OTHER_SERVICES, gpu_usage
-from pdl_spawner.swarm_state import (
+from pdl_spawner.core import form
+from pdl_spawner.swarm.gpus import OTHER_SERVICES, gpu_usage
+from pdl_spawner.swarm.state import (
     SwarmServer, network_address, node_address, pick_ports, starved_tasks, task_error, used_ports,
 )
 
@@ -195,7 +195,7 @@ def test_engine_sees_only_the_gpu_swarm_assigned(assigned, slot, visible):
 
 
 def test_swarm_spawner_is_registered_and_documents_its_config():
-    from pdl_spawner.swarm import PDLSwarmSpawner
+    from pdl_spawner.swarm.spawner import PDLSwarmSpawner
 
     assert entry_points(group="jupyterhub.spawners")["pdl-swarm"].load() is PDLSwarmSpawner
     own = ["default_workers", "max_workers", "default_gpus", "max_gpus", "engine_image", "gpu_resource", "run_as",
@@ -210,7 +210,7 @@ def test_the_worker_limits_have_one_name_and_the_gpu_names_still_set_them(tmp_pa
     ``default_gpus`` set them (a config written for 0.1.0 keeps working)."""
     from types import SimpleNamespace
 
-    from pdl_spawner.swarm import PDLSwarmSpawner
+    from pdl_spawner.swarm.spawner import PDLSwarmSpawner
 
     user = SimpleNamespace(name="alice", admin=False, url="/user/alice/")
     older = PDLSwarmSpawner(user=user, max_gpus=2, default_gpus=2, state_db=str(tmp_path / "s.sqlite"))
@@ -225,7 +225,7 @@ def test_the_worker_limits_have_one_name_and_the_gpu_names_still_set_them(tmp_pa
 def test_the_swarm_spawner_takes_the_queue_option_from_the_api_and_the_form(tmp_path):
     from types import SimpleNamespace
 
-    from pdl_spawner.swarm import PDLSwarmSpawner
+    from pdl_spawner.swarm.spawner import PDLSwarmSpawner
 
     spawner = PDLSwarmSpawner(user=SimpleNamespace(name="alice", admin=False, url="/user/alice/"),
                               state_db=str(tmp_path / "swarm.sqlite"))

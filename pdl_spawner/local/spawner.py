@@ -5,13 +5,13 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
 - ``start()`` first checks ``user_options``: ``workers`` is the only key a user may
   set; any other (``image``, ``volumes``, ``env``, ...) fails with HTTP 400 naming
   the valid option. It then reserves ``workers`` slots from
-  :attr:`PDLLocalSpawner.pool` in the :class:`~pdl_spawner.reservations.SlotLedger`
+  :attr:`PDLLocalSpawner.pool` in the :class:`~pdl_spawner.core.reservations.SlotLedger`
   before anything is launched. If they are not free it fails at once (no process
   started, nothing reserved) with a one-line message saying what is free. It then
   runs ``pdl-singleuser`` with ``PDL_SLOTS``, which starts the server (on a port from
   :attr:`PDLLocalSpawner.port_range`) and one pinned engine per slot.
 - A spawn with ``user_options["queue"]`` (the form's "wait in the queue") that finds
-  the slots busy waits instead, first come first served (:mod:`~pdl_spawner.wait_queue`),
+  the slots busy waits instead, first come first served (:mod:`~pdl_spawner.core.wait_queue`),
   showing its position on the spawn page; cancelling the spawn leaves the queue. A
   direct spawn is refused while anyone waits.
 - ``stop()`` stops that process tree and releases the slots; so does a ``poll()``
@@ -22,17 +22,17 @@ Contract, on top of JupyterHub's :class:`~jupyterhub.spawner.LocalProcessSpawner
   hub restarts (with ``JupyterHub.cleanup_servers = False`` the servers do too).
 - **Accounts.** When the hub runs as root (:attr:`PDLLocalSpawner.system_users`), each
   hub user's server, kernels, terminal, controller and engines run under that user's
-  own Unix account (:mod:`~pdl_spawner.unix_accounts`, made on the first spawn), in a
+  own Unix account (:mod:`~pdl_spawner.core.unix_accounts`, made on the first spawn), in a
   home of mode 0700, inside a device cgroup of their own
-  (:mod:`~pdl_spawner.device_cgroup`) that lets them open only the GPU device nodes
+  (:mod:`~pdl_spawner.core.device_cgroup`) that lets them open only the GPU device nodes
   of their reservation (and frees a GPU only when none of them holds it open), and
   in a cgroup v2 whose bind filter lets them take, of ``port_range``, only their own
-  server's port (:mod:`~pdl_spawner.port_filter`); nothing of a user runs as root.
+  server's port (:mod:`~pdl_spawner.core.port_filter`); nothing of a user runs as root.
   Without root, every server runs as the hub's own user: one person's machine.
 - The ledger and the queue are SQLite files: every call is made off the event loop
-  (:mod:`~pdl_spawner.db_thread`), so a lock held elsewhere never freezes the hub.
+  (:mod:`~pdl_spawner.core.db_thread`), so a lock held elsewhere never freezes the hub.
 - Idle engines give their slots back through the server's HTTP lease API
-  (:mod:`~pdl_spawner.idle_engines`); nothing the user can write decides which slots
+  (:mod:`~pdl_spawner.core.idle_engines`); nothing the user can write decides which slots
   are theirs or how many they get.
 """
 
@@ -55,12 +55,12 @@ from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 from pdl.slots import cpu_count, default_pool, parse_slot
 from pdl_server.contract import ServerContract, cluster_dir_in
 
-from . import device_cgroup, port_filter, unix_accounts
-from .db_thread import off_loop, submit
-from .core import SpawnerCore
-from .idle_engines import idle_reason
-from .reservations import NotEnoughSlots, SlotLedger
-from .usage import NotEnoughWorkers, WorkerUsage
+from pdl_spawner.core import device_cgroup, port_filter, unix_accounts
+from pdl_spawner.core.db_thread import off_loop, submit
+from pdl_spawner.core.spawner import SpawnerCore
+from pdl_spawner.core.idle_engines import idle_reason
+from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
+from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
 KILL_WAIT_S = 10.0
@@ -178,7 +178,7 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
         get their ZeroMQ ports: picked from there, a port that was free when the hub
         chose it could be taken by another user's cluster before the server binds it.
         As root, a server's processes may bind only their own server's port of the
-        range (:mod:`~pdl_spawner.port_filter`).""",
+        range (:mod:`~pdl_spawner.core.port_filter`).""",
     )
 
     @validate("port_range")
@@ -292,7 +292,7 @@ class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner):
 
     @property
     def port_cgroup(self) -> port_filter.PortCgroup | None:
-        """This server's bind filter's cgroup (:mod:`~pdl_spawner.port_filter`); None
+        """This server's bind filter's cgroup (:mod:`~pdl_spawner.core.port_filter`); None
         without :attr:`system_users`, or where the machine cannot filter binds (the hub
         logs why once)."""
         if not self.system_users:

@@ -11,7 +11,7 @@ The queue lives in SQLite next to the slot ledger; every call opens its own shor
 connection, so admin views and several spawners read one truth. Reads never write
 (stale entries are filtered out, and purged by the next write), so a reader is not
 held up by another connection's write lock; the hub makes every call off its event
-loop all the same (:func:`pdl_spawner.db_thread.off_loop`).
+loop all the same (:func:`pdl_spawner.core.db_thread.off_loop`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import sqlite_file
+from pdl_spawner.core import sqlite_file
 
 #: Seconds without a beat after which a waiter is considered gone.
 STALE_AFTER_S = 15.0

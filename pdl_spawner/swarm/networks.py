@@ -3,11 +3,11 @@
 A server's notebook and engines talk (controller, process groups, Horovod) only on
 their private overlay network, so another user's containers, which are on other
 networks, cannot reach them, on the same node or any other (see
-:mod:`pdl_spawner.swarm_specs`, "Networking").
+:mod:`pdl_spawner.swarm.specs`, "Networking").
 
-The hub keeps a pool of :data:`~pdl_spawner.swarm_specs.PRIVATE_NETWORK` networks
+The hub keeps a pool of :data:`~pdl_spawner.swarm.specs.PRIVATE_NETWORK` networks
 (made on first use, then kept across spawns and hub restarts) plus the global
-:func:`~pdl_spawner.swarm_specs.network_keeper_service` on all of them, so no spawn
+:func:`~pdl_spawner.swarm.specs.network_keeper_service` on all of them, so no spawn
 changes a node's networks (Docker Engine before 23.0 would restart every GPU task on
 a node whose networks change). Growing the pool changes them once.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from .swarm_specs import LABEL_PREFIX, NETWORK_KEEPER, PRIVATE_NETWORK, network_keeper_service, private_network
+from pdl_spawner.swarm.specs import LABEL_PREFIX, NETWORK_KEEPER, PRIVATE_NETWORK, network_keeper_service, private_network
 
 #: ``await docker("method", *args, **kwargs)``: docker-py's low-level API.
 Docker = Callable[..., Awaitable]

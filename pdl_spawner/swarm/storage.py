@@ -1,9 +1,9 @@
 """Where a Swarm user's files live: the admin's storage settings and the mounts they make.
 
-:class:`SwarmStorage` is a mixin of :class:`~pdl_spawner.swarm.PDLSwarmSpawner`: its
+:class:`SwarmStorage` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`: its
 settings (``home_storage``, ``data_storage``, ``cache_volume``, ...) are checked when
 set, and :meth:`SwarmStorage.storage_mounts` gives the mounts of the notebook and every
-engine (the same in all), built by :class:`pdl_spawner.swarm_specs.Storage`. A setting
+engine (the same in all), built by :class:`pdl_spawner.swarm.specs.Storage`. A setting
 that cannot work fails a spawn with HTTP 500 naming it, before any Docker call.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from tornado import web
 from traitlets import Dict, HasTraits, Unicode, Union, validate
 
-from . import swarm_specs
+from pdl_spawner.swarm import specs as swarm_specs
 
 
 class SwarmStorage(HasTraits):

@@ -3,24 +3,24 @@
 A subclass of dockerspawner's ``SwarmSpawner`` that overrides its hooks; every Docker
 call goes through dockerspawner's one seam, ``self.docker(method, ...)`` (docker-py's
 low-level ``APIClient``, in a worker thread). Specs come from the pure builders in
-:mod:`pdl_spawner.swarm_specs`, the server's state and task facts from
-:mod:`pdl_spawner.swarm_state`, who holds which GPU from :mod:`pdl_spawner.swarm_gpus`,
+:mod:`pdl_spawner.swarm.specs`, the server's state and task facts from
+:mod:`pdl_spawner.swarm.state`, who holds which GPU from :mod:`pdl_spawner.swarm.gpus`,
 connection info and keys from :mod:`pdl.connection`. The worker count, its limits
 (``default_workers``, ``max_workers``; a worker here is one GPU), the form and the
-queue are :mod:`pdl_spawner.core`'s, as for every PDL spawner.
+queue are :mod:`pdl_spawner.core.spawner`'s, as for every PDL spawner.
 
 Contract:
 
 - ``start()`` first checks ``user_options``: ``workers`` and ``queue`` are the only
   keys a user may set; any other (``image``, ``mounts``, ``env``, ...) fails with HTTP
   400 naming the valid options, before any Docker call. It then counts free GPUs (what
-  the nodes offer minus what :func:`~pdl_spawner.swarm_gpus.gpu_usage` counts held,
+  the nodes offer minus what :func:`~pdl_spawner.swarm.gpus.gpu_usage` counts held,
   and GPUs promised to spawns in progress in this hub). If the request can't
   be met, or others wait in the queue, it raises HTTP 409 at once, with one line saying
   how many are free of how many and who holds the rest (names only to admins), and
   creates nothing; with ``queue: true`` it waits in the hub's fair queue instead
-  (:mod:`pdl_spawner.queueing`, in :attr:`PDLSwarmSpawner.state_db`). Otherwise it
-  takes a free private network of the hub's pool (:mod:`pdl_spawner.swarm_networks`;
+  (:mod:`pdl_spawner.core.queueing`, in :attr:`PDLSwarmSpawner.state_db`). Otherwise it
+  takes a free private network of the hub's pool (:mod:`pdl_spawner.swarm.networks`;
   HTTP 409 when all are taken), generates the cluster keys, picks the ports, and
   creates the notebook secret and service on that network; once the notebook task
   runs, it creates the engine secret (the controller's address on the network, ports
@@ -31,7 +31,7 @@ Contract:
   everything it created: nothing is left pending.
 - ``stop()`` removes every service and secret labelled with this server's
   ``pdl.owner`` and waits until their tasks stopped, so their GPUs are free.
-- Storage (:class:`~pdl_spawner.swarm_specs.Storage`: ``home_storage``, ``data_storage``,
+- Storage (:class:`~pdl_spawner.swarm.specs.Storage`: ``home_storage``, ``data_storage``,
   ``cache_volume``) is mounted the same in the notebook and every engine, after which
   come the mounts of dockerspawner's ``volumes``. A storage setting that cannot work
   (``home_storage = "path"`` without a template, a refused host path) fails the spawn
@@ -40,9 +40,9 @@ Contract:
 - With ``engine_idle_timeout``, engines idle that long are scaled to 0 (their GPUs go
   back to the swarm, the reclaim is logged in ``state_db``) and back to 1 when a cell
   asks, if the GPUs are free and nobody waits in the queue
-  (:mod:`pdl_spawner.swarm_idle`; :mod:`pdl_server.lease`).
+  (:mod:`pdl_spawner.swarm.idle`; :mod:`pdl_server.lease`).
 - ``poll()`` watches the notebook task (SwarmSpawner's); the state
-  (:class:`~pdl_spawner.swarm_state.SwarmServer`: ports, node, keys, service and
+  (:class:`~pdl_spawner.swarm.state.SwarmServer`: ports, node, keys, service and
   secret ids) survives hub restarts, and ``poll()`` works after ``load_state``.
 """
 
@@ -59,17 +59,17 @@ from traitlets import Float, Instance, Integer, Tuple, Unicode, default, observe
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 from pdl_server.contract import ServerContract
 
-from . import swarm_specs
-from .core import SpawnerCore
-from .swarm_idle import SwarmIdleEngines
-from .swarm_networks import NetworkPool, NoFreeNetwork
-from .swarm_promises import SwarmGpuPromises
-from .swarm_specs import LABEL_PREFIX, Owner
-from .swarm_state import (
+from pdl_spawner.swarm import specs as swarm_specs
+from pdl_spawner.core.spawner import SpawnerCore
+from pdl_spawner.swarm.idle import SwarmIdleEngines
+from pdl_spawner.swarm.networks import NetworkPool, NoFreeNetwork
+from pdl_spawner.swarm.promises import SwarmGpuPromises
+from pdl_spawner.swarm.specs import LABEL_PREFIX, Owner
+from pdl_spawner.swarm.state import (
     FAILED_TASK_STATES, SwarmServer, network_address, node_address, pick_ports, starved_tasks, task_error, used_ports,
 )
-from .swarm_storage import SwarmStorage
-from .swarm_teardown import POLL_S, SwarmTeardown
+from pdl_spawner.swarm.storage import SwarmStorage
+from pdl_spawner.swarm.teardown import POLL_S, SwarmTeardown
 
 #: Upper bound on workers per server when ``max_workers`` is 0 (the real bound is what is free).
 GPU_REQUEST_CAP = 1024
@@ -87,11 +87,11 @@ class TaskFailed(web.HTTPError, RuntimeError):
 
 class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmTeardown, SpawnerCore, SwarmSpawner):
     """A user's notebook (with its ipyparallel controller) plus one engine service per
-    GPU: the worker rules of :class:`~pdl_spawner.core.SpawnerCore`, GPUs counted and
-    promised by :class:`~pdl_spawner.swarm_promises.SwarmGpuPromises`, storage by
-    :class:`~pdl_spawner.swarm_storage.SwarmStorage`, idle engines by
-    :class:`~pdl_spawner.swarm_idle.SwarmIdleEngines`, removal by
-    :class:`~pdl_spawner.swarm_teardown.SwarmTeardown`; here the services' life."""
+    GPU: the worker rules of :class:`~pdl_spawner.core.spawner.SpawnerCore`, GPUs counted and
+    promised by :class:`~pdl_spawner.swarm.promises.SwarmGpuPromises`, storage by
+    :class:`~pdl_spawner.swarm.storage.SwarmStorage`, idle engines by
+    :class:`~pdl_spawner.swarm.idle.SwarmIdleEngines`, removal by
+    :class:`~pdl_spawner.swarm.teardown.SwarmTeardown`; here the services' life."""
 
     worker_unit = "GPUs"
     worker_kind = "gpu"

@@ -1,7 +1,7 @@
 """Idle engines on Docker Swarm: the Swarm spawner's half of the engine lease.
 
-:class:`SwarmIdleEngines` is a mixin of :class:`~pdl_spawner.swarm.PDLSwarmSpawner`,
-called by :meth:`pdl_spawner.core.SpawnerCore.tend_lease`. Engines released for
+:class:`SwarmIdleEngines` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`,
+called by :meth:`pdl_spawner.core.spawner.SpawnerCore.tend_lease`. Engines released for
 idleness have their services scaled to 0 (their GPUs go back to the swarm; the reclaim
 is logged in ``state_db`` for the admin view); asked back, they are scaled to 1 once
 their GPUs are free and nobody waits in the queue, or the answer says in one line why not.
@@ -16,17 +16,17 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from traitlets import HasTraits
 
-from .db_thread import off_loop
-from .idle_engines import idle_reason
-from .reservations import SlotLedger
-from .swarm_gpus import gpu_holdings
-from .swarm_specs import LABEL_PREFIX
-from .swarm_state import service_replicas
+from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.core.idle_engines import idle_reason
+from pdl_spawner.core.reservations import SlotLedger
+from pdl_spawner.swarm.gpus import gpu_holdings
+from pdl_spawner.swarm.specs import LABEL_PREFIX
+from pdl_spawner.swarm.state import service_replicas
 
 
 class SwarmIdleEngines(HasTraits):
     """Mixin: scale idle engines to 0 and back. The spawner provides ``docker``,
-    ``owner``, ``swarm`` (its :class:`~pdl_spawner.swarm_state.SwarmServer`),
+    ``owner``, ``swarm`` (its :class:`~pdl_spawner.swarm.state.SwarmServer`),
     ``state_db``, ``gpu_resource``, ``wait_tasks``, ``reserve_workers`` and ``forget_promise``."""
 
     @property

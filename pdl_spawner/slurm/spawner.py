@@ -1,8 +1,8 @@
 """``PDLSlurmSpawner`` (entry point ``pdl-slurm``): GPUs reserved as a real Slurm job.
 
 The user's server runs as the user's own Unix account, with the accounts, homes,
-ports and process handling of :class:`~pdl_spawner.local.PDLLocalSpawner`, where
-:attr:`PDLSlurmSpawner.server_placement` says (:mod:`~pdl_spawner.slurm_placement`):
+ports and process handling of :class:`~pdl_spawner.local.spawner.PDLLocalSpawner`, where
+:attr:`PDLSlurmSpawner.server_placement` says (:mod:`~pdl_spawner.slurm.placement`):
 on the hub's machine, the cluster's login node (``"login"``, the default), or as a
 step of its own job on the job's batch host (``"allocation"``: the ``srun`` of that
 step is the process the hub watches and signals here; the server, its kernels and its
@@ -11,8 +11,8 @@ reach it). What differs from the local spawner is who holds the GPUs: Slurm, and
 nobody else.
 
 - **The reservation is one Slurm job** per server, submitted by ``sbatch`` as the
-  user's account (:mod:`~pdl_spawner.slurm_cli`), named ``pdl:<user>``, holding one
-  GPU per task (:func:`~pdl_spawner.slurm_jobs.sbatch_argv`). PDL keeps no table of
+  user's account (:mod:`~pdl_spawner.slurm.cli`), named ``pdl:<user>``, holding one
+  GPU per task (:func:`~pdl_spawner.slurm.jobs.sbatch_argv`). PDL keeps no table of
   its own: what is free, who holds what and who waits are read from Slurm each time
   (``squeue``, ``sinfo``), and Slurm's limits (QOS, ``MaxTRESPerUser``, partition limits),
   fair share and accounting apply to the person. With :attr:`PDLSlurmSpawner.slurm_account`,
@@ -50,11 +50,13 @@ from traitlets import Dict, Enum, Integer, List, Unicode, default
 
 from pdl_server.contract import VARIABLES, ServerContract
 
-from . import slurm_form, slurm_jobs, slurm_placement, unix_accounts
-from .local import PDLLocalSpawner
-from .slurm_cli import SlurmCommands, SlurmError
-from .slurm_jobs import SlurmJob
-from .usage import WorkerUsage
+from pdl_spawner.slurm import form as slurm_form, jobs as slurm_jobs, placement as slurm_placement
+
+from pdl_spawner.core import unix_accounts
+from pdl_spawner.local.spawner import PDLLocalSpawner
+from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
+from pdl_spawner.slurm.jobs import SlurmJob
+from pdl_spawner.core.usage import WorkerUsage
 
 #: Seconds a spawn that does not wait in the queue gives its job to start while Slurm
 #: has not looked at it yet (reason ``None``; its scheduler does within a few seconds).
@@ -133,7 +135,7 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         job back and the notebook stays) or "allocation" (a step of the user's job on its
         batch host: Slurm counts everything, the notebook ends with the job; the hub's API
         must listen where the nodes reach it). Default: $PDL_SLURM_SERVER in
-        jupyterhub_config.py, else "login". See pdl_spawner/slurm_placement.py.""",
+        jupyterhub_config.py, else "login". See pdl_spawner/slurm/placement.py.""",
     )
 
     job_id = Integer(0, help="This server's reservation job (spawner state); 0: none.")

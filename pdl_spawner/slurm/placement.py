@@ -23,7 +23,7 @@ taken by something that is not a PDL server of this hub (another job's program) 
 that spawn fail; spawning again picks another port.
 
 Pure builders and readers, plus :func:`find_server_node`, which asks Slurm through
-:class:`~pdl_spawner.slurm_cli.SlurmCommands`.
+:class:`~pdl_spawner.slurm.cli.SlurmCommands`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from .slurm_cli import SlurmCommands, SlurmError
-from .slurm_jobs import SlurmNode
+from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
+from pdl_spawner.slurm.jobs import SlurmNode
 
 #: The values of ``PDLSlurmSpawner.server_placement``.
 LOGIN, ALLOCATION = "login", "allocation"
@@ -103,7 +103,7 @@ def node_address(nodes: list[SlurmNode], name: str) -> str:
 
 async def find_server_node(slurm: SlurmCommands, job_id: int) -> ServerNode:
     """The node of job ``job_id`` the server runs on: its batch host, with its address.
-    :class:`~pdl_spawner.slurm_cli.SlurmError` when Slurm cannot say."""
+    :class:`~pdl_spawner.slurm.cli.SlurmError` when Slurm cannot say."""
     try:
         name = batch_host(await slurm.run(["squeue", "--json", f"--jobs={job_id}"]), job_id)
         return ServerNode(name, node_address(await slurm.nodes(), name))

@@ -3,7 +3,7 @@
 :class:`QueueingSpawner` is a mixin for a JupyterHub spawner. A spawn whose
 ``user_options["queue"]`` is true and that finds its workers busy calls
 :meth:`QueueingSpawner.wait_in_queue`: it joins the hub's
-:class:`~pdl_spawner.wait_queue.WaitQueue`, shows its position on the spawn page
+:class:`~pdl_spawner.core.wait_queue.WaitQueue`, shows its position on the spawn page
 (:meth:`QueueingSpawner.progress`) and, once it is at the head, takes its workers
 through the spawner's own ``take`` (slots of the ledger, or GPUs of the swarm) as
 soon as they are free. It waits on the event loop (never blocking the hub), leaves
@@ -13,8 +13,8 @@ the queue when the spawn is cancelled or ``queue_timeout`` passes, and
 :meth:`QueueingSpawner.refuse_while_others_wait`.
 
 The spawner provides :attr:`queue_db` (the queue's SQLite file), ``owner_key`` and
-:meth:`QueueingSpawner.worker_usage` (a :class:`~pdl_spawner.usage.WorkerUsage`: the
-workers, and who holds them). :class:`~pdl_spawner.core.SpawnerCore` builds on it.
+:meth:`QueueingSpawner.worker_usage` (a :class:`~pdl_spawner.core.usage.WorkerUsage`: the
+workers, and who holds them). :class:`~pdl_spawner.core.spawner.SpawnerCore` builds on it.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import TypeVar
 from tornado import web
 from traitlets import HasTraits, Integer, observe
 
-from . import form
-from .db_thread import off_loop
-from .usage import WorkerUsage
-from .wait_queue import WaitQueue
+from pdl_spawner.core import form
+from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.core.usage import WorkerUsage
+from pdl_spawner.core.wait_queue import WaitQueue
 
 #: Seconds between a waiting spawn's looks at the queue and the free workers.
 QUEUE_POLL_S = 1.0

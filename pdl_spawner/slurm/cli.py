@@ -14,8 +14,8 @@ import asyncio
 import os
 import pwd
 
-from . import slurm_jobs
-from .slurm_jobs import SlurmJob, SlurmNode
+from pdl_spawner.slurm import jobs as slurm_jobs
+from pdl_spawner.slurm.jobs import SlurmJob, SlurmNode
 
 #: Seconds one Slurm command may take before the hub gives up on it.
 COMMAND_TIMEOUT_S = 30.0

@@ -1,6 +1,6 @@
 """What Slurm says, read into PDL's terms: pure functions, no I/O.
 
-:mod:`~pdl_spawner.slurm_cli` runs Slurm's own commands; this module builds their
+:mod:`~pdl_spawner.slurm.cli` runs Slurm's own commands; this module builds their
 argument lists and reads their JSON (``squeue --json``, ``sinfo --json``: Slurm 21.08
 or later; both the 0.0.38 schema of 22.05 and the newer number and state forms) into
 :class:`SlurmJob` and :class:`SlurmNode`. JSON, not the ``key=value`` text of
@@ -23,7 +23,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from .usage import WorkerUsage
+from pdl_spawner.core.usage import WorkerUsage
 
 #: Prefix of the names of PDL's reservation jobs: ``pdl:<hub user>[:<server name>]``.
 JOB_NAME_PREFIX = "pdl:"

@@ -8,13 +8,13 @@ A spawner adds only its own I/O and specs, by providing:
 - :attr:`SpawnerCore.worker_kind` (``"gpu"`` or ``"cpu"``, for the form) and
   :attr:`SpawnerCore.worker_capacity` (the most workers a request could ever get,
   known without I/O);
-- ``owner_key``, ``queue_db`` and ``ready_to_start()`` (:mod:`~pdl_spawner.queueing`);
-- ``worker_usage()``: the workers and who else holds them (:mod:`~pdl_spawner.queueing`);
+- ``owner_key``, ``queue_db`` and ``ready_to_start()`` (:mod:`~pdl_spawner.core.queueing`);
+- ``worker_usage()``: the workers and who else holds them (:mod:`~pdl_spawner.core.queueing`);
 - :meth:`SpawnerCore.take_workers`: take ``n`` free workers, or raise
-  :class:`~pdl_spawner.usage.NotEnoughWorkers`; what it returns is the spawner's (the
+  :class:`~pdl_spawner.core.usage.NotEnoughWorkers`; what it returns is the spawner's (the
   ledger's slots, or nothing where Swarm assigns the GPUs later);
 - :meth:`SpawnerCore.reclaim_idle_workers` and :meth:`SpawnerCore.grant_workers_again`:
-  the two halves of the engine lease (:mod:`~pdl_spawner.idle_engines`), with
+  the two halves of the engine lease (:mod:`~pdl_spawner.core.idle_engines`), with
   ``lease_url()`` and ``lease_token()``.
 
 The core owns the rules: every count, whatever its source (the form, a REST body, a
@@ -33,10 +33,10 @@ from typing import Any
 from tornado import web
 from traitlets import Integer, default
 
-from . import form
-from .idle_engines import IdleEngines, idle_reason
-from .queueing import NotFreeYet, QueueingSpawner
-from .usage import NotEnoughWorkers, WorkerUsage
+from pdl_spawner.core import form
+from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
+from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
+from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
 
 
 class SpawnerCore(QueueingSpawner, IdleEngines):

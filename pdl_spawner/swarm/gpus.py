@@ -12,7 +12,7 @@ What is held, counted as Swarm counts it (one definition, :func:`gpu_holdings`):
 
 - **A holding**: a GPU of an *active* task of a PDL engine service (label
   ``pdl.role=engine``): the task's ``DesiredState`` is ``running`` and its
-  ``Status.State`` one of :data:`~pdl_spawner.swarm_state.ACTIVE_TASK_STATES`. Tasks
+  ``Status.State`` one of :data:`~pdl_spawner.swarm.state.ACTIVE_TASK_STATES`. Tasks
   that stopped or are being stopped hold nothing.
 - **A pending holding** (gpu :data:`PENDING`): what an active PDL engine task reserves
   before Swarm assigned it a GPU; and what a PDL engine service scaled above 0
@@ -36,9 +36,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .swarm_specs import LABEL_PREFIX
-from .swarm_state import ACTIVE_TASK_STATES, service_replicas
-from .usage import WorkerUsage
+from pdl_spawner.swarm.specs import LABEL_PREFIX
+from pdl_spawner.swarm.state import ACTIVE_TASK_STATES, service_replicas
+from pdl_spawner.core.usage import WorkerUsage
 
 #: The gpu of a holding whose task Swarm has not placed yet.
 PENDING = "(pending)"

@@ -1,7 +1,7 @@
 """The Swarm spawner's GPU accounting: what is free now, and GPUs promised to spawns in progress.
 
-:class:`SwarmGpuPromises` is a mixin of :class:`~pdl_spawner.swarm.PDLSwarmSpawner`.
-Free GPUs are read from the swarm on every call (:func:`pdl_spawner.swarm_gpus.gpu_usage`,
+:class:`SwarmGpuPromises` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`.
+Free GPUs are read from the swarm on every call (:func:`pdl_spawner.swarm.gpus.gpu_usage`,
 the one definition of held) on the nodes PDL uses. Between the take of a spawn (or
 of engines a cell asks back) and the moment every one of its engine tasks exists,
 Swarm does not count its GPUs yet: the spawn's promise does, in this hub process
@@ -13,9 +13,9 @@ from __future__ import annotations
 from tornado import web
 from traitlets import HasTraits, List, Unicode
 
-from .swarm_gpus import excluded_hostnames, gpu_usage, select_nodes
-from .swarm_specs import LABEL_PREFIX
-from .usage import NotEnoughWorkers, WorkerUsage
+from pdl_spawner.swarm.gpus import excluded_hostnames, gpu_usage, select_nodes
+from pdl_spawner.swarm.specs import LABEL_PREFIX
+from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
 
 
 class SwarmGpuPromises(HasTraits):

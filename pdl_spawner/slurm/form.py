@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
-from .form import echo
+from pdl_spawner.core.form import echo
 
 
 def valid_partitions(partitions: list[str]) -> str:

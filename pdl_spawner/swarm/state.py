@@ -3,7 +3,7 @@
 Inputs are Engine API objects as docker-py's ``APIClient`` returns them (``nodes()``,
 ``services()``, ``tasks()``): task states, a task's error, ports, node and network
 addresses, and :class:`SwarmServer`, the spawner's state. Who holds which GPU is
-:mod:`pdl_spawner.swarm_gpus`'s alone.
+:mod:`pdl_spawner.swarm.gpus`'s alone.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from pdl.connection import ClusterKeys
 
-from .swarm_specs import LABEL_PREFIX
+from pdl_spawner.swarm.specs import LABEL_PREFIX
 
 #: Task states in which a task holds (or waits for) its resources.
 ACTIVE_TASK_STATES = frozenset(
@@ -78,7 +78,7 @@ class SwarmServer:
     ``workers``: its GPUs (one engine each); ``keys``: the cluster's credentials;
     ``port``: the Jupyter server's; ``controller_ports``: the controller's;
     ``node_addr``: the notebook's node;
-    ``network``: the server's private network (:mod:`pdl_spawner.swarm_networks`);
+    ``network``: the server's private network (:mod:`pdl_spawner.swarm.networks`);
     ``api_token``: the server's hub API token, with which the hub asks the server
     about its engine lease (it accepts its own token).
     """

@@ -1,6 +1,6 @@
 """Removing a server from Docker Swarm: its services, then its secrets, waiting for its tasks.
 
-:class:`SwarmTeardown` is a mixin of :class:`~pdl_spawner.swarm.PDLSwarmSpawner`; its
+:class:`SwarmTeardown` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`; its
 :meth:`SwarmTeardown.remove_object` is dockerspawner's hook for ``stop()`` and the
 cleanup after a failed spawn. Everything labelled with the server's ``pdl.owner`` goes,
 whether or not the spawner's state lists it (a hub that crashed mid-spawn).
@@ -14,7 +14,7 @@ import time
 from docker.errors import APIError, NotFound
 from traitlets import HasTraits
 
-from .swarm_state import ACTIVE_TASK_STATES
+from pdl_spawner.swarm.state import ACTIVE_TASK_STATES
 
 #: Seconds between checks while waiting for tasks.
 POLL_S = 0.25

@@ -1,0 +1,16 @@
+"""The embedded default: each user's server and engines as local processes on one machine.
+
+- :mod:`pdl_spawner.local.spawner`: :class:`PDLLocalSpawner` (entry point ``pdl-local``),
+  the slots of :mod:`pdl_spawner.core.reservations`' ledger.
+- :mod:`pdl_spawner.local.admin_source`: the admin view's source (the ledger's holdings).
+"""
+
+
+def __getattr__(name):
+    """``PDLLocalSpawner``, imported when first asked for (the admin view imports only its
+    ``admin_source`` module, without the spawner's dependencies)."""
+    if name == "PDLLocalSpawner":
+        from pdl_spawner.local.spawner import PDLLocalSpawner
+
+        return PDLLocalSpawner
+    raise AttributeError(name)

@@ -1,0 +1,91 @@
+"""The admin view's source for the embedded default (:class:`~pdl_spawner.local.PDLLocalSpawner`).
+
+The holdings are the slot ledger's, a SQLite file
+(:class:`~pdl_spawner.core.reservations.SlotLedger`), on this machine; the queue
+(:class:`~pdl_spawner.core.wait_queue.WaitQueue`) and the recent reclaims live in the
+same file. Environment (set by ``jupyterhub_config.py`` in the service definition):
+
+- ``PDL_RESERVATIONS_DB``: the ledger file, the same as
+  ``c.PDLLocalSpawner.reservations_db`` (required);
+- ``PDL_POOL``: the spawner's slots, comma-separated, when configured; otherwise the
+  spawner's default pool (:func:`pdl.slots.default_pool`, with ``PDL_CPU_SLOTS``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from pdl.slots import default_pool, slot_index
+from pdl_spawner.core.admin_frame import (
+    RECENT_RECLAIMS, PageParts, holdings_sections, iso_utc, queue_rows, reclaim_rows, reservation_row, split_owner,
+)
+from pdl_spawner.core.reservations import Holding, Reclaim, SlotLedger
+from pdl_spawner.core.wait_queue import Waiter, WaitQueue
+
+
+def reservation_rows(holdings: list[Holding], node: str, now: float) -> list[dict]:
+    """One row per reserved slot (:func:`~pdl_spawner.core.admin_frame.reservation_row`),
+    in slot order, ``node`` the machine the slot is on; ``now`` is epoch seconds."""
+    ordered = sorted(holdings, key=lambda h: (h.slot.partition(":")[0], slot_index(h.slot), h.slot))
+    return [reservation_row(h.slot, node, h.owner, split_owner(h.owner)[0], h.since, now) for h in ordered]
+
+
+def status_model(
+    holdings: list[Holding], waiters: list[Waiter], reclaims: list[Reclaim], *,
+    node: str, pool: list[str] | None, now: float,
+) -> dict:
+    """Everything the view shows, JSON-ready: ``source`` (``"local"``), ``node`` (this
+    machine's hostname), ``now`` (ISO UTC), ``pool`` and ``free`` (slot names; None when
+    the pool is not known), and the rows of :func:`reservation_rows`,
+    :func:`~pdl_spawner.core.admin_frame.queue_rows` and
+    :func:`~pdl_spawner.core.admin_frame.reclaim_rows` as ``reservations``, ``queue``
+    and ``reclaims``. ``now`` is epoch seconds."""
+    held = {h.slot for h in holdings}
+    return {
+        "source": "local",
+        "node": node,
+        "now": iso_utc(now),
+        "pool": list(pool) if pool is not None else None,
+        "free": [s for s in pool if s not in held] if pool is not None else None,
+        "reservations": reservation_rows(holdings, node, now),
+        "queue": queue_rows(waiters, now),
+        "reclaims": reclaim_rows(reclaims),
+    }
+
+
+def summary(status: dict) -> tuple[str, str]:
+    """The summary line: this machine, and its free slots."""
+    if status["pool"] is None:
+        return f"Node {status['node']}", f"{len(status['reservations'])} slot(s) reserved"
+    return f"Node {status['node']}", f"{len(status['free'])} of {len(status['pool'])} slot(s) free"
+
+
+#: The local source's part of the page.
+PAGE = PageParts(summary=summary, sections=lambda status: holdings_sections(status, "Slot", "No slot is reserved."))
+
+
+def read_status(db_path: str | Path, *, node: str, pool: list[str] | None) -> dict:
+    """:func:`status_model` for the ledger (and queue) file ``db_path``, now."""
+    ledger = SlotLedger(db_path)
+    return status_model(
+        ledger.holdings(), WaitQueue(db_path).waiters(), ledger.reclaims(RECENT_RECLAIMS),
+        node=node, pool=pool, now=time.time(),
+    )
+
+
+def pool_from_env(env=os.environ) -> list[str]:
+    """The spawner's pool: ``PDL_POOL`` (comma-separated) when the hub configured one,
+    else the spawner's default (every GPU, else ``PDL_CPU_SLOTS`` CPU slots)."""
+    if env.get("PDL_POOL"):
+        return [s.strip() for s in env["PDL_POOL"].split(",") if s.strip()]
+    return default_pool(int(env["PDL_CPU_SLOTS"]) if env.get("PDL_CPU_SLOTS") else None)
+
+
+def reader_from_env(env=os.environ) -> Callable[[], dict]:
+    """The local reader: the ledger ``PDL_RESERVATIONS_DB``, the pool of ``PDL_POOL``."""
+    return partial(read_status, env["PDL_RESERVATIONS_DB"], node=socket.gethostname(), pool=pool_from_env(env))

@@ -1,0 +1,23 @@
+"""Slurm: each server's GPUs one job of the user's account, its engines the job's steps.
+
+Slurm holds the reservations: no ledger.
+
+- :mod:`pdl_spawner.slurm.spawner`: :class:`PDLSlurmSpawner` (entry point ``pdl-slurm``).
+- :mod:`pdl_spawner.slurm.cli`: the one place that runs Slurm's commands;
+  :mod:`pdl_spawner.slurm.jobs`: their arguments and JSON read into jobs and nodes
+  (pure); :mod:`pdl_spawner.slurm.form`: the form's partition and time limit (pure);
+  :mod:`pdl_spawner.slurm.placement`: where the server runs (the login node, or a step
+  of its own job).
+- :mod:`pdl_spawner.slurm.admin_source`: the admin view's source (Slurm's jobs and
+  nodes, through its commands).
+"""
+
+
+def __getattr__(name):
+    """``PDLSlurmSpawner``, imported when first asked for (the admin view imports only its
+    ``admin_source`` module, without the spawner's dependencies)."""
+    if name == "PDLSlurmSpawner":
+        from pdl_spawner.slurm.spawner import PDLSlurmSpawner
+
+        return PDLSlurmSpawner
+    raise AttributeError(name)

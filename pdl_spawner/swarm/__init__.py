@@ -1,0 +1,25 @@
+"""Docker Swarm: each user's server and GPU engines as Swarm services.
+
+- :mod:`pdl_spawner.swarm.spawner`: :class:`PDLSwarmSpawner` (entry point ``pdl-swarm``,
+  the services' life), with :mod:`pdl_spawner.swarm.promises` (free GPUs, promises to
+  spawns in progress), :mod:`pdl_spawner.swarm.storage` (homes, data, cache),
+  :mod:`pdl_spawner.swarm.idle` (idle engines scaled to 0 and back) and
+  :mod:`pdl_spawner.swarm.teardown` (removal).
+- :mod:`pdl_spawner.swarm.specs`: the services' specs (pure);
+  :mod:`pdl_spawner.swarm.gpus`: the one reader of who holds which GPU (pure);
+  :mod:`pdl_spawner.swarm.state`: the server's state, task facts, ports (pure);
+  :mod:`pdl_spawner.swarm.networks`: each server's private network.
+- :mod:`pdl_spawner.swarm.hub_address`: where the hub's proxy listens on a manager.
+- :mod:`pdl_spawner.swarm.admin_source`: the admin view's source (the GPUs PDL's
+  engine tasks hold, from the manager).
+"""
+
+
+def __getattr__(name):
+    """``PDLSwarmSpawner``, imported when first asked for (the admin view imports only its
+    ``admin_source`` module, without the spawner's dependencies)."""
+    if name == "PDLSwarmSpawner":
+        from pdl_spawner.swarm.spawner import PDLSwarmSpawner
+
+        return PDLSwarmSpawner
+    raise AttributeError(name)
