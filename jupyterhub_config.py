@@ -154,20 +154,21 @@ c.JupyterHub.template_paths = [TEMPLATE_DIR]
 
 c.JupyterHub.spawner_class = "pdl-local"
 c.PDLLocalSpawner.reservations_db = str(state_dir / "reservations.sqlite")
-# the Unix accounts this hub made: users run only as these (never root, a system
+# HostServer (pdl_spawner/core/host_server.py): the server part of the local and Slurm
+# kinds. The Unix accounts this hub made: users run only as these (never root, a system
 # account, a lab member's own login or another hub's user)
-c.PDLLocalSpawner.accounts_record = str(state_dir / "accounts")
+c.HostServer.accounts_record = str(state_dir / "accounts")
 # As root, every hub user runs as their own account (pdl-<name>, home /home/pdl-<name>,
 # mode 0700), made on the first spawn; a new home starts with PDL's notebooks.
 _skeleton = state_dir / "skel"
 (_skeleton / "notebooks").mkdir(parents=True, exist_ok=True)
 for _notebook in (Path(__file__).resolve().parent / "notebooks").glob("*.ipynb"):
     (_skeleton / "notebooks" / _notebook.name).write_bytes(_notebook.read_bytes())
-c.PDLLocalSpawner.skeleton_dir = str(_skeleton)
+c.HostServer.skeleton_dir = str(_skeleton)
 if os.environ.get("PDL_HOMES_ROOT"):
-    c.PDLLocalSpawner.homes_root = os.environ["PDL_HOMES_ROOT"]
+    c.HostServer.homes_root = os.environ["PDL_HOMES_ROOT"]
 if os.environ.get("PDL_ACCOUNT_PREFIX"):  # hub user ann runs as <prefix>ann (default pdl-)
-    c.PDLLocalSpawner.account_prefix = os.environ["PDL_ACCOUNT_PREFIX"]
+    c.HostServer.account_prefix = os.environ["PDL_ACCOUNT_PREFIX"]
 c.PDLLocalSpawner.default_workers = 3
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 120
@@ -231,6 +232,7 @@ elif os.environ.get("PDL_SPAWNER", "local") == "slurm":
     # the Slurm account PDL adds each user to (its QOS and limits then apply); "": their own
     c.PDLSlurmSpawner.slurm_account = os.environ.get("PDL_SLURM_ACCOUNT", "")
     c.PDLSlurmSpawner.default_workers = int(os.environ.get("PDL_DEFAULT_WORKERS", "1"))
+    c.PDLSlurmSpawner.engine_idle_timeout = c.PDLLocalSpawner.engine_idle_timeout
     # where each server runs: "login" (here) or "allocation" (a step of the user's job)
     _server_placement = os.environ.get("PDL_SLURM_SERVER", "login")
     if _server_placement not in ("login", "allocation"):
@@ -272,7 +274,7 @@ if os.environ.get("PDL_SPAWNER", "local") == "slurm":
         "PDL_SLURM": "1",
         "PDL_SLURM_PARTITION": c.PDLSlurmSpawner.partition,
         # tells PDL's jobs from others' (a config that changes the prefix sets this too)
-        "PDL_ACCOUNT_PREFIX": c.PDLLocalSpawner.account_prefix if "account_prefix" in c.PDLLocalSpawner else "pdl-",
+        "PDL_ACCOUNT_PREFIX": c.HostServer.account_prefix if "account_prefix" in c.HostServer else "pdl-",
         "SLURM_CONF": os.environ.get("SLURM_CONF", ""),
         "PATH": os.environ.get("PATH", ""),
     }

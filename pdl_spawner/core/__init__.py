@@ -3,6 +3,8 @@
 - :mod:`pdl_spawner.core.spawner`: the spawner core (the worker count and its limits,
   reserving at once or in the queue, the engine lease), in the words of
   :mod:`pdl_spawner.core.usage` (workers, who holds them); a kind adds its own I/O.
+- :mod:`pdl_spawner.core.host_server`: the server as a local process tree, as the
+  user's own Unix account (the local and Slurm kinds' server part).
 - :mod:`pdl_spawner.core.form`: the spawn form and its messages (pure functions).
 - :mod:`pdl_spawner.core.queueing` and :mod:`pdl_spawner.core.wait_queue`: the fair
   queue for busy workers; :mod:`pdl_spawner.core.idle_engines`: idle engines giving

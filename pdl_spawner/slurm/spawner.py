@@ -1,7 +1,7 @@
 """``PDLSlurmSpawner`` (entry point ``pdl-slurm``): GPUs reserved as a real Slurm job.
 
 The user's server runs as the user's own Unix account, with the accounts, homes,
-ports and process handling of :class:`~pdl_spawner.local.spawner.PDLLocalSpawner`, where
+ports and process handling of :class:`~pdl_spawner.core.host_server.HostServer`, where
 :attr:`PDLSlurmSpawner.server_placement` says (:mod:`~pdl_spawner.slurm.placement`):
 on the hub's machine, the cluster's login node (``"login"``, the default), or as a
 step of its own job on the job's batch host (``"allocation"``: the ``srun`` of that
@@ -45,18 +45,20 @@ import asyncio
 import os
 import time
 
+from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from traitlets import Dict, Enum, Integer, List, Unicode, default
 
 from pdl_server.contract import VARIABLES, ServerContract
-
-from pdl_spawner.slurm import form as slurm_form, jobs as slurm_jobs, placement as slurm_placement
-
 from pdl_spawner.core import unix_accounts
-from pdl_spawner.local.spawner import PDLLocalSpawner
+from pdl_spawner.core.host_server import HostServer
+from pdl_spawner.core.spawner import SpawnerCore
+from pdl_spawner.core.usage import WorkerUsage
+from pdl_spawner.slurm import form as slurm_form
+from pdl_spawner.slurm import jobs as slurm_jobs
+from pdl_spawner.slurm import placement as slurm_placement
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
 from pdl_spawner.slurm.jobs import SlurmJob
-from pdl_spawner.core.usage import WorkerUsage
 
 #: Seconds a spawn that does not wait in the queue gives its job to start while Slurm
 #: has not looked at it yet (reason ``None``; its scheduler does within a few seconds).
@@ -67,7 +69,7 @@ JOB_POLL_S = 1.0
 UNREAD_CAPACITY = 1 << 20
 
 
-class PDLSlurmSpawner(PDLLocalSpawner):
+class PDLSlurmSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
     """A user's server on the login node or in its job; their GPUs a Slurm job, their engines its steps."""
 
     partition = Unicode(
@@ -163,10 +165,6 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         return slurm_jobs.job_name(self.user.name, self.name)
 
     @property
-    def ledger(self):
-        raise RuntimeError("PDLSlurmSpawner keeps no ledger: Slurm holds the reservations")
-
-    @property
     def worker_kind(self) -> str:
         return "gpu"
 
@@ -250,9 +248,6 @@ class PDLSlurmSpawner(PDLLocalSpawner):
 
     # -- the reservation: one job -------------------------------------------------------
 
-    def ready_to_start(self) -> bool:
-        return bool(self.slots)
-
     async def waiting(self):
         """The PDL jobs waiting in Slurm's queue, as (user, GPUs), for the spawn form."""
         if not self.queue_timeout:
@@ -264,29 +259,24 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         waiting = [(slurm_jobs.pdl_job_owner(j, self.account_prefix), j.gpus) for j in jobs if j.waiting]
         return [(owner[0], gpus) for owner, gpus in waiting if owner is not None]
 
-    async def refuse_while_others_wait(self, *, spawning: bool = True) -> None:
-        """Nothing to do: Slurm's own queue orders the requests."""
-
     async def claim_workers(self) -> list[str]:
-        """The spawn's GPUs: the user's account first (the job is submitted as it)."""
+        """The spawn's GPUs, one job submitted as the user's account (made here, once the
+        request is checked); Slurm's own queue orders the requests, so it waits there
+        (not in PDL's) when the spawn asked to wait."""
         await self.read_capacity()
         n = self.requested_workers()
         partition, time_limit = self.chosen_partition, self.chosen_time_limit  # a bad choice: 400, nothing made
         self.log.info("%s asks Slurm for %d GPU(s) in partition %s, time limit %s", self.owner, n,
                       partition or "(default)", f"{time_limit} min" if time_limit else "(default)")
-        await asyncio.to_thread(self.prepare_account)
-        try:
-            if self.slurm_account:
-                try:
-                    if await self.slurm.ensure_association(self.account, self.slurm_account):
-                        self.log.info("Added %s to Slurm account %s", self.account, self.slurm_account)
-                except SlurmError as e:
-                    message = f"Could not add you to Slurm account {self.slurm_account}: {e}"
-                    raise web.HTTPError(503, message, reason=message) from None
-            return await self.take_workers(n, wait=self.wants_queue)
-        except BaseException:  # refused or cancelled: no device cgroup left behind
-            await asyncio.shield(asyncio.to_thread(self.end_processes))
-            raise
+        await self.ensure_account()
+        if self.slurm_account:
+            try:
+                if await self.slurm.ensure_association(self.account, self.slurm_account):
+                    self.log.info("Added %s to Slurm account %s", self.account, self.slurm_account)
+            except SlurmError as e:
+                message = f"Could not add you to Slurm account {self.slurm_account}: {e}"
+                raise web.HTTPError(503, message, reason=message) from None
+        return await self.take_workers(n, wait=self.wants_queue)
 
     async def take_workers(self, n: int, *, wait: bool = False) -> list[str]:
         """Submit a job for ``n`` GPUs as the user and wait until it runs: until Slurm
@@ -384,9 +374,6 @@ class PDLSlurmSpawner(PDLLocalSpawner):
         except (SlurmError, web.HTTPError) as e:
             self.log.warning("could not cancel the Slurm jobs of %s: %s", self.owner, e)
         return []
-
-    def restrict_devices(self, slots: list[str]) -> None:
-        """Nothing here: the server's machine holds none of the job's GPUs; Slurm binds them."""
 
     # -- idle engines -----------------------------------------------------------------
 

@@ -119,9 +119,9 @@ c.JupyterHub.load_roles.append({{
     "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users", "read:users"],
     "services": ["pdl-tests"],
 }})
-c.PDLLocalSpawner.home_dir_template = {str(self.root / 'home' / '{username}')!r}
-c.PDLLocalSpawner.account_prefix = {self.account_prefix!r}
-c.PDLLocalSpawner.homes_root = {str(self.homes_root)!r}
+c.HostServer.home_dir_template = {str(self.root / 'home' / '{username}')!r}
+c.HostServer.account_prefix = {self.account_prefix!r}
+c.HostServer.homes_root = {str(self.homes_root)!r}
 c.PDLLocalSpawner.default_workers = 1
 c.Spawner.environment = {json.dumps(self.spawner_env)}
 c.JupyterHub.log_level = "INFO"

@@ -1,0 +1,458 @@
+"""A user's server as a process tree on the hub's machine, run as the user's own Unix account.
+
+:class:`HostServer` is the server part that the embedded default
+(:class:`~pdl_spawner.local.PDLLocalSpawner`) and Slurm
+(:class:`~pdl_spawner.slurm.PDLSlurmSpawner`, whose servers run on the login node or
+as a step ``srun`` started here) share, over JupyterHub's
+:class:`~jupyterhub.spawner.LocalProcessSpawner`. A kind composes it with
+:class:`~pdl_spawner.core.spawner.SpawnerCore` and that spawner, and adds where its
+workers come from (``claim_workers``, ``release``, ``release_blocking``).
+
+- **Accounts.** When the hub runs as root (:attr:`HostServer.system_users`), each hub
+  user's server, kernels, terminal, controller and engines run under that user's own
+  Unix account (:mod:`~pdl_spawner.core.unix_accounts`, made on the first spawn), in a
+  home of mode 0700, inside a device cgroup of their own
+  (:mod:`~pdl_spawner.core.device_cgroup`, which also tracks every process of the
+  server) and in a cgroup v2 whose bind filter lets them take, of ``port_range``, only
+  their own server's port (:mod:`~pdl_spawner.core.port_filter`); nothing of a user
+  runs as root. Without root, every server runs as the hub's own user: one person's
+  machine.
+- **Start.** The kind claims the workers, then the account is made (once: a kind
+  whose claim is made as the user makes it during the claim, :meth:`HostServer.ensure_account`);
+  then a port of ``port_range`` that no other server of the hub was given, the bind
+  filter, the process, and the engine lease's watch. A failure releases what was
+  claimed.
+- **Stop.** The process tree, then whatever is left in the server's cgroup, then the
+  workers (``release``). ``clear_state`` (the server found gone) frees the workers by
+  owner on the database thread (``release_blocking``).
+- ``slots`` (the engines' slots, ``PDL_SLOTS``) is spawner state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import random
+import socket
+import sys
+from pathlib import Path
+
+from jupyterhub.spawner import set_user_setuid
+from jupyterhub.utils import url_path_join
+from tornado import web
+from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
+from traitlets.config import LoggingConfigurable
+
+from pdl_server.contract import ServerContract, cluster_dir_in
+from pdl_spawner.core import device_cgroup, port_filter, unix_accounts
+from pdl_spawner.core.db_thread import submit
+
+#: Seconds stop() waits for the processes left in a server's cgroup to die.
+KILL_WAIT_S = 10.0
+
+
+class HostServer(LoggingConfigurable):
+    """Mixin: the user's server as a local process tree, as their own Unix account (see
+    the module docstring). First in a kind's bases, before
+    :class:`~pdl_spawner.core.spawner.SpawnerCore` and JupyterHub's
+    ``LocalProcessSpawner``: ``class PDLLocalSpawner(HostServer, SpawnerCore,
+    LocalProcessSpawner)``. Its settings are configured as ``c.HostServer.<name>`` for
+    every kind that has it."""
+
+    system_users = Bool(
+        config=True,
+        help="""Run each hub user's server and engines as their own Unix account
+        (`account_prefix` + name, created on the first spawn). Default: True when the
+        hub runs as root, and then it cannot be turned off (no user's code runs as
+        root). False (the default without root) runs every server as the hub's own
+        Unix user, each with its own home from `home_dir_template`: right for one
+        person's machine, no isolation between users.""",
+    )
+
+    @default("system_users")
+    def _default_system_users(self):
+        return os.geteuid() == 0
+
+    account_prefix = Unicode(
+        "pdl-", config=True,
+        help="Prefix of the users' Unix accounts: hub user ann runs as pdl-ann.",
+    )
+
+    accounts_record = Unicode(
+        "", config=True,
+        help="""File where the hub records the Unix accounts it made (mode 0600; one
+        `<name> <uid>` line each). PDL runs users only as accounts in it. Default: the
+        kind's (`accounts` beside the local spawner's `reservations_db`, else in the hub's
+        working directory). Every spawner of one hub must use the same file; two hubs on
+        one machine must not.""",
+    )
+
+    @property
+    def accounts_record_path(self) -> Path:
+        """:attr:`accounts_record`, or the kind's default (:meth:`default_accounts_record`)."""
+        return Path(self.accounts_record) if self.accounts_record else self.default_accounts_record()
+
+    def default_accounts_record(self) -> Path:
+        """Where the accounts are recorded when :attr:`accounts_record` is not set:
+        ``accounts`` in the hub's working directory."""
+        return Path("accounts")
+
+    homes_root = Unicode(
+        "/home", config=True,
+        help="Folder the users' accounts get their homes in (mode 0700 each), e.g. /home/pdl-ann.",
+    )
+
+    runtime_dir_root = Unicode(
+        "/run/user", config=True,
+        help="""Folder of the accounts' private runtime folders, <root>/<uid> (mode 0700,
+        $XDG_RUNTIME_DIR): the kernels' IPC sockets live there.""",
+    )
+
+    skeleton_dir = Unicode(
+        "", config=True,
+        help="""Folder whose files every new account's home starts with (useradd --skel);
+        empty: the system's /etc/skel.""",
+    )
+
+    home_dir_template = Unicode(
+        "~/.pdl/home/{username}",
+        config=True,
+        help="Home of each user's server when `system_users` is False; "
+        "{username} is the hub user's name, ~ the hub user's home.",
+    )
+
+    port_range = Tuple(
+        Integer(), Integer(), default_value=(20000, 32000), config=True,
+        help="""Ports (inclusive) the hub picks each server's port from. Below Linux's
+        ephemeral range (32768+), where the users' ipyparallel controllers and engines
+        get their ZeroMQ ports: picked from there, a port that was free when the hub
+        chose it could be taken by another user's cluster before the server binds it.
+        As root, a server's processes may bind only their own server's port of the
+        range (:mod:`~pdl_spawner.core.port_filter`).""",
+    )
+
+    @validate("port_range")
+    def _validate_port_range(self, proposal):
+        low, high = proposal.value
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"port_range must be (low, high), 1024 <= low <= high <= 65535: {proposal.value}")
+        return proposal.value
+
+    slots = List(Unicode(), help="The engines' slots of this server (spawner state).")
+
+    #: Ports given to this hub's servers, which may not listen yet: owner -> port.
+    _ports: dict[str, int] = {}
+    #: How this machine isolates GPU devices (:func:`device_cgroup.support`), once known.
+    _isolation: device_cgroup.Support | None = None
+
+    #: Whether this start has made the account (:meth:`ensure_account`), so it is made once.
+    _account_ready = False
+
+    @default("cmd")
+    def _default_cmd(self):
+        return [sys.executable, "-m", "pdl_server.singleuser"]
+
+    @property
+    def owner(self) -> str:
+        """The server's key: the user name, plus ``/server`` for named servers."""
+        return f"{self.user.name}/{self.name}" if self.name else self.user.name
+
+    @property
+    def owner_key(self) -> str:
+        return self.owner
+
+    def ready_to_start(self) -> bool:
+        return bool(self.slots)
+
+    def forget_port(self) -> None:
+        """The server's port may be given to another server again."""
+        HostServer._ports.pop(self.owner, None)
+
+    # -- what the kind provides ------------------------------------------------------
+
+    async def release(self) -> None:
+        """Give back this server's workers (and :meth:`forget_port`)."""
+        raise NotImplementedError
+
+    def release_blocking(self) -> list[str]:
+        """Give back whatever the cluster holds for this server, by owner; blocks (it runs
+        on the database thread, from :meth:`clear_state`)."""
+        raise NotImplementedError
+
+    # -- process ---------------------------------------------------------------------
+
+    @property
+    def account(self) -> str:
+        """The Unix account this server runs as (with :attr:`system_users`)."""
+        try:
+            return unix_accounts.account_name(self.account_prefix, self.user.name)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
+
+    @property
+    def cgroup(self) -> device_cgroup.DeviceCgroup | None:
+        """This server's device cgroup, named by its account (unique to the machine);
+        None without :attr:`system_users`, or where the machine has no device cgroup
+        (the hub logs why once)."""
+        if not self.system_users:
+            return None
+        if HostServer._isolation is None:  # looked up once per hub process, and logged
+            HostServer._isolation = isolation = device_cgroup.support()
+            (self.log.info if isolation else self.log.warning)("%s", isolation.reason)
+        if not HostServer._isolation:
+            return None
+        return device_cgroup.DeviceCgroup(f"{self.account}/{self.name}" if self.name else self.account,
+                                          isolation=HostServer._isolation)
+
+    @property
+    def port_cgroup(self) -> port_filter.PortCgroup | None:
+        """This server's bind filter's cgroup (:mod:`~pdl_spawner.core.port_filter`); None
+        without :attr:`system_users`, or where the machine cannot filter binds (the hub
+        logs why once)."""
+        if not self.system_users:
+            return None
+        if HostServer._port_isolation is None:
+            HostServer._port_isolation = problem = port_filter.support() or ""
+            if problem:
+                self.log.warning("%s: a user's processes can bind the ports of port_range", problem)
+            else:
+                self.log.info("Port isolation: each server binds only its own port of port_range %s-%s",
+                              *self.port_range)
+        if HostServer._port_isolation:
+            return None
+        return port_filter.PortCgroup(f"{self.account}/{self.name}" if self.name else self.account)
+
+    #: port_filter.support()'s answer, looked up once per hub process ("" when it works)
+    _port_isolation: str | None = None
+
+    def restrict_ports(self) -> None:
+        """Let this server's processes bind, of :attr:`port_range`, only :attr:`port`. Blocks."""
+        cgroup = self.port_cgroup
+        if cgroup is not None:
+            cgroup.restrict(*self.port_range, self.port)
+
+    def _check_runnable(self) -> None:
+        """HTTP 500, one line, when the users' accounts cannot run PDL's Python."""
+        blocked = unix_accounts.unreachable_by_others(self.cmd[0])
+        if blocked is not None:
+            message = (f"the users' accounts cannot run {self.cmd[0]}: {blocked} is closed to other users; "
+                       f"install PDL where every user can read it (e.g. chmod o+rx {blocked})")
+            raise web.HTTPError(500, message, reason=message)
+
+    def prepare_account(self) -> None:
+        """Make this user's account (once) and their device cgroup, with no process left
+        in it from a server the hub lost track of (a crash mid-spawn). Blocks: the
+        spawner runs it in a worker thread, between the reservation and the launch."""
+        self._check_runnable()
+        try:
+            entry = unix_accounts.ensure_account(self.account, self.homes_root, self.accounts_record_path,
+                                                 self._skeleton(), comment=f"PDL hub user {self.user.name}")
+        except unix_accounts.ForeignAccount as e:
+            raise web.HTTPError(500, str(e), reason=str(e)) from None
+        unix_accounts.ensure_runtime_dir(entry, self.runtime_dir_root)
+        cgroup = self.cgroup
+        if cgroup is not None:
+            cgroup.create()
+            leftover = cgroup.kill_all(KILL_WAIT_S)
+            if leftover:
+                raise RuntimeError(f"processes {leftover} of {self.owner} do not die")
+
+    def end_processes(self) -> None:
+        """Kill whatever is left of this server (a process that left its tree) and
+        remove its cgroup. Blocks up to :data:`KILL_WAIT_S`."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return
+        left = cgroup.kill_all(KILL_WAIT_S)
+        if left:
+            self.log.error("processes %s of %s survived SIGKILL", left, self.owner)
+        else:
+            cgroup.remove()
+            ports = self.port_cgroup
+            if ports is not None:
+                try:
+                    ports.remove()
+                except OSError as e:  # the next start of this server uses it again, with its own filter
+                    self.log.warning("could not remove the port cgroup of %s: %s", self.owner, e)
+
+    def _skeleton(self) -> str | None:
+        return self.skeleton_dir or None
+
+    def make_preexec_fn(self, name):
+        if self.system_users:
+            joined = [c.procs_file for c in (self.cgroup, self.port_cgroup) if c is not None]
+            become_user = set_user_setuid(self.account)
+
+            def preexec():
+                for procs in joined:  # as root, before giving root up (one folder on cgroup v2 hosts)
+                    device_cgroup.join(procs)
+                become_user()
+
+            return preexec
+        home = self.home_dir
+
+        def preexec():
+            os.makedirs(home, 0o700, exist_ok=True)
+            os.chdir(home)
+
+        return preexec
+
+    @property
+    def home_dir(self) -> str:
+        if self.system_users:
+            return pwd.getpwnam(self.account).pw_dir
+        return os.path.expanduser(self.home_dir_template.format(username=self.user.name))
+
+    def user_env(self, env):
+        if self.system_users:
+            entry = pwd.getpwnam(self.account)
+            runtime = Path(self.runtime_dir_root) / str(entry.pw_uid)
+            env.update(USER=entry.pw_name, LOGNAME=entry.pw_name, HOME=entry.pw_dir, SHELL=entry.pw_shell,
+                       XDG_RUNTIME_DIR=str(runtime), JUPYTER_RUNTIME_DIR=str(runtime / "jupyter"))
+            return env
+        env.update(USER=self.user.name, HOME=self.home_dir, SHELL="/bin/bash")
+        return env
+
+    def pick_port(self) -> int:
+        """A port of :attr:`port_range` that no server of this hub was given and nothing listens on."""
+        low, high = self.port_range
+        given = {port for owner, port in HostServer._ports.items() if owner != self.owner}
+        candidates = [p for p in range(low, high + 1) if p not in given]
+        for port in random.sample(candidates, min(len(candidates), 200)):
+            if _can_bind(self.ip or "127.0.0.1", port):
+                HostServer._ports[self.owner] = port
+                return port
+        message = f"no free port for the server in port_range {low}-{high}: {self._port_holders(given)}"
+        raise web.HTTPError(503, message, reason=message)
+
+    def _port_holders(self, given: set[int]) -> str:
+        """Who holds the ports of :attr:`port_range`, in a few words: the servers of this
+        hub, and the accounts listening on the rest."""
+        low, high = self.port_range
+        counts: dict[str, int] = {}
+        servers = sorted({owner for owner, port in HostServer._ports.items() if port in given})
+        if servers:
+            counts[f"the servers of {', '.join(servers[:5])}{' and more' if len(servers) > 5 else ''}"] = len(given)
+        for port, account in port_filter.port_holders(low, high).items():
+            if port not in given:
+                counts[account] = counts.get(account, 0) + 1
+        held = sum(counts.values())
+        if high - low + 1 > held:
+            counts["other sockets (bound, not listening)"] = high - low + 1 - held
+        return "; ".join(f"{who} {'hold' if who.startswith(('the servers', 'other')) else 'holds'} {n}"
+                         for who, n in sorted(counts.items(), key=lambda item: -item[1]))
+
+    @property
+    def cluster_dir(self) -> Path:
+        """Where the user's server keeps its cluster (and the engine lease files); the
+        hub never reads or writes there."""
+        return Path(cluster_dir_in(self.home_dir))
+
+    def get_env(self):
+        env = super().get_env()
+        env.update(ServerContract(slots=tuple(self.slots), cluster_dir=str(self.cluster_dir),
+                                  idle_timeout_s=self.engine_idle_timeout).env())
+        return env
+
+    # -- where the hub reaches the server ------------------------------------------------
+
+    # -- idle engines ----------------------------------------------------------
+
+    @property
+    def server_address(self) -> str:
+        """Where the hub reaches this server: its ``ip`` (default 127.0.0.1)."""
+        return self.ip or "127.0.0.1"
+
+    def lease_url(self) -> str | None:
+        if self.server is None or not self.port:
+            return None
+        return f"http://{self.server_address}:{self.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
+
+    def lease_token(self) -> str | None:
+        return self.api_token
+
+    def move_certs(self, paths):
+        return paths if not self.system_users else super().move_certs(paths)
+
+    async def start(self):
+        if os.geteuid() == 0 and not self.system_users:
+            message = f"{type(self).__name__}.system_users is off while the hub runs as root: no user's server runs as root"
+            raise web.HTTPError(500, message, reason=message)
+        self._account_ready = False
+        try:
+            self.slots = await self.claim_workers()
+        except BaseException:  # refused or cancelled: no cgroup left behind
+            if self._account_ready:
+                await asyncio.shield(asyncio.to_thread(self.end_processes))
+            raise
+        self.log.info("Reserved %s for %s", ",".join(self.slots), self.owner)
+        try:
+            await self.ensure_account()
+            self.port = self.pick_port()
+            if self.system_users:
+                await asyncio.to_thread(self.restrict_ports)
+            url = await self.launch_server()
+            self.watch_lease()
+            return url
+        except BaseException:
+            await asyncio.shield(self.release())
+            self.slots = []
+            raise
+
+    async def ensure_account(self) -> None:
+        """:meth:`prepare_account` (with :attr:`system_users`), once per start, off the
+        event loop: after the claim, or during it where the kind claims as the user."""
+        if self.system_users and not self._account_ready:
+            await asyncio.to_thread(self.prepare_account)
+            self._account_ready = True
+
+    async def launch_server(self):
+        """Start the server's process (JupyterHub's LocalProcessSpawner.start, with this
+        spawner's environment, account and port): its ``(ip, port)``. A kind that runs
+        the server elsewhere wraps it."""
+        return await super().start()
+
+    async def poll(self):
+        status = await super().poll()
+        if status is None:
+            self.watch_lease()  # also after a hub restart
+        return status
+
+    async def stop(self, now=False):
+        self.unwatch_lease()
+        try:
+            await super().stop(now=now)
+            await asyncio.to_thread(self.end_processes)
+        finally:
+            await self.release()
+
+    # -- state -----------------------------------------------------------------------
+
+    def get_state(self):
+        state = super().get_state()
+        if self.slots:
+            state["slots"] = list(self.slots)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.slots = list(state.get("slots", []))
+
+    def clear_state(self):
+        """Forget the server, and free whatever the cluster holds for it (by owner, on the
+        database thread: done before any later call)."""
+        super().clear_state()
+        self.forget_port()
+        submit(self.release_blocking)
+        self.slots = []
+
+
+def _can_bind(ip: str, port: int) -> bool:
+    """True if nothing holds ``ip:port`` (TCP) right now."""
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as sock:
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return False
+    return True
