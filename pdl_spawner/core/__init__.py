@@ -12,6 +12,7 @@
 - :mod:`pdl_spawner.core.reservations`: the persistent slot ledger of one machine, and
   the reclaim log.
 - :mod:`pdl_spawner.core.accounts`: each user's own login (jupyterhub-nativeauthenticator),
+  with its pages (:mod:`pdl_spawner.core.account_pages`),
   and :mod:`pdl_spawner.core.credentials`: the admin's first password.
 - :mod:`pdl_spawner.core.unix_accounts`: one Unix account per hub user (as root).
 - :mod:`pdl_spawner.core.device_cgroup`: per-server GPU device isolation and process
