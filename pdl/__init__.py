@@ -16,6 +16,8 @@ Shared by the hub side, the notebook side and the engines:
   on other machines (Docker Swarm).
 - :mod:`pdl.process`: whether a local process is alive.
 - :mod:`pdl.atomic_file`: write a file that readers see whole or not at all.
+- :mod:`pdl.contract`: the server contract, everything a spawner tells a user's
+  server (and the server its kernels and engines), built and parsed in one place.
 
 The code that runs inside each engine is the subpackage :mod:`pdl.runtime`.
 """

@@ -6,7 +6,7 @@
   are ``$PDL_SLOTS`` (or those its engines came back on after an idle release; none
   while they are released: :mod:`pdl_server.lease`);
 - **local**: the cluster of the newest live kernel that wrote a status file
-  (:mod:`pdl_magics.status_file`); none before its first ``%%distributed`` cell.
+  (:mod:`pdl_server.status_file`); none before its first ``%%distributed`` cell.
 
 An engine is *busy* while the controller has a task queued for it, *dead* once its
 process is gone (or it has unregistered and no engine replaced it on its slot).
@@ -33,9 +33,9 @@ from pathlib import Path
 import ipyparallel as ipp
 
 from pdl_server import lease as engine_lease
-from pdl_magics import clusters
-from pdl_magics.status_file import pid_alive, read_status
-from pdl_magics.world import rank_order
+from pdl_server import clusters
+from pdl_server.status_file import pid_alive, read_status
+from pdl_server.world import rank_order
 
 from .resources import ProcessSampler, gpu_stats, gpus_of
 

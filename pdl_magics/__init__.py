@@ -12,16 +12,18 @@ Without IPython, use :func:`run` and :func:`check` (or :class:`DistributedSessio
   interrupts, the hang watchdog).
 - :mod:`pdl_magics.progress`: rank 0's progress bar and loss curve.
 - :mod:`pdl_magics.preflight`: checking every rank before the first cell (``%pdl check``).
-- :mod:`pdl_magics.clusters`: finding or starting the ipyparallel cluster.
-- :mod:`pdl_magics.world`: ranks, rank order, and the one call shipped to engines.
-- :mod:`pdl_magics.status_file`: what the session is doing, for the Cluster panel.
 - :mod:`pdl_magics.errors`: the errors a user sees.
+
+It builds on :mod:`pdl_server` (the engine launcher :mod:`pdl_server.clusters`, the
+ranks of :mod:`pdl_server.world`, the panel's :mod:`pdl_server.status_file`) and
+:mod:`pdl`.
 """
+
+from pdl_server.world import CellResult
 
 from .errors import DistributedUsageError, RankFailed, RanksStuck
 from .preflight import PreflightFailed, PreflightReport
 from .session import BACKENDS, DistributedSession
-from .world import CellResult
 
 __all__ = [
     "BACKENDS",

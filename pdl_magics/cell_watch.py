@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 import ipyparallel as ipp
 
-from pdl.runtime import stacks
 from pdl.metrics import DATA_KEY
+from pdl.runtime import stacks
+from pdl_server.world import CellResult, Rank
 
+from .engines import Engines
 from .errors import ENGINE_DIED, RankFailed, RanksInterrupted
 from .progress import LiveProgress
-from .engines import Engines
-from .world import CellResult, Rank
 
 #: Seconds a peer may keep running after another rank failed before PDL
 #: releases it (tears down the group it waits in, then interrupts it).

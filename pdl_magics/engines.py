@@ -3,7 +3,7 @@ connects to them, counts them, orders them into a world, signals and replaces th
 
 Two kinds of cluster, one interface:
 
-- under the hub (``cluster_file`` given, see :mod:`pdl_magics.clusters`), the
+- under the hub (``cluster_file`` given, see :mod:`pdl_server.clusters`), the
   engines were started by the user's server on the slots the hub reserved;
   after an idle release, :meth:`Engines.world` asks the hub for them again
   (:mod:`pdl_server.lease`);
@@ -11,7 +11,7 @@ Two kinds of cluster, one interface:
   (default: this machine's GPUs, else CPU slots), one engine per slot, and dead
   engines are restarted on their slot before the next cell.
 
-Rank order is (host, slot index, engine id), see :func:`~pdl_magics.world.rank_order`.
+Rank order is (host, slot index, engine id), see :func:`~pdl_server.world.rank_order`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
-from pdl_server import lease as engine_lease
 from pdl.slots import default_pool
+from pdl_server import clusters, status_file
+from pdl_server import lease as engine_lease
+from pdl_server.world import Rank, call_engine, rank_order
 
-from . import clusters, status_file
 from .errors import DistributedUsageError, RanksStuck
-from .world import Rank, call_engine, rank_order
 
 #: Seconds to wait for engines to confirm a signal (interrupt, stack request).
 SIGNAL_REPLY_S = 2.0
@@ -130,7 +130,7 @@ class Engines:
 
         DistributedUsageError (one line, naming the valid range) when ``n`` is more
         than :meth:`count` or less than 1; RanksStuck when engines do not register
-        within :data:`~pdl_magics.clusters.ENGINE_TIMEOUT_S`.
+        within :data:`~pdl_server.clusters.ENGINE_TIMEOUT_S`.
         """
         available = self.count()
         if n is None:

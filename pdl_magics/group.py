@@ -22,11 +22,12 @@ import socket
 import ipyparallel as ipp
 
 from pdl.netaddr import route_addr
+from pdl_server import clusters
+from pdl_server.world import Rank, local_ranks
 
-from . import clusters, horovod_driver
+from . import horovod_driver
 from .engines import Engines
 from .errors import DistributedUsageError
-from .world import Rank, local_ranks
 
 
 class ProcessGroup:

@@ -17,8 +17,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pdl_server.world import local_ranks
+
 from .errors import DistributedUsageError
-from .world import local_ranks
 
 #: Seconds Horovod's background thread may wait on a peer's background thread
 #: (rendezvous, or a transfer of a collective that every rank has entered).

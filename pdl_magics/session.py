@@ -47,12 +47,14 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
-from . import clusters, horovod_driver, preflight, status_file
+from pdl_server import clusters, status_file
+from pdl_server.world import CellResult, Rank
+
+from . import horovod_driver, preflight
 from .cell_watch import STOP_TIMEOUT_S, CellWatch
 from .engines import Engines
 from .errors import DistributedUsageError
 from .group import ProcessGroup
-from .world import CellResult, Rank
 
 #: Backends ``--backend`` accepts.
 BACKENDS = ("torch", "horovod")
@@ -221,7 +223,7 @@ class DistributedSession:
         out.flush()
 
     def publish_status(self, running: bool, metrics: dict | None = None, force: bool = False) -> None:
-        """Tell the Cluster panel what this session runs (:mod:`pdl_magics.status_file`).
+        """Tell the Cluster panel what this session runs (:mod:`pdl_server.status_file`).
 
         The file is written on a background thread, in call order, within milliseconds.
         """

@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 
 from pdl.atomic_file import write_atomic
-
-from .contract import ServerContract
+from pdl.contract import ServerContract
 
 RELEASED = "engines-released.json"
 WANT = "engines-wanted.json"

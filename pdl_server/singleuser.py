@@ -44,11 +44,9 @@ import threading
 import time
 from pathlib import Path
 
-
-from pdl_magics import clusters
-
-from . import lease as engine_lease
-from .contract import ServerContract
+from pdl.contract import ServerContract
+from pdl_server import clusters
+from pdl_server import lease as engine_lease
 
 #: Seconds between checks that every slot's engine is alive.
 SUPERVISE_PERIOD_S = 2.0

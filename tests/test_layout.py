@@ -1,6 +1,6 @@
-"""The product's packages keep their layout rules: no import circle, and no module
-imports another module's ``_private`` name (each concept is used through its owner's
-public API). Read from the source with :mod:`ast`, imports inside functions included.
+"""The product's packages keep their layout rules: no import circle, no import running
+back up the packages' layers, and no module imports another module's ``_private`` name
+(each concept is used through its owner's public API). Read from the source with :mod:`ast`, imports inside functions included.
 The tests mirror the code: one folder per side (this file, about the whole tree, aside)."""
 
 from __future__ import annotations
@@ -83,6 +83,33 @@ def test_there_is_no_import_circle_among_the_product_modules():
     for name in sorted(graph):
         visit(name, [])
     assert circles == []
+
+
+#: The packages in layers, lowest first: the shared floor; the user's server (and the
+#: training recipe, which needs only the floor); the notebook side and the Cluster panel,
+#: both on the server's; the hub side on top, where a kind may reach any of them.
+LAYERS = (("pdl",), ("pdl_server", "pdl_cinic10"), ("pdl_magics", "pdl_lab"), ("pdl_spawner",))
+
+
+def layer(package: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if package in names)
+
+
+def test_the_layers_name_every_package_once():
+    assert sorted(p for names in LAYERS for p in names) == sorted(PACKAGES)
+
+
+def test_no_import_runs_back_up_or_across_a_layer():
+    """A module imports its own package's modules and those of lower layers only: the
+    floor nothing of the others, the server nothing of the notebook side, and so on."""
+    offenders = sorted(
+        f"{name} imports {base}"
+        for name, path in MODULES.items()
+        for base, _ in imports(name, path)
+        if base.split(".")[0] in PACKAGES and base.split(".")[0] != name.split(".")[0]
+        and layer(base.split(".")[0]) >= layer(name.split(".")[0])
+    )
+    assert offenders == []
 
 
 SUBPACKAGES = sorted(name for name, path in MODULES.items() if path.name == "__init__.py")

@@ -2,7 +2,7 @@
 controller), never in the hub or the notebook's kernel.
 
 - :mod:`pdl.runtime.engine`: the functions the notebook calls by name
-  (:func:`pdl_magics.world.call_engine`): forming the process group, running a cell,
+  (:func:`pdl_server.world.call_engine`): forming the process group, running a cell,
   aborting a group.
 - :mod:`pdl.runtime.identity`: who this engine is (host, address, pid, slot).
 - :mod:`pdl.runtime.group_sockets`: the sockets of the process group, cut on demand.

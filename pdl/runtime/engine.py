@@ -19,10 +19,10 @@ import tempfile
 import time
 import traceback
 
+from pdl.contract import ServerContract
 from pdl.runtime import horovod_group as horovod_engine
-from pdl.runtime.identity import describe  # noqa: F401 - called by name (pdl_magics.world.call_engine)
+from pdl.runtime.identity import describe  # noqa: F401 - called by name (pdl_server.world.call_engine)
 from pdl.runtime.group_sockets import GroupSockets
-from pdl_server.contract import ServerContract
 from pdl.netaddr import free_port  # noqa: F401 - called by name, as describe
 
 #: Key of the process group this engine belongs to, or None. One group at a

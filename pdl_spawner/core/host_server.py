@@ -44,7 +44,7 @@ from tornado import web
 from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
-from pdl_server.contract import ServerContract, cluster_dir_in
+from pdl.contract import ServerContract, cluster_dir_in
 from pdl_spawner.core import device_cgroup, port_filter, unix_accounts
 from pdl_spawner.core.db_thread import submit
 

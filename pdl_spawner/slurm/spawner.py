@@ -18,7 +18,7 @@ nobody else.
   fair share and accounting apply to the person. With :attr:`PDLSlurmSpawner.slurm_account`,
   PDL adds each user to that Slurm account (an association) and charges the jobs there.
 - **Engines are job steps** of that job: the user's server runs one ``srun --jobid``
-  per GPU (:mod:`pdl_magics.clusters`), on the nodes Slurm chose, with the GPU Slurm
+  per GPU (:mod:`pdl_server.clusters`), on the nodes Slurm chose, with the GPU Slurm
   bound, and its ipyparallel controller listens on :attr:`PDLSlurmSpawner.controller_ip`,
   where the compute nodes reach this machine (CurveZMQ on), or, for a server in its
   job, on its node's address.
@@ -49,7 +49,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from traitlets import Dict, Enum, Integer, List, Unicode, default
 
-from pdl_server.contract import VARIABLES, ServerContract
+from pdl.contract import VARIABLES, ServerContract
 from pdl_spawner.core import unix_accounts
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.spawner import SpawnerCore

@@ -57,7 +57,7 @@ from tornado import web
 from traitlets import Float, Instance, Integer, Tuple, Unicode, default, observe, validate
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
-from pdl_server.contract import ServerContract
+from pdl.contract import ServerContract
 
 from pdl_spawner.swarm import specs as swarm_specs
 from pdl_spawner.core.spawner import SpawnerCore

@@ -48,7 +48,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 
-from pdl_server.contract import ServerContract
+from pdl.contract import ServerContract
 
 #: Prefix of every label PDL puts on services and secrets.
 LABEL_PREFIX = "pdl."

@@ -37,7 +37,7 @@ from jupyterhub.utils import subdomain_hook_idna
 
 from pdl.process import pid_alive
 from pdl_spawner.core.credentials import SignupCodes
-from pdl_server.contract import cluster_dir_in
+from pdl.contract import cluster_dir_in
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ import requests
 
 from hub_harness import free_port
 from pdl.process import pid_alive
-from pdl_magics import clusters
+from pdl_server import clusters
 from pdl_server import singleuser
 from waiting import wait_until
 

@@ -1,4 +1,4 @@
-"""The server contract (pdl_server/contract.py): what a spawner tells a user's server,
+"""The server contract (pdl/contract.py): what a spawner tells a user's server,
 as environment variables, built and parsed in one place. Golden values: a change here
 is a change of what running servers and images expect."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdl_server.contract import ServerContract, cluster_dir_in
+from pdl.contract import ServerContract, cluster_dir_in
 
 
 def test_a_local_servers_contract_is_exactly_these_variables():

@@ -12,7 +12,7 @@ import pytest
 
 from pdl_lab import resources
 from pdl_lab.monitor import ClusterMonitor
-from pdl_magics import status_file
+from pdl_server import status_file
 
 pytestmark = pytest.mark.unit
 

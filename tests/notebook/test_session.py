@@ -14,7 +14,8 @@ import torch
 
 from engines_harness import SLOTS, Recorder, interrupt_running_loop, strip_ansi
 from pdl.process import pid_alive
-from pdl_magics import DistributedSession, RankFailed, clusters
+from pdl_magics import DistributedSession, RankFailed
+from pdl_server import clusters
 from waiting import wait_until
 
 pytestmark = pytest.mark.integration

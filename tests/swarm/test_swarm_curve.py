@@ -19,8 +19,8 @@ from contextlib import ExitStack
 import pytest
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
-from pdl_magics import clusters
-from pdl_magics.world import call_engine
+from pdl_server import clusters
+from pdl_server.world import call_engine
 
 pytestmark = pytest.mark.integration
 

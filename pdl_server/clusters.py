@@ -32,8 +32,8 @@ from pathlib import Path
 
 import ipyparallel as ipp
 
+from pdl.contract import ServerContract
 from pdl.slots import engine_env
-from pdl_server.contract import ServerContract
 
 #: Seconds to wait for a controller's connection files and for engines to register.
 ENGINE_TIMEOUT_S = 60
@@ -137,7 +137,7 @@ def engine_set_running(engine_set) -> bool:
     when the event loop that started the engine runs again, which with the ``_sync``
     API (pdl-singleuser, a kernel between cells) may be never.
     """
-    from .status_file import pid_alive
+    from pdl_server.status_file import pid_alive
 
     return any(launcher.pid > 0 and pid_alive(launcher.pid) for launcher in engine_set.launchers.values())
 

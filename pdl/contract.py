@@ -1,7 +1,7 @@
 """The server contract: everything a spawner tells a user's server, and the server
 its kernels, as environment variables. One builder (:meth:`ServerContract.env`) and
 one parser (:meth:`ServerContract.from_env`); every spawner writes it, and the server
-supervisor (:mod:`pdl_server.singleuser`), the kernels (:mod:`pdl_magics.clusters`)
+supervisor (:mod:`pdl_server.singleuser`), the kernels (:mod:`pdl_server.clusters`)
 and the engines read it, through here only.
 
 =========================== ====================== =====================================
