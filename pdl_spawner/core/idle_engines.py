@@ -1,4 +1,4 @@
-"""Idle engines give their workers back: the hub's side, shared by both PDL spawners.
+"""Idle engines give their workers back: the hub's side, shared by every PDL spawner.
 
 The user's server stops counting on its engines after ``engine_idle_timeout``
 seconds without a task and says so in its engine lease (:mod:`pdl_server.lease`);

@@ -1,4 +1,4 @@
-"""Waiting in the fair queue: what both PDL spawners share.
+"""Waiting in the fair queue: what the kinds whose queue is PDL's share (local, Swarm).
 
 :class:`QueueingSpawner` is a mixin for a JupyterHub spawner. A spawn whose
 ``user_options["queue"]`` is true and that finds its workers busy calls

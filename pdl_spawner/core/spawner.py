@@ -2,7 +2,8 @@
 reserving workers (at once or in the fair queue), and the hub's side of the engine lease.
 
 :class:`SpawnerCore` is a mixin placed after the spawner's own mixins and before
-JupyterHub's spawner base class (``class PDLLocalSpawner(SpawnerCore, LocalProcessSpawner)``).
+JupyterHub's spawner base class (``class PDLLocalSpawner(HostServer, SpawnerCore,
+LocalProcessSpawner)``).
 A spawner adds only its own I/O and specs, by providing:
 
 - :attr:`SpawnerCore.worker_kind` (``"gpu"`` or ``"cpu"``, for the form) and
