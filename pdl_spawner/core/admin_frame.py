@@ -125,10 +125,16 @@ def table_html(caption: str, headers: list[str], rows: list[list[str]], empty: s
     return f"<h2>{escape(caption)}</h2>\n<table>\n<tr>{head}</tr>\n{body}\n</table>"
 
 
-def holdings_sections(status: dict, unit: str, none_held: str) -> str:
+def gpu_name(node: str, gpu: str) -> str:
+    """A GPU of a cluster as the view names it: ``"<node>/<GPU>"``."""
+    return f"{node}/{gpu}"
+
+
+def holdings_sections(status: dict, unit: str, none_held: str, none_reclaimed: str) -> str:
     """The tables Reservations, Queue and Recent reclaims of a kind whose holdings are
     rows of :func:`reservation_row` (local slots, Swarm GPUs): ``unit`` names what is
-    held ("Slot", "GPU"), ``none_held`` what the empty Reservations table says."""
+    held ("Slot", "GPU"); ``none_held`` and ``none_reclaimed`` are what the empty
+    Reservations and Recent reclaims tables say."""
     reservations = table_html(
         "Reservations", [unit, "Node", "User/server", "Since (UTC)", "Held for"],
         [[r["slot"], r["node"], r["owner"], r["since"], duration_text(r["held_s"])] for r in status["reservations"]],
@@ -143,7 +149,7 @@ def holdings_sections(status: dict, unit: str, none_held: str) -> str:
     reclaims = table_html(
         "Recent reclaims", ["When (UTC)", "User/server", f"{unit}s", "Reason"],
         [[r["at"], r["owner"], ", ".join(r["slots"]), r["reason"]] for r in status["reclaims"]],
-        f"No {unit.lower() if unit != 'GPU' else unit} was reclaimed.",
+        none_reclaimed,
     )
     return f"{reservations}\n{queue}\n{reclaims}"
 

@@ -66,7 +66,8 @@ def summary(status: dict) -> tuple[str, str]:
 
 
 #: The local source's part of the page.
-PAGE = PageParts(summary=summary, sections=lambda status: holdings_sections(status, "Slot", "No slot is reserved."))
+PAGE = PageParts(summary=summary, sections=lambda status: holdings_sections(
+    status, "Slot", "No slot is reserved.", "No slot was reclaimed."))
 
 
 def read_status(db_path: str | Path, *, node: str, pool: list[str] | None) -> dict:

@@ -50,6 +50,7 @@ from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
 
+
 class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
     """Spawn a user's server plus one ipyparallel engine per reserved GPU or CPU slot."""
 

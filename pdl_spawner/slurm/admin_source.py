@@ -32,18 +32,13 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from html import escape
 
-from pdl_spawner.core.admin_frame import PageParts, duration_text, iso_utc, nodes_summary, table_html
+from pdl_spawner.core.admin_frame import PageParts, duration_text, gpu_name, iso_utc, nodes_summary, table_html
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
 from pdl_spawner.slurm.jobs import DEFAULT_ACCOUNT_PREFIX, SlurmJob, SlurmNode, in_partition, pdl_job_owner, queue_position
 
 #: What the Slurm page says instead of a reclaims table.
 SLURM_RECLAIMS_NOTE = ("PDL keeps no log of its own on Slurm: a reclaim (idle engines giving their GPUs back) "
                        "cancels the server's Slurm job, and the hub's log records each cancelled job.")
-
-
-def gpu_name(node: str, gpu: str) -> str:
-    """A GPU of the cluster as the view names it: ``"<node>/gpu:<index>"``."""
-    return f"{node}/{gpu}"
 
 
 def slurm_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> tuple[str, str, str]:

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 
 from pdl_spawner.core.admin_frame import (
-    RECENT_RECLAIMS, PageParts, holdings_sections, iso_utc, nodes_summary, queue_rows, reclaim_rows,
+    RECENT_RECLAIMS, PageParts, gpu_name, holdings_sections, iso_utc, nodes_summary, queue_rows, reclaim_rows,
     reservation_row, split_owner,
 )
 from pdl_spawner.core.reservations import Reclaim, SlotLedger
@@ -50,11 +50,6 @@ def gpu_reservation_rows(holdings: list[GpuHolding], now: float) -> list[dict]:
     task not placed yet), its node's hostname as ``node``."""
     return [reservation_row(h.gpu, h.node, h.owner, h.user or split_owner(h.owner)[0], h.since, now)
             for h in holdings]
-
-
-def gpu_name(node: str, gpu: str) -> str:
-    """A GPU of the swarm as the view names it: ``"<hostname>/<GPU id>"``."""
-    return f"{node}/{gpu}"
 
 
 def swarm_status_model(
@@ -87,8 +82,8 @@ def swarm_status_model(
 
 
 #: The Swarm source's part of the page.
-PAGE = PageParts(summary=nodes_summary, sections=lambda status: holdings_sections(status, "GPU", "No GPU is held."),
-                 unreadable="Docker")
+PAGE = PageParts(summary=nodes_summary, sections=lambda status: holdings_sections(
+    status, "GPU", "No GPU is held.", "No GPU was reclaimed."), unreadable="Docker")
 
 
 def read_swarm(docker_host: str) -> tuple[list[dict], list[dict], list[dict]]:
