@@ -17,7 +17,11 @@ Shared by the hub side, the notebook side and the engines:
 - :mod:`pdl.process`: whether a local process is alive.
 - :mod:`pdl.atomic_file`: write a file that readers see whole or not at all.
 - :mod:`pdl.contract`: the server contract, everything a spawner tells a user's
-  server (and the server its kernels and engines), built and parsed in one place.
+  server (and the server its kernels), built and parsed in one place.
+- :mod:`pdl.engine_contract`: the engine contract, everything an engine is told
+  about its place in the reservation, built and parsed in one place.
+- :mod:`pdl.lease`: the engine lease's typed messages (release, want, grant,
+  refusal), their one writer and reader, and the files a server keeps them in.
 
 The code that runs inside each engine is the subpackage :mod:`pdl.runtime`.
 """

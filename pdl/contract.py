@@ -10,8 +10,8 @@ variable                    field                  meaning
 ``PDL_SLOTS``               ``slots``              the slots reserved on this machine
                                                    (``gpu:0,gpu:1`` or ``cpu:0``; local
                                                    spawner), one engine each
-``PDL_ENGINES``             ``engines``            how many engines the hub runs
-                                                   elsewhere for this server (Swarm)
+``PDL_WORKERS``             ``workers``            how many workers the hub reserved
+                                                   for this server, one engine each
 ``PDL_CLUSTER_DIR``         ``cluster_dir``        the folder of the server's cluster
                                                    and engine lease (default
                                                    ``~/.pdl/cluster``)
@@ -46,7 +46,7 @@ CLUSTER_DIR_IN_HOME = ".pdl/cluster"
 #: Field name -> environment variable, in the table's order.
 VARIABLES = {
     "slots": "PDL_SLOTS",
-    "engines": "PDL_ENGINES",
+    "workers": "PDL_WORKERS",
     "cluster_dir": "PDL_CLUSTER_DIR",
     "controller_secret": "PDL_CONTROLLER_SECRET",
     "idle_timeout_s": "PDL_ENGINE_IDLE_TIMEOUT",
@@ -67,8 +67,8 @@ class ServerContract:
 
     #: local slots reserved for this server (one engine each)
     slots: tuple[str, ...] = field(default=())
-    #: engines the hub runs elsewhere for this server (Docker Swarm); 0: none
-    engines: int = 0
+    #: workers the hub reserved for this server (one engine each, wherever they run); 0: unknown
+    workers: int = 0
     #: the server's cluster folder ("" : ``~/.pdl/cluster``)
     cluster_dir: str = ""
     #: the file of the notebook secret (Docker Swarm); "": engines run here
@@ -86,7 +86,7 @@ class ServerContract:
         """The environment variables that carry this contract (empty fields left out)."""
         values = {
             "slots": ",".join(self.slots),
-            "engines": str(self.engines) if self.engines else "",
+            "workers": str(self.workers) if self.workers else "",
             "cluster_dir": self.cluster_dir,
             "controller_secret": self.controller_secret,
             "idle_timeout_s": f"{self.idle_timeout_s:g}" if self.idle_timeout_s else "",
@@ -116,7 +116,7 @@ class ServerContract:
 
         return cls(
             slots=tuple(parse_slot_list(env.get(VARIABLES["slots"], ""))),
-            engines=number("engines", int),
+            workers=number("workers", int),
             cluster_dir=env.get(VARIABLES["cluster_dir"], ""),
             controller_secret=env.get(VARIABLES["controller_secret"], ""),
             idle_timeout_s=number("idle_timeout_s", float),

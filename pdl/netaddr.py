@@ -43,3 +43,11 @@ def free_port(addr: str = "") -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
         return s.getsockname()[1]
+
+
+def collective_iface_env(addr: str, environ) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``: the interface holding ``addr``, so
+    torch.distributed listens where peers on other nodes reach it (the node's host name
+    need not resolve in a container). Values the admin set are kept."""
+    iface = iface_for(addr)
+    return {name: environ.get(name) or iface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}

@@ -12,6 +12,8 @@ import re
 import shutil
 import subprocess
 
+from pdl.engine_contract import EngineContract
+
 _SLOT_RE = re.compile(r"^(gpu|cpu):(\d+)$")
 
 
@@ -87,7 +89,7 @@ def engine_env(slot: str, pool_size: int, n_cpus: int | None = None) -> dict[str
 
     A GPU slot sees only its GPU (``CUDA_VISIBLE_DEVICES``, counted in nvidia-smi's
     order, the PCI bus order, as slots are: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, where
-    CUDA would otherwise put the fastest GPU first); a CPU slot sees no GPU. Both get their share of CPU cores (``PDL_CPUS``, applied as CPU affinity by
+    CUDA would otherwise put the fastest GPU first); a CPU slot sees no GPU. Both get their share of CPU cores (the engine contract's ``cpus``, applied as CPU affinity by
     :mod:`pdl.runtime.boot`) and a matching thread count for OpenMP/MKL/torch.
     """
     kind, index = parse_slot(slot)
@@ -95,8 +97,7 @@ def engine_env(slot: str, pool_size: int, n_cpus: int | None = None) -> dict[str
     cpus = cpus_for_slot(slot, pool_size, n_cpus)
     threads = str(len(cpus))
     return {
-        "PDL_SLOT": slot,
-        "PDL_CPUS": ",".join(map(str, cpus)),
+        **EngineContract(slot=slot, cpus=tuple(cpus)).env(),
         "CUDA_VISIBLE_DEVICES": str(index) if kind == "gpu" else "",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "OMP_NUM_THREADS": threads,

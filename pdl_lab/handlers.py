@@ -3,13 +3,13 @@
 - ``GET  /pdl/api/cluster``: the panel's model (:meth:`ClusterMonitor.snapshot_sync`);
 - ``POST /pdl/api/stop``: interrupt the running distributed cell on every rank;
 - ``POST /pdl/api/restart``: kill this cluster's engines so that they are restarted;
-- ``GET  /pdl/api/lease``: this server's engine lease (:mod:`pdl_server.lease`):
-  ``{"released": ..., "want": ..., "grant": ...}``, each the file's content or null;
-- ``POST /pdl/api/lease``: the hub's answer to a request for engines (the body is
-  written as the lease's grant: ``{"slots": [...]}`` on one machine, ``{"engines": n}``
-  on Docker Swarm, or ``{"refused": one line}``); a grant of engines also ends the
-  release (before the answer, so that the hub's next look never finds the release it
-  just answered); 404 outside a hub server. The hub reads and answers the lease this
+- ``GET  /pdl/api/lease``: this server's engine lease (:class:`pdl.lease.LeaseView`):
+  ``{"released": ..., "want": ..., "grant": ...}``, each a message or null;
+- ``POST /pdl/api/lease``: the hub's answer to a request for engines, a
+  :class:`~pdl.lease.Grant` or a :class:`~pdl.lease.Refusal` (400, naming the valid
+  shapes, for anything else); a grant of engines the hub started itself (Docker Swarm)
+  also ends the release (before the answer, so that the hub's next look never finds
+  the release it just answered); 404 outside a hub server. The hub reads and answers the lease this
   way, with the server's own API token, and never touches the files; these calls are
   not user activity. The user may write here too: nothing here is trusted by the hub
   (a grant of slots the ledger did not give opens no GPU: the device cgroup follows
@@ -27,7 +27,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from pdl_server import lease as engine_lease
+from pdl.lease import Answer, Grant, LeaseFiles, LeaseFormatError, decode
 
 from .monitor import ClusterMonitor
 
@@ -68,34 +68,31 @@ class LeaseHandler(APIHandler):
     def update_api_activity(self):
         """The hub's looks at the lease are not the user's activity (idle culling)."""
 
-    def _directory(self):
-        directory = engine_lease.lease_dir()
-        if directory is None:
+    def _files(self) -> LeaseFiles:
+        files = LeaseFiles.of_this_server()
+        if files is None:
             raise tornado.web.HTTPError(404, "no engine lease outside a hub server")
-        return directory
+        return files
 
     @tornado.web.authenticated
     def get(self):
-        directory = self._directory()
-        body = {key: engine_lease.read(directory, name) for key, name in
-                (("released", engine_lease.RELEASED), ("want", engine_lease.WANT), ("grant", engine_lease.GRANT))}
+        body = self._files().view().to_json()
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(body))
 
     @tornado.web.authenticated
     def post(self):
-        directory = self._directory()
+        files = self._files()
         try:
-            grant = json.loads(self.request.body)
-        except ValueError:
-            grant = None
-        if not isinstance(grant, dict) or len({"slots", "engines", "refused"} & set(grant)) != 1:
+            answer = decode(Answer, json.loads(self.request.body))
+        except ValueError as e:  # not JSON, or LeaseFormatError
+            why = str(e).splitlines()[0] if isinstance(e, LeaseFormatError) else "not JSON"
             raise tornado.web.HTTPError(
-                400, 'the body must be one of {"slots": [...]}, {"engines": n} or {"refused": "why"}')
-        engine_lease.write(directory, engine_lease.GRANT, grant)
-        if grant.get("engines"):
-            engine_lease.remove(directory, engine_lease.RELEASED, engine_lease.WANT)
+                400, f'{why}: the body must be {{"workers": n, "slots": [...], "slurm_job": n}} or {{"refused": "why"}}')
+        files.write(answer)
+        if isinstance(answer, Grant) and answer.started_by_hub:
+            files.release_answered()
         self.finish(json.dumps({"ok": True}))
 
 

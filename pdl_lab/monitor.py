@@ -4,7 +4,7 @@
 
 - **hub**: the cluster ``pdl-singleuser`` runs (``$PDL_CLUSTER_FILE``), whose slots
   are ``$PDL_SLOTS`` (or those its engines came back on after an idle release; none
-  while they are released: :mod:`pdl_server.lease`);
+  while they are released: :mod:`pdl.lease`);
 - **local**: the cluster of the newest live kernel that wrote a status file
   (:mod:`pdl_server.status_file`); none before its first ``%%distributed`` cell.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import ipyparallel as ipp
 
-from pdl_server import lease as engine_lease
+from pdl.lease import LeaseFiles, Release
 from pdl_server import clusters
 from pdl_server.status_file import pid_alive, read_status
 from pdl_server.world import rank_order
@@ -74,7 +74,7 @@ class ClusterMonitor:
                  nvidia_smi: str | None = None):
         self.hub_cluster_file = hub_cluster_file if hub_cluster_file is not None else clusters.hub_cluster_file()
         self._fixed_slots = hub_slots
-        self.lease = engine_lease.lease_dir() if self.hub_cluster_file else None
+        self.lease = LeaseFiles.of_this_server() if self.hub_cluster_file else None
         self.nvidia_smi = nvidia_smi
         self.hostname = socket.gethostname()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdl-monitor")
@@ -95,9 +95,9 @@ class ClusterMonitor:
             return []
         return list(self._fixed_slots) if self._fixed_slots is not None else clusters.hub_slots()
 
-    def released(self) -> dict | None:
-        """The hub server's idle release (``{"reason", ...}``), or None while it holds its engines."""
-        return engine_lease.read(self.lease, engine_lease.RELEASED) if self.lease is not None else None
+    def released(self) -> Release | None:
+        """The hub server's release of its engines, or None while it holds them."""
+        return self.lease.released() if self.lease is not None else None
 
     # -- the async API the handlers use ---------------------------------------
 
@@ -299,7 +299,7 @@ class ClusterMonitor:
             slots = list((status or {}).get("slots", []))
         message = None
         if released is not None:
-            message = (f"Engines released ({released.get('reason') or 'idle'}): "
+            message = (f"Engines released ({released.reason or 'idle'}): "
                        "the next %%distributed cell asks for them again.")
         elif mode == "none":
             message = "no cluster yet: the first %%distributed cell starts one"

@@ -6,7 +6,7 @@ Two kinds of cluster, one interface:
 - under the hub (``cluster_file`` given, see :mod:`pdl_server.clusters`), the
   engines were started by the user's server on the slots the hub reserved;
   after an idle release, :meth:`Engines.world` asks the hub for them again
-  (:mod:`pdl_server.lease`);
+  (:mod:`pdl.lease`);
 - otherwise a local cluster is started on first use over ``local_slots``
   (default: this machine's GPUs, else CPU slots), one engine per slot, and dead
   engines are restarted on their slot before the next cell.
@@ -27,9 +27,9 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
+from pdl.lease import LeaseFiles, Refusal, Want
 from pdl.slots import default_pool
 from pdl_server import clusters, status_file
-from pdl_server import lease as engine_lease
 from pdl_server.world import Rank, call_engine, rank_order
 
 from .errors import DistributedUsageError, RanksStuck
@@ -109,8 +109,9 @@ class Engines:
         return self.local_slots
 
     def count(self) -> int:
-        """How many workers a cell may ask for (``-n``'s upper bound)."""
-        size = clusters.hub_engine_count() if self.is_hub else len(self.pool())
+        """How many workers a cell may ask for (``-n``'s upper bound): those the hub
+        reserved (:func:`~pdl_server.clusters.hub_workers`), or the local pool's."""
+        size = clusters.hub_workers() if self.is_hub else len(self.pool())
         return size or len(self.connect().ids)
 
     def pids(self) -> dict[int, int]:
@@ -170,24 +171,23 @@ class Engines:
 
     def _bring_back(self) -> None:
         """Under the hub: if the engines were stopped for idleness, ask for slots again and
-        wait until they run (:mod:`pdl_server.lease`); DistributedUsageError if none are free."""
-        lease = engine_lease.lease_dir()
-        released = engine_lease.read(lease, engine_lease.RELEASED) if lease is not None else None
+        wait until they run (:mod:`pdl.lease`); DistributedUsageError if none are free."""
+        lease = LeaseFiles.of_this_server()
+        released = lease.released() if lease is not None else None
         if released is None:
             return
-        n = released.get("engines") or len(released.get("slots") or clusters.hub_slots())
-        reason = released.get("reason", "idle")
-        given_back = "GPUs" if "engines" in released else "slots"
-        print(f"Your engines were stopped ({reason}) and their {given_back} given back; asking for {n} again...",
-              file=sys.stderr, flush=True)
-        engine_lease.write(lease, engine_lease.WANT, {"workers": n})
+        given_back = "slots" if released.slots else "GPUs"
+        print(f"Your engines were stopped ({released.reason}) and their {given_back} given back; "
+              f"asking for {released.workers} again...", file=sys.stderr, flush=True)
+        lease.write(Want(workers=released.workers))
         deadline = time.monotonic() + LEASE_WAIT_S
-        while engine_lease.read(lease, engine_lease.RELEASED) is not None:
-            grant = engine_lease.read(lease, engine_lease.GRANT) or {}
-            if "refused" in grant or time.monotonic() > deadline:
-                engine_lease.remove(lease, engine_lease.WANT, engine_lease.GRANT)
-                why = grant.get("refused") or f"the hub did not answer within {LEASE_WAIT_S:.0f} s"
-                raise DistributedUsageError(f"your engines were stopped ({reason}) and cannot come back now: {why}")
+        while lease.released() is not None:
+            answer = lease.answer()
+            if isinstance(answer, Refusal) or time.monotonic() > deadline:
+                lease.forget_request()
+                why = answer.reason if isinstance(answer, Refusal) else f"the hub did not answer within {LEASE_WAIT_S:.0f} s"
+                raise DistributedUsageError(
+                    f"your engines were stopped ({released.reason}) and cannot come back now: {why}")
             time.sleep(0.2)
         self._info.clear()  # every engine is new
 

@@ -1,9 +1,10 @@
 """The user's server: what runs between the hub and the engines, as the user.
 
 - :mod:`pdl_server.singleuser`: ``pdl-singleuser``, the server supervisor: the
-  Jupyter server, the ipyparallel controller, one engine per reserved slot.
-- :mod:`pdl_server.lease`: the engine lease, idle engines giving their slots back
-  and asking for them again, in files only the server writes.
+  Jupyter server, the ipyparallel controller and the engines, kept running and
+  released when idle (the engine lease, :mod:`pdl.lease`).
+- :mod:`pdl_server.engine_hosts`: one engine host per cluster kind (this machine's
+  slots, a Slurm job's steps, Docker Swarm services), chosen once from the contract.
 - :mod:`pdl_server.step_guard`: the task of a Slurm step that runs a server inside
   its job; it ends the step with the server, stopping whatever the server left.
 - :mod:`pdl_server.clusters`: the engine launcher: the user's ipyparallel controller
@@ -14,7 +15,8 @@
 
 It imports only :mod:`pdl` (the shared floor); the notebook side (:mod:`pdl_magics`)
 and the panel (:mod:`pdl_lab`) build on it. The server contract, everything a spawner
-tells a user's server, is :mod:`pdl.contract`.
+tells a user's server, is :mod:`pdl.contract`; the engine contract, everything an
+engine is told, :mod:`pdl.engine_contract`.
 
 The Cluster panel's HTTP API, through which the hub reads and answers the lease,
 is served by :mod:`pdl_lab.handlers`.

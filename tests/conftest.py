@@ -1,8 +1,8 @@
 """What the tests of every side share.
 
-The tests are in one folder per side of the code: ``hub/``, ``notebook/``,
-``engines/``, ``training/``, ``swarm/``, ``slurm/`` and ``browser/`` (tests/test_layout.py keeps it
-so); fixtures that only one side uses are in that folder's ``conftest.py``. The tiers
+The tests are in one folder per part of the code they guard: a cluster kind's
+(``swarm/``, ``slurm/``: everything of that kind), else a side's (``hub/``, ``server/``,
+``notebook/``, ``engines/``, ``training/``, ``browser/``; tests/test_layout.py keeps it so); fixtures that only one side uses are in that folder's ``conftest.py``. The tiers
 are markers (pyproject.toml). The harness modules in ``harness/`` are importable from
 every folder (``pythonpath`` in pyproject.toml).
 

@@ -1,7 +1,13 @@
 """The product's packages keep their layout rules: no import circle, no import running
 back up the packages' layers, and no module imports another module's ``_private`` name
 (each concept is used through its owner's public API). Read from the source with :mod:`ast`, imports inside functions included.
-The tests mirror the code: one folder per side (this file, about the whole tree, aside)."""
+The tests mirror the code on one axis, the part of the code a test guards: each cluster
+kind other than the embedded default has its folder (``swarm/``, ``slurm/``), which
+holds every test that exists because of that kind, unit and integration, on whichever
+side its code runs; every other test lives in the folder of its side: ``hub/`` (the
+spawner core and the local kind), ``server/`` (the user's server, ``pdl_server``),
+``notebook/``, ``engines/``, ``training/``, ``browser/`` (this file, about the whole
+tree, aside)."""
 
 from __future__ import annotations
 
@@ -15,7 +21,10 @@ pytestmark = pytest.mark.unit  # read from the source: no process started
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pdl", "pdl_server", "pdl_magics", "pdl_spawner", "pdl_lab", "pdl_cinic10")
 #: tests/<side>/: the tests of one side of the code; tests/harness/: what they share.
-TEST_SIDES = ("hub", "notebook", "engines", "training", "swarm", "slurm", "browser")
+TEST_SIDES = ("hub", "server", "notebook", "engines", "training", "swarm", "slurm", "browser")
+#: A cluster kind's folder, and the modules that exist only for that kind.
+KIND_MODULES = {"swarm": ("pdl_spawner.swarm", "pdl.runtime.swarm_boot"),
+                "slurm": ("pdl_spawner.slurm", "pdl.runtime.slurm_boot", "pdl_server.step_guard")}
 
 
 def modules() -> dict[str, Path]:
@@ -134,3 +143,15 @@ def test_every_test_file_lives_in_the_folder_of_its_side():
     assert not list(tests.rglob("__init__.py"))
     folders = [path.name for path in tests.iterdir() if path.is_dir() and not path.name.startswith((".", "__"))]
     assert sorted(folders) == sorted([*TEST_SIDES, "harness"])
+
+
+def test_a_test_of_a_kinds_code_lives_in_that_kinds_folder():
+    """Guards the axis: a test that imports a module of one cluster kind is in its folder."""
+    tests = ROOT / "tests"
+    astray = []
+    for path in sorted(tests.glob("*/test_*.py")):
+        used = {base for base, _ in imports(path.stem, path)} | {f"{base}.{what}" for base, what in imports(path.stem, path)}
+        for kind, prefixes in KIND_MODULES.items():
+            if path.parent.name != kind and any(u == p or u.startswith(p + ".") for u in used for p in prefixes):
+                astray.append(f"{path.relative_to(tests)} uses the {kind} kind")
+    assert astray == []

@@ -44,10 +44,12 @@ def die_with_parent() -> None:
 
 
 def pin_cpus() -> None:
-    """Apply ``$PDL_CPUS`` (comma-separated core ids) as this process's affinity."""
-    cpus = os.environ.get("PDL_CPUS")
+    """Apply the engine contract's ``cpus`` (``$PDL_CPUS``) as this process's affinity."""
+    from pdl.engine_contract import EngineContract
+
+    cpus = EngineContract.from_env().cpus
     if cpus and hasattr(os, "sched_setaffinity"):
-        wanted = {int(c) for c in cpus.split(",")}
+        wanted = set(cpus)
         allowed = os.sched_getaffinity(0)
         os.sched_setaffinity(0, (wanted & allowed) or allowed)
 
@@ -61,7 +63,9 @@ def no_new_privileges() -> None:
 
 def controller_kwargs() -> dict:
     """Launch kwargs for the controller: its keypair when ``$PDL_CONTROLLER_SECRET`` is set."""
-    path = os.environ.get("PDL_CONTROLLER_SECRET")
+    from pdl.contract import ServerContract
+
+    path = ServerContract.from_env().controller_secret
     if not path:
         return {}
     from pdl.connection import controller_config, read_secret

@@ -1,6 +1,6 @@
 """Who an engine is: :func:`describe` (host, address, pid, slot, visible GPUs).
 
-A leaf module (it imports only :mod:`pdl.netaddr`): the engine's call facade
+A leaf module (it imports only :mod:`pdl.netaddr` and :mod:`pdl.engine_contract`): the engine's call facade
 (:mod:`pdl.runtime.engine`), the preflight's probe (:mod:`pdl.runtime.preflight`) and the Cluster
 panel all read an engine's identity from here.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
+from pdl.engine_contract import EngineContract
 from pdl.netaddr import host_addr
 
 
@@ -20,10 +21,11 @@ def describe() -> dict:
     machine's host name; the address is ``$PDL_ENGINE_ADDR`` when set (the interface
     collectives use), else :func:`pdl.netaddr.host_addr`.
     """
+    contract = EngineContract.from_env()
     return {
-        "host": os.environ.get("PDL_ENGINE_HOST") or socket.gethostname(),
-        "addr": os.environ.get("PDL_ENGINE_ADDR") or host_addr(),
+        "host": contract.host or socket.gethostname(),
+        "addr": contract.addr or host_addr(),
         "pid": os.getpid(),
-        "slot": os.environ.get("PDL_SLOT", ""),
+        "slot": contract.slot,
         "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import time
 
+from pdl.engine_contract import EngineContract
 from pdl.runtime.identity import describe
 from pdl.netaddr import iface_for
 
@@ -39,7 +40,7 @@ def probe() -> dict:
     me = describe()
     gpus = _torch_gpus()
     driver, host_gpus = _nvidia_smi()
-    reserved = os.environ.get("PDL_GPU")
+    reserved = EngineContract.from_env().gpu
     if reserved is None:
         reserved = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {

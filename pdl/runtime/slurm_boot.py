@@ -1,7 +1,7 @@
 """One ipyparallel engine as a step of the user's Slurm job, on the GPU Slurm bound.
 
 The user's server starts each engine with ``srun --jobid=<job> ... python -m
-pdl.runtime.slurm_boot [ipyparallel engine args...]`` (:func:`pdl_server.clusters.srun_engine_cmd`);
+pdl.runtime.slurm_boot [ipyparallel engine args...]`` (:func:`pdl_server.engine_hosts.srun_engine_cmd`);
 srun passes the server's environment on. Slurm has already chosen the node, bound the
 GPU (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``) and the cores of the task. This
 records what PDL's ranks report (:func:`slurm_engine_env`: the slot, the node's name,
@@ -15,12 +15,14 @@ import os
 import sys
 from collections.abc import Mapping
 
-from pdl.netaddr import route_addr
-from pdl.runtime.swarm_boot import collective_iface_env
+from pdl.contract import ServerContract
+from pdl.engine_contract import VARIABLES, EngineContract
+from pdl.netaddr import collective_iface_env, route_addr
 
 
 def slurm_engine_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """What an engine in a Slurm step sets, from Slurm's variables:
+    """What an engine in a Slurm step sets (the engine contract, :mod:`pdl.engine_contract`,
+    and thread counts), from Slurm's variables:
 
     - ``PDL_SLOT``: the worker of the reservation the server started this engine for
       (``PDL_SLOT`` as srun passed it on), else ``gpu:<index>`` of the first GPU Slurm
@@ -34,27 +36,23 @@ def slurm_engine_env(environ: Mapping[str, str]) -> dict[str, str]:
 
     ``CUDA_VISIBLE_DEVICES`` stays as Slurm set it.
     """
+    given = EngineContract.from_env(environ)
     gpus = environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or ""
     first = gpus.split(",")[0].strip()
-    env = {
-        "PDL_SLOT": environ.get("PDL_SLOT") or (f"gpu:{int(first)}" if first.isdigit() else "cpu:0"),
-        "PDL_GPU": gpus,
-        "PDL_ENGINE_HOST": environ.get("SLURMD_NODENAME", ""),
-        "OMP_NUM_THREADS": environ.get("SLURM_CPUS_PER_TASK", "1"),
-        "MKL_NUM_THREADS": environ.get("SLURM_CPUS_PER_TASK", "1"),
-    }
-    controller = environ.get("PDL_CONTROLLER_IP", "")
-    if controller:
-        env["PDL_ENGINE_ADDR"] = environ.get("PDL_ENGINE_ADDR") or route_addr(controller)
-        env.update(collective_iface_env(env["PDL_ENGINE_ADDR"], environ))
-    return {k: v for k, v in env.items() if v}
+    controller = ServerContract.from_env(environ).controller_ip
+    addr = (given.addr or route_addr(controller)) if controller else ""
+    contract = EngineContract(slot=given.slot or (f"gpu:{int(first)}" if first.isdigit() else "cpu:0"),
+                              gpu=gpus or None, host=environ.get("SLURMD_NODENAME", ""), addr=addr)
+    threads = environ.get("SLURM_CPUS_PER_TASK", "1")
+    return {**contract.env(), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+            **(collective_iface_env(addr, environ) if addr else {})}
 
 
 def main(argv: list[str] | None = None) -> None:
     from pdl.runtime import boot
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.pop("PDL_CPUS", None)  # Slurm bound the task's cores
+    os.environ.pop(VARIABLES["cpus"], None)  # Slurm bound the task's cores
     os.environ.update(slurm_engine_env(os.environ))
     sys.argv = [sys.argv[0], "engine", *argv]
     boot.main()

@@ -1,7 +1,7 @@
 """``pdl-engine``: one ipyparallel engine in a Docker Swarm task, on the GPU Swarm gave it.
 
 ``PDLSwarmSpawner`` runs ``pdl-engine [ipyparallel engine args...]`` as the command of
-each engine service, with this environment (no secrets in it):
+each engine service, with this environment (no secrets in it; the engine contract, :mod:`pdl.engine_contract`):
 
 - ``PDL_ENGINE_CONNECTION``: path of the engine connection file, a Docker secret
   under /run/secrets (JSON from :func:`pdl.connection.engine_file`: the controller's
@@ -22,9 +22,12 @@ from __future__ import annotations
 import os
 import sys
 
-from pdl.netaddr import iface_for, route_addr
+from pdl.engine_contract import EngineContract
+from pdl.netaddr import collective_iface_env, route_addr
 from pdl.slots import engine_env
 
+#: The engine secret's file, unless the engine contract names another.
+DEFAULT_CONNECTION = "/run/secrets/pdl-engine.json"
 #: Default generic resource name for GPUs (as in the nodes' daemon.json).
 DEFAULT_GPU_RESOURCE = "NVIDIA-GPU"
 #: Seconds an engine waits for the controller to answer its registration.
@@ -46,9 +49,9 @@ def gpu_slot_env(assigned: str | None, n_cpus: int) -> dict[str, str]:
     """
     assigned = (assigned or "").strip()
     if not assigned:
-        return {**engine_env("cpu:0", 1, n_cpus), "PDL_GPU": ""}
+        return {**engine_env("cpu:0", 1, n_cpus), **EngineContract(gpu="").env()}
     slot = f"gpu:{int(assigned)}" if assigned.isdigit() else "gpu:0"
-    return {**engine_env(slot, 1, n_cpus), "CUDA_VISIBLE_DEVICES": assigned, "PDL_GPU": assigned}
+    return {**engine_env(slot, 1, n_cpus), "CUDA_VISIBLE_DEVICES": assigned, **EngineContract(gpu=assigned).env()}
 
 
 #: Thread counts an admin may set for every engine (``Spawner.environment``); kept over
@@ -62,14 +65,6 @@ def admin_threads(environ) -> dict[str, str]:
     return {name: environ[name] for name in THREAD_VARIABLES if environ.get(name)}
 
 
-def collective_iface_env(addr: str, environ) -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``: the interface holding ``addr``, so
-    torch.distributed listens where peers on other nodes reach it (the node's host name
-    need not resolve in a container). Values the admin set are kept."""
-    iface = iface_for(addr)
-    return {name: environ.get(name) or iface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-
-
 def main(argv: list[str] | None = None) -> None:
     from pdl.connection import read_secret
     from pdl.runtime.boot import no_new_privileges, pin_cpus
@@ -77,17 +72,18 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     no_new_privileges()
     os.umask(0o077)  # what the engine writes is the user's alone (see pdl.runtime.boot)
-    path = os.environ.get("PDL_ENGINE_CONNECTION", "/run/secrets/pdl-engine.json")
+    given = EngineContract.from_env()
+    path = given.connection or DEFAULT_CONNECTION
     controller = read_secret(path)["location"]
-    resource = os.environ.get("PDL_GPU_RESOURCE") or DEFAULT_GPU_RESOURCE
+    resource = given.gpu_resource or DEFAULT_GPU_RESOURCE
     env = {**gpu_slot_env(os.environ.get(f"DOCKER_RESOURCE_{resource}"), os.cpu_count() or 1),
            **admin_threads(os.environ)}
-    env["PDL_ENGINE_ADDR"] = os.environ.get("PDL_ENGINE_ADDR") or route_addr(controller)
-    env.update(collective_iface_env(env["PDL_ENGINE_ADDR"], os.environ))
+    addr = given.addr or route_addr(controller)
+    env.update(EngineContract(addr=addr).env(), **collective_iface_env(addr, os.environ))
     os.environ.update(env)
     pin_cpus()
-    print(f"pdl-engine: slot {env['PDL_SLOT']} (GPU {env['PDL_GPU'] or 'none'}), controller {controller}",
-          file=sys.stderr, flush=True)
+    me = EngineContract.from_env()
+    print(f"pdl-engine: slot {me.slot} (GPU {me.gpu or 'none'}), controller {controller}", file=sys.stderr, flush=True)
     from ipyparallel.engine.app import IPEngine
 
     class PDLEngine(IPEngine):

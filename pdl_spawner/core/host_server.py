@@ -349,10 +349,15 @@ class HostServer(LoggingConfigurable):
         hub never reads or writes there."""
         return Path(cluster_dir_in(self.home_dir))
 
+    def server_contract(self) -> ServerContract:
+        """What the user's server is told (:mod:`pdl.contract`): its slots and workers, its
+        cluster folder, the idle timeout; a kind adds its own fields to it."""
+        return ServerContract(slots=tuple(self.slots), workers=len(self.slots), cluster_dir=str(self.cluster_dir),
+                              idle_timeout_s=self.engine_idle_timeout)
+
     def get_env(self):
         env = super().get_env()
-        env.update(ServerContract(slots=tuple(self.slots), cluster_dir=str(self.cluster_dir),
-                                  idle_timeout_s=self.engine_idle_timeout).env())
+        env.update(self.server_contract().env())
         return env
 
     # -- where the hub reaches the server ------------------------------------------------

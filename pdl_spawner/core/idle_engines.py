@@ -1,12 +1,13 @@
 """Idle engines give their workers back: the hub's side, shared by every PDL spawner.
 
 The user's server stops counting on its engines after ``engine_idle_timeout``
-seconds without a task and says so in its engine lease (:mod:`pdl_server.lease`);
+seconds without a task and says so in its engine lease (:mod:`pdl.lease`);
 a kernel that needs engines again asks in the same lease. While a server runs, the
 hub looks at its lease every :data:`LEASE_TICK_S` seconds (:meth:`IdleEngines.tend_lease`,
 the spawner's own: the local spawner frees ledger slots, the Swarm spawner scales the
-engine services to 0 and back). Both read and answer the lease the same way, over
-the user's server's authenticated HTTP API (:meth:`IdleEngines.lease`, with the
+engine services to 0 and back, the Slurm spawner ends the job and submits a new one).
+All read and answer the lease the same way, over the user's server's authenticated
+HTTP API (:meth:`IdleEngines.read_lease`, :meth:`IdleEngines.answer_lease`, with the
 server's own API token): the hub never reads or writes a file in a folder the user
 controls. What the lease says is the user's to write, so the hub trusts none of it:
 a request's worker count is checked against the same limits as a spawn's, and the
@@ -22,6 +23,8 @@ import json
 
 from tornado.httpclient import AsyncHTTPClient
 from traitlets import HasTraits, Integer
+
+from pdl.lease import Answer, LeaseFormatError, LeaseView, encode
 
 #: Seconds between the hub's looks at a server's engine lease (released, wanted).
 LEASE_TICK_S = 1.0
@@ -59,16 +62,33 @@ class IdleEngines(HasTraits):
         """The server's own API token, which its lease API accepts."""
         raise NotImplementedError
 
-    async def lease(self, grant: dict | None = None) -> dict | None:
-        """The user's server's engine lease (``GET .../pdl/api/lease``: ``released``,
-        ``want``, ``grant``), or, with ``grant``, send it the hub's answer (POST). None
-        when the server does not answer (it is starting or stopping) or says no."""
+    async def read_lease(self) -> LeaseView | None:
+        """The user's server's engine lease, or None when the server does not answer (it
+        is starting or stopping), says no, or sends something that is not a lease (a
+        warning that quotes none of it)."""
+        body = await self.fetch_lease()
+        if body is None:
+            return None
+        try:
+            return LeaseView.from_json(body)
+        except LeaseFormatError:
+            self.log.warning("engine lease of %s: not a lease; ignored", self.owner_key)
+            return None
+
+    async def answer_lease(self, answer: Answer) -> None:
+        """Send the user's server the hub's answer to its request (a grant or a refusal)."""
+        await self.fetch_lease(encode(answer))
+
+    async def fetch_lease(self, body: dict | None = None) -> dict | None:
+        """``GET .../pdl/api/lease`` of the user's server, or with ``body``, POST it there:
+        the JSON object it answers, or None when it does not answer or says no. The
+        hub's one exchange with a server about its lease (and the seam tests replace)."""
         url, token = self.lease_url(), self.lease_token()
         if not url or not token:
             return None
         try:
             response = await AsyncHTTPClient().fetch(
-                url, method="GET" if grant is None else "POST", body=None if grant is None else json.dumps(grant),
+                url, method="GET" if body is None else "POST", body=None if body is None else json.dumps(body),
                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
                 request_timeout=LEASE_HTTP_TIMEOUT_S, raise_error=False,
             )

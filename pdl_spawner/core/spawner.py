@@ -34,6 +34,7 @@ from typing import Any
 from tornado import web
 from traitlets import Integer, default
 
+from pdl.lease import Grant, Refusal
 from pdl_spawner.core import form
 from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
 from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
@@ -78,9 +79,9 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         nothing else is done for the lease until a later look frees them)."""
         raise NotImplementedError
 
-    async def grant_workers_again(self, n: int) -> dict:
+    async def grant_workers_again(self, n: int) -> Grant:
         """Bring back engines for a lease request of ``n`` (already checked) workers; the
-        answer for the user's server. HTTPError (one line) when they cannot be had."""
+        grant for the user's server. HTTPError (one line) when they cannot be had."""
         raise NotImplementedError
 
     def more_user_options(self) -> dict[str, str]:
@@ -204,10 +205,10 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         spawn's). While an answer waits for the server to take it up, nothing: the
         release it still shows is the one the answer ends, and reclaiming then would
         take back the workers just granted. Nothing of the lease's text reaches the hub's log."""
-        lease = await self.lease()
-        if not lease or not lease.get("released"):
+        lease = await self.read_lease()
+        if lease is None or lease.released is None:
             return
-        if lease.get("grant"):  # answered; until the server takes the grant up, its release is old news
+        if lease.answer is not None:  # answered; until the server takes the grant up, its release is old news
             return
         reclaimed = await self.reclaim_idle_workers()
         if reclaimed is None:  # kept: a GPU is still in use; no grant either until it is freed
@@ -215,12 +216,11 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         if reclaimed:
             self.log.info("Reclaimed %s from %s: %s", ",".join(reclaimed), self.owner_key,
                           idle_reason(self.engine_idle_timeout))
-        want = lease.get("want")
-        if not isinstance(want, dict) or lease.get("grant"):
+        if lease.want is None:
             return
         try:
             await self.read_capacity()
-            answer = await self.grant_workers_again(self.checked_workers(want.get("workers")))
+            answer = await self.grant_workers_again(self.checked_workers(lease.want.workers))
         except web.HTTPError as e:
-            answer = {"refused": e.reason or e.log_message or str(e)}
-        await self.lease(grant=answer)
+            answer = Refusal(e.reason or e.log_message or str(e))
+        await self.answer_lease(answer)

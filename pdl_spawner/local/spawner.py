@@ -41,6 +41,7 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Integer, List, Unicode, default, validate
 
+from pdl.lease import Grant
 from pdl.slots import cpu_count, default_pool, parse_slot
 from pdl_spawner.core import device_cgroup
 from pdl_spawner.core.db_thread import off_loop
@@ -225,9 +226,9 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
             pids |= set(device_cgroup.processes_of_uid(pwd.getpwnam(self.account).pw_uid))
         return device_cgroup.processes_holding(nodes, pids)
 
-    async def grant_workers_again(self, n: int) -> dict:
-        """Slots from the ledger again (the device cgroup follows them): ``{"slots": [...]}``."""
+    async def grant_workers_again(self, n: int) -> Grant:
+        """Slots from the ledger again (the device cgroup follows them)."""
         self.slots = await self.reserve_workers(n, spawning=False)
         self.restrict_devices(self.slots)
         self.log.info("Granted %s to %s again", ",".join(self.slots), self.owner)
-        return {"slots": self.slots}
+        return Grant(workers=n, slots=tuple(self.slots))

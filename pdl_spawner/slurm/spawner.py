@@ -44,12 +44,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import replace
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from traitlets import Dict, Enum, Integer, List, Unicode, default
 
-from pdl.contract import VARIABLES, ServerContract
+from pdl.contract import ServerContract
+from pdl.lease import Grant
 from pdl_spawner.core import unix_accounts
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.spawner import SpawnerCore
@@ -393,15 +395,15 @@ class PDLSlurmSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
         self.slots = []
         return [job]
 
-    async def grant_workers_again(self, n: int) -> dict:
-        """A new job for ``n`` GPUs, granted once it runs (``{"slots", "slurm_job"}``);
+    async def grant_workers_again(self, n: int) -> Grant:
+        """A new job for ``n`` GPUs, granted once it runs (its slots and job id);
         HTTP 409 for a server that runs in its job (its engines never leave it)."""
         if self.server_node is not None:
             message = f"your server runs in Slurm job {self.job_id}, whose GPUs are its engines' until it stops"
             raise web.HTTPError(409, message, reason=message)
         self.slots = await self.take_workers(n)
         self.log.info("Granted Slurm job %d (%d GPU(s)) to %s again", self.job_id, n, self.owner)
-        return {"slots": self.slots, "slurm_job": self.job_id}
+        return Grant(workers=n, slots=tuple(self.slots), slurm_job=self.job_id)
 
     # -- the server ---------------------------------------------------------------------
 
@@ -451,13 +453,16 @@ class PDLSlurmSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
         env.update(self.slurm_env)
         if self.slurm_bin_dir:
             env["PATH"] = f"{self.slurm_bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
-        if self.server_node is None:
-            env.update(ServerContract(slurm_job=self.job_id, controller_ip=self.controller_ip).env())
-            return env
-        # in its job: the controller listens on the server's node; the engines never idle out
-        env.pop(VARIABLES["idle_timeout_s"], None)
-        env.update(ServerContract(slurm_job=self.job_id, controller_ip=self.server_node.addr).env())
         return env
+
+    def server_contract(self) -> ServerContract:
+        """The host server's contract plus the job its engines are steps of and where the
+        controller listens for them; a server in its job listens on its node, and its
+        engines never idle out."""
+        contract = replace(super().server_contract(), slurm_job=self.job_id, controller_ip=self.controller_ip)
+        if self.server_node is None:
+            return contract
+        return replace(contract, controller_ip=self.server_node.addr, idle_timeout_s=0)
 
     def get_state(self):
         state = super().get_state()

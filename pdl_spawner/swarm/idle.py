@@ -16,6 +16,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from traitlets import HasTraits
 
+from pdl.lease import Grant
 from pdl_spawner.core.db_thread import off_loop
 from pdl_spawner.core.idle_engines import idle_reason
 from pdl_spawner.core.reservations import SlotLedger
@@ -65,12 +66,12 @@ class SwarmIdleEngines(HasTraits):
         await off_loop(self.reclaim_log.log_reclaim, self.owner.key, gpus, idle_reason(self.engine_idle_timeout))
         return gpus
 
-    async def grant_workers_again(self, n: int) -> dict:
-        """Every engine service of this server back to one task: ``{"engines": <count>}``."""
+    async def grant_workers_again(self, n: int) -> Grant:
+        """Every engine service of this server back to one task (the hub starts them: no slots)."""
         services = await self.engine_services_now()
         await self.bring_back_engines(services)
         self.log.info("Granted %d GPU(s) to %s again", len(services), self.owner.key)
-        return {"engines": len(services)}
+        return Grant(workers=len(services))
 
     async def bring_back_engines(self, services: list[dict]) -> None:
         """Scale the engine services back to one task each once their GPUs are free, and

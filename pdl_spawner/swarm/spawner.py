@@ -40,7 +40,7 @@ Contract:
 - With ``engine_idle_timeout``, engines idle that long are scaled to 0 (their GPUs go
   back to the swarm, the reclaim is logged in ``state_db``) and back to 1 when a cell
   asks, if the GPUs are free and nobody waits in the queue
-  (:mod:`pdl_spawner.swarm.idle`; :mod:`pdl_server.lease`).
+  (:mod:`pdl_spawner.swarm.idle`; :mod:`pdl.lease`).
 - ``poll()`` watches the notebook task (SwarmSpawner's); the state
   (:class:`~pdl_spawner.swarm.state.SwarmServer`: ports, node, keys, service and
   secret ids) survives hub restarts, and ``poll()`` works after ``load_state``.

@@ -49,6 +49,7 @@ import re
 from dataclasses import dataclass, field
 
 from pdl.contract import ServerContract
+from pdl.engine_contract import EngineContract
 
 #: Prefix of every label PDL puts on services and secrets.
 LABEL_PREFIX = "pdl."
@@ -231,7 +232,7 @@ def notebook_service(
     (recorded in the ``pdl.network`` label: it is taken while the service exists).
     """
     labels = owner.labels("notebook", ports=",".join(map(str, ports)), gpus=str(gpus), network=network)
-    contract = ServerContract(cluster_dir=CLUSTER_DIR, engines=gpus,
+    contract = ServerContract(cluster_dir=CLUSTER_DIR, workers=gpus,
                               controller_secret=posixpath.join(SECRETS_DIR, NOTEBOOK_SECRET_FILE))
     env = {**env, "HOME": home, **contract.env()}
     ref = secret_ref(secret_id=secret_id, secret_name=secret_name, filename=NOTEBOOK_SECRET_FILE, user=user)
@@ -256,9 +257,8 @@ def engine_service(
     env = {
         **env,
         "HOME": home,
-        "PDL_ENGINE_CONNECTION": posixpath.join(SECRETS_DIR, ENGINE_SECRET_FILE),
-        "PDL_GPU_RESOURCE": gpu_resource,
-        "PDL_ENGINE_HOST": "{{.Node.Hostname}}",
+        **EngineContract(connection=posixpath.join(SECRETS_DIR, ENGINE_SECRET_FILE), gpu_resource=gpu_resource,
+                         host="{{.Node.Hostname}}").env(),
     }
     ref = secret_ref(secret_id=secret_id, secret_name=secret_name, filename=ENGINE_SECRET_FILE, user=user)
     container = container_spec(image=image, command=["pdl-engine"], env=env, labels=labels, user=user,

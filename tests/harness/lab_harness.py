@@ -22,9 +22,9 @@ from pathlib import Path
 import requests
 
 from hub_harness import free_port
+from pdl.contract import ServerContract
 from pdl.process import pid_alive
-from pdl_server import clusters
-from pdl_server import singleuser
+from pdl_server import clusters, engine_hosts, singleuser
 from waiting import wait_until
 
 
@@ -139,14 +139,15 @@ class SlotCluster:
 
     def start(self) -> SlotCluster:
         clusters.start_controller(self.cluster)
-        clusters.start_slot_engines(self.cluster, self.slots, len(self.slots))
+        host = engine_hosts.LocalSlots(self.cluster, self.slots)
+        host.start()
         client = self.cluster.connect_client_sync()
         try:
             client.wait_for_engines(len(self.slots), timeout=clusters.ENGINE_TIMEOUT_S, block=True)
         finally:
             client.close()
         self._supervisor = threading.Thread(
-            target=singleuser.supervise, args=(self.cluster, self.slots, self._stop), daemon=True,
+            target=singleuser.supervise, args=(host, self._stop), daemon=True,
         )
         self._supervisor.start()
         return self
@@ -161,7 +162,7 @@ class SlotCluster:
 
     def hub_env(self) -> dict:
         """What ``pdl-singleuser`` exports to the user's server."""
-        return {"PDL_CLUSTER_FILE": self.cluster_file, "PDL_SLOTS": ",".join(self.slots)}
+        return ServerContract(cluster_file=self.cluster_file, slots=tuple(self.slots), workers=len(self.slots)).env()
 
     def stop(self) -> None:
         self._stop.set()

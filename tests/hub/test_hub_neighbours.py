@@ -296,9 +296,9 @@ def test_a_gpu_ben_still_holds_open_is_never_freed_by_his_lease(hub, devices, be
     run_as_ben(ben, f"""
 import json, os
 from pathlib import Path
-from pdl_server import lease as engine_lease
+from pdl.lease import LeaseFiles, Release
 held_gpu = os.open({str(devices / f'nvidia{BENS_GPU}')!r}, os.O_RDONLY)
-engine_lease.write(Path({str(lease)!r}), "engines-released.json", {{"reason": "idle", "slots": []}})
+LeaseFiles(Path({str(lease)!r})).write(Release(reason="idle", workers=1))
 print(json.dumps({{}}))
 """)
     wait_until(lambda: f"Kept {gpu} for ben, whose lease says released" in hub.log_tail(200), 30,
@@ -321,11 +321,13 @@ def test_bens_lease_files_get_him_no_more_than_his_limit_nor_anns_slot(hub, devi
     anns = next(slot for slot, owner in hub.reservations().items() if owner == "ann")
 
     def write(name, data):
+        """ben's own JSON in his lease folder, whatever the product would write."""
         run_as_ben(ben, f"""
-import json
+import json, os
 from pathlib import Path
-from pdl_server import lease as engine_lease
-engine_lease.write(Path({str(lease)!r}), {name!r}, {data!r})
+path = Path({str(lease)!r}) / {name!r}
+path.with_suffix(".new").write_text(json.dumps({data!r}))
+os.replace(path.with_suffix(".new"), path)
 print(json.dumps({{}}))
 """)
 
@@ -333,13 +335,11 @@ print(json.dumps({{}}))
         return run_as_ben(ben, f"""
 import json
 from pathlib import Path
-from pdl_server import lease as engine_lease
-d = Path({str(lease)!r})
-print(json.dumps({{k: engine_lease.read(d, n) for k, n in (("released", engine_lease.RELEASED),
-      ("want", engine_lease.WANT), ("grant", engine_lease.GRANT))}}))
+from pdl.lease import LeaseFiles
+print(json.dumps(LeaseFiles(Path({str(lease)!r})).view().to_json()))
 """)
 
-    write("engines-released.json", {"reason": "forged\n[I hub] admin logged in", "slots": []})
+    write("engines-released.json", {"reason": "forged\n[I hub] admin logged in", "workers": 1, "slots": []})
     wait_until(lambda: "ben" not in hub.reservations().values(), 30, what="the hub to take ben's slot back")
     for wanted in (4, -1):
         write("engines-wanted.json", {"workers": wanted})
@@ -350,7 +350,7 @@ print(json.dumps({{k: engine_lease.read(d, n) for k, n in (("released", engine_l
     assert "admin logged in" not in hub.log_tail(400)
 
     # ben grants himself ann's slot: the ledger and the device cgroup do not follow his file
-    write("engines-granted.json", {"slots": [anns]})
+    write("engines-granted.json", {"workers": 1, "slots": [anns], "slurm_job": 0})
     index = int(anns.split(":")[1])
     found = run_as_ben(ben, f"""
 import json, os

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from tornado import web
 
+from pdl.lease import Answer, Grant, Refusal, decode
 from pdl.slots import cpus_for_slot, engine_env, parse_slot
 from pdl_spawner.core import form
 from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
@@ -243,15 +244,16 @@ def test_the_queue_on_the_spawn_form_names_waiters_only_to_admins():
 
 class _LeaseDouble:
     """The server's lease API (``/pdl/api/lease``) as a spawner sees it: what the user's
-    server says, and the hub's answers. The one seam a lease test replaces."""
+    server says (JSON), and the hub's answers, read back as lease messages. The one seam
+    a lease test replaces (``IdleEngines.fetch_lease``)."""
 
     def __init__(self, lease: dict):
         self.lease, self.answers = lease, []
 
-    async def __call__(self, grant=None):
-        if grant is None:
+    async def __call__(self, body=None):
+        if body is None:
             return self.lease
-        self.answers.append(grant)
+        self.answers.append(decode(Answer, body))
         return {"ok": True}
 
 
@@ -261,11 +263,12 @@ def _lease_spawner(tmp_path, lease: dict, **traits):
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1", "cpu:2"], system_users=False,
                               reservations_db=str(tmp_path / "r.sqlite"), engine_idle_timeout=9,
                               home_dir_template=str(tmp_path / "home" / "{username}"), **traits)
-    spawner.lease = _LeaseDouble(lease)
+    spawner.fetch_lease = _LeaseDouble(lease)
     return spawner
 
 
-RELEASED = {"released": {"reason": "engines idle for 9 s"}, "want": None, "grant": None}
+RELEASED = {"released": {"reason": "engines idle for 9 s", "workers": 2, "slots": ["cpu:0", "cpu:1"]},
+            "want": None, "grant": None}
 
 
 def test_engines_asked_back_while_others_wait_are_refused_with_advice_for_a_cell(tmp_path):
@@ -275,9 +278,9 @@ def test_engines_asked_back_while_others_wait_are_refused_with_advice_for_a_cell
     WaitQueue(spawner.reservations_db).join("bob", "bob", 2)  # bob waits for two slots, which are free
 
     asyncio.run(spawner.tend_lease())
-    assert spawner.lease.answers == [{"refused": (
+    assert spawner.fetch_lease.answers == [Refusal(
         "Not enough free workers for you now: 1 user is waiting in the queue, first come, first served. "
-        "Run the cell again once they have been served.")}]
+        "Run the cell again once they have been served.")]
     assert SlotLedger(spawner.reservations_db).holdings() == []  # nothing was taken ahead of bob
 
 
@@ -288,15 +291,15 @@ def test_a_lease_request_gets_no_more_workers_than_a_spawn_could(tmp_path, wante
     max_workers=2, or -1, gets a one-line refusal and no slot."""
     spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": wanted}}, max_workers=2)
     asyncio.run(spawner.tend_lease())
-    assert spawner.lease.answers == [{"refused": f"workers must be a whole number from 1 to 2, got {wanted!r}"}]
+    assert spawner.fetch_lease.answers == [Refusal(f"workers must be a whole number from 1 to 2, got {wanted!r}")]
     assert SlotLedger(spawner.reservations_db).holdings() == []
 
 
 def test_a_reclaim_is_logged_in_the_hubs_words_not_the_users(tmp_path):
     """Guards ``tend_lease`` logging ``idle_reason(...)`` instead of the lease's reason: a
     reason with a newline would forge a line of the hub's log and of the admin view."""
-    spawner = _lease_spawner(tmp_path, {"released": {"reason": "idle\n[I 2026 JupyterHub] admin logged in"},
-                                        "want": None, "grant": None})
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "released": {
+        "reason": "idle\n[I 2026 JupyterHub] admin logged in", "workers": 2, "slots": []}})
     SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
     asyncio.run(spawner.tend_lease())
     [reclaim] = SlotLedger(spawner.reservations_db).reclaims()
@@ -307,17 +310,19 @@ def test_a_granted_request_gets_slots_from_the_ledger(tmp_path):
     spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 2}})
     SlotLedger(spawner.reservations_db).reserve("bob", 1, spawner.pool)
     asyncio.run(spawner.tend_lease())
-    assert spawner.lease.answers == [{"slots": ["cpu:1", "cpu:2"]}] == [{"slots": spawner.slots}]
+    assert spawner.fetch_lease.answers == [Grant(workers=2, slots=("cpu:1", "cpu:2"))]
+    assert spawner.slots == ["cpu:1", "cpu:2"]
 
 
 def test_workers_just_granted_are_not_reclaimed_before_the_server_takes_them_up(tmp_path):
     """Guards ``SpawnerCore.tend_lease`` waiting while its answer is unread: the server
     takes a grant up within seconds, and until then its lease still says "released";
     the hub's next look must not reclaim the slots it has just granted."""
-    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 2}, "grant": {"slots": ["cpu:0", "cpu:1"]}})
+    spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 2},
+                                        "grant": {"workers": 2, "slots": ["cpu:0", "cpu:1"], "slurm_job": 0}})
     SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
     asyncio.run(spawner.tend_lease())
-    assert SlotLedger(spawner.reservations_db).reclaims() == [] and spawner.lease.answers == []
+    assert SlotLedger(spawner.reservations_db).reclaims() == [] and spawner.fetch_lease.answers == []
     assert sorted(h.slot for h in SlotLedger(spawner.reservations_db).holdings()) == ["cpu:0", "cpu:1"]
 
 

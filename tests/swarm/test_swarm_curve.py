@@ -61,7 +61,7 @@ def curve_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("PDL_CONTROLLER_SECRET", write_secret(tmp_path / "notebook.json", secret))
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     cluster = clusters.new_cluster(cluster_id="pdl", profile_dir=str(tmp_path / "profile"))
-    clusters.start_controller(cluster, remote_engines=secret)
+    clusters.start_controller(cluster, secret=secret)
     try:
         yield cluster, keys, ports
     finally:

@@ -89,7 +89,7 @@ def test_spawn_creates_notebook_and_one_engine_per_gpu_spread_over_nodes():
     for value in ("token-of-alice", alice.swarm.keys.curve_secretkey, alice.swarm.keys.session_key):
         assert value not in specs
     env = swarm.services_[alice.object_id]["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
-    assert "PDL_ENGINES=3" in env and f"JUPYTERHUB_SERVICE_URL=http://0.0.0.0:{port}/user/alice/" in env
+    assert "PDL_WORKERS=3" in env and f"JUPYTERHUB_SERVICE_URL=http://0.0.0.0:{port}/user/alice/" in env
     engine_env = services_of(swarm, "alice")[1]["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
     assert "CINIC10_DIR=/data/cinic10" in engine_env
 

@@ -76,7 +76,7 @@ def test_notebook_service_spec():
                     "JUPYTERHUB_USER=alice",
                     "PDL_CLUSTER_DIR=/tmp/pdl-cluster",
                     "PDL_CONTROLLER_SECRET=/run/secrets/pdl-notebook.json",
-                    "PDL_ENGINES=3",
+                    "PDL_WORKERS=3",
                 ],
                 "Labels": labels,
                 "Dir": "/home/pdl",

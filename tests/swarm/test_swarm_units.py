@@ -240,3 +240,11 @@ def test_a_swarm_engine_keeps_the_thread_counts_the_admin_set():
 
     assert admin_threads({"OMP_NUM_THREADS": "1", "PATH": "/bin"}) == {"OMP_NUM_THREADS": "1"}
     assert admin_threads({"OMP_NUM_THREADS": ""}) == {}
+
+
+def test_a_swarm_engines_environment_is_read_back_through_the_engine_contract():
+    from pdl.engine_contract import EngineContract
+
+    contract = EngineContract.from_env(gpu_slot_env("GPU-8f2c", n_cpus=2))
+    assert (contract.slot, contract.gpu, contract.cpus) == ("gpu:0", "GPU-8f2c", (0, 1))
+    assert EngineContract.from_env(gpu_slot_env("", n_cpus=2)).gpu == ""

@@ -10,19 +10,21 @@ from pdl.contract import ServerContract, cluster_dir_in
 
 
 def test_a_local_servers_contract_is_exactly_these_variables():
-    contract = ServerContract(slots=("gpu:0", "gpu:2"), cluster_dir="/home/ann/.pdl/cluster", idle_timeout_s=600)
+    contract = ServerContract(slots=("gpu:0", "gpu:2"), workers=2, cluster_dir="/home/ann/.pdl/cluster",
+                              idle_timeout_s=600)
     assert contract.env() == {
         "PDL_SLOTS": "gpu:0,gpu:2",
+        "PDL_WORKERS": "2",
         "PDL_CLUSTER_DIR": "/home/ann/.pdl/cluster",
         "PDL_ENGINE_IDLE_TIMEOUT": "600",
     }
 
 
 def test_a_swarm_servers_contract_is_exactly_these_variables():
-    contract = ServerContract(engines=3, cluster_dir="/tmp/pdl-cluster",
+    contract = ServerContract(workers=3, cluster_dir="/tmp/pdl-cluster",
                               controller_secret="/run/secrets/pdl-notebook.json")
     assert contract.env() == {
-        "PDL_ENGINES": "3",
+        "PDL_WORKERS": "3",
         "PDL_CLUSTER_DIR": "/tmp/pdl-cluster",
         "PDL_CONTROLLER_SECRET": "/run/secrets/pdl-notebook.json",
     }
@@ -31,7 +33,7 @@ def test_a_swarm_servers_contract_is_exactly_these_variables():
 @pytest.mark.parametrize("contract", [
     ServerContract(),
     ServerContract(slots=("cpu:0",), cluster_dir="/c", idle_timeout_s=2.5, cluster_file="/c/f.json"),
-    ServerContract(engines=8, controller_secret="/run/secrets/x", cluster_dir="/tmp/pdl-cluster"),
+    ServerContract(workers=8, controller_secret="/run/secrets/x", cluster_dir="/tmp/pdl-cluster"),
 ])
 def test_what_the_builder_writes_the_parser_reads_back(contract):
     assert ServerContract.from_env(contract.env()) == contract
@@ -43,8 +45,8 @@ def test_the_default_cluster_folder():
 
 
 @pytest.mark.parametrize("env, words", [
-    ({"PDL_ENGINES": "-1"}, ["PDL_ENGINES='-1'", ">= 0"]),
-    ({"PDL_ENGINES": "three"}, ["PDL_ENGINES='three'", ">= 0"]),
+    ({"PDL_WORKERS": "-1"}, ["PDL_WORKERS='-1'", ">= 0"]),
+    ({"PDL_WORKERS": "three"}, ["PDL_WORKERS='three'", ">= 0"]),
     ({"PDL_ENGINE_IDLE_TIMEOUT": "inf"}, ["PDL_ENGINE_IDLE_TIMEOUT='inf'", ">= 0"]),
     ({"PDL_ENGINE_IDLE_TIMEOUT": "nan"}, ["PDL_ENGINE_IDLE_TIMEOUT='nan'", ">= 0"]),
     ({"PDL_SLOTS": "gpu:0,tpu:1"}, ["tpu:1"]),

@@ -52,3 +52,10 @@ def test_the_servers_worker_name_wins_over_the_gpu_index():
     env = slurm_engine_env({"SLURM_STEP_GPUS": "0", "SLURMD_NODENAME": "n2", "PDL_SLOT": "gpu:1"})
     assert env["PDL_SLOT"] == "gpu:1" and env["PDL_GPU"] == "0" and env["PDL_ENGINE_HOST"] == "n2"
 
+
+def test_a_slurm_engines_environment_is_read_back_through_the_engine_contract():
+    from pdl.engine_contract import EngineContract
+
+    env = slurm_engine_env({"SLURM_STEP_GPUS": "1", "SLURMD_NODENAME": "n2", "PDL_SLOT": "gpu:0"})
+    contract = EngineContract.from_env(env)
+    assert (contract.slot, contract.gpu, contract.host, contract.addr) == ("gpu:0", "1", "n2", "")

@@ -1,0 +1,257 @@
+"""The engine lease: idle engines give their workers back, and the next distributed cell
+asks for them again. Typed messages, one writer (:func:`encode`) and one reader
+(:func:`decode`), and the files a user's server keeps them in (:class:`LeaseFiles`).
+
+Three parties share a user's cluster folder (``$PDL_CLUSTER_DIR``), each writing its
+own file atomically, so nobody overwrites another's:
+
+- the user's server (``pdl-singleuser``) stops its engines after
+  ``$PDL_ENGINE_IDLE_TIMEOUT`` seconds without a task (or loses them with its Slurm
+  job) and records a :class:`Release`;
+- the hub's spawner reads the lease through the server's lease API
+  (``/pdl/api/lease``, :class:`LeaseView`; the hub never touches these files), frees
+  the workers and logs the reclaim in its own words;
+- a kernel that needs engines again records a :class:`Want`; the spawner checks its
+  count like a spawn's and answers through the same API with a :class:`Grant` or a
+  :class:`Refusal`;
+- the server brings its engines back as the grant says, keeps the grant it took up
+  (:meth:`LeaseFiles.held`: the slots its engines now have) and clears the rest.
+
+Everything here can be written by the user, so the hub trusts none of it: :func:`decode`
+checks only the shape, a want's count is the user's text until the spawner checks it,
+and a release's reason never reaches the hub's log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+from pdl.atomic_file import write_atomic
+from pdl.contract import ServerContract
+from pdl.slots import parse_slot
+
+
+class LeaseFormatError(ValueError):
+    """A lease message that is not of the shape :func:`decode` expects (one line)."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """The user's server stopped its engines (or lost them) and gives their workers back."""
+
+    #: why, one line, for the user (the hub logs its own words instead)
+    reason: str
+    #: how many workers the engines had
+    workers: int
+    #: the slots they had on the server's machine or in its Slurm job; () on Docker Swarm
+    slots: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Want:
+    """A kernel asks for its workers again."""
+
+    #: the count as written: unchecked (the hub checks it like a spawn's count)
+    workers: Any
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The hub's yes: ``workers`` are the server's again."""
+
+    #: how many
+    workers: int
+    #: the slots to start one engine on each; () when the hub started the engines itself (Docker Swarm)
+    slots: tuple[str, ...] = ()
+    #: the Slurm job the engines come back in as steps; 0 outside Slurm
+    slurm_job: int = 0
+
+    @property
+    def started_by_hub(self) -> bool:
+        """True when the hub brought the engines back itself (no slots for the server to start)."""
+        return not self.slots
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The hub's no, in one line that says why."""
+
+    reason: str
+
+
+Message = Union[Release, Want, Grant, Refusal]
+Answer = Union[Grant, Refusal]
+
+#: What :func:`encode` writes and :func:`decode` reads, in one line (for refusals of bad bodies).
+SHAPES = ('{"reason": "why", "workers": n, "slots": [...]} (a release), {"workers": n} (a want), '
+          '{"workers": n, "slots": [...], "slurm_job": n} (a grant), {"refused": "why"} (a refusal)')
+
+
+def encode(message: Message) -> dict:
+    """The JSON object of ``message``: the one writer of lease messages."""
+    if isinstance(message, Release):
+        return {"reason": message.reason, "workers": message.workers, "slots": list(message.slots)}
+    if isinstance(message, Want):
+        return {"workers": message.workers}
+    if isinstance(message, Grant):
+        return {"workers": message.workers, "slots": list(message.slots), "slurm_job": message.slurm_job}
+    if isinstance(message, Refusal):
+        return {"refused": message.reason}
+    raise TypeError(f"not a lease message: {message!r}")
+
+
+def _count(data: dict, key: str, least: int) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise LeaseFormatError(f"{key} must be a whole number >= {least}, got {value!r}")
+    return value
+
+
+def _text(data: dict, key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise LeaseFormatError(f"{key} must be text, got {value!r}")
+    return value
+
+
+def _slots(data: dict) -> tuple[str, ...]:
+    value = data.get("slots", [])
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise LeaseFormatError(f"slots must be a list of slots such as 'gpu:0', got {value!r}")
+    for slot in value:
+        parse_slot(slot)
+    return tuple(value)
+
+
+def decode(kind: type, data: Any) -> Message:
+    """The message of type ``kind`` in JSON object ``data`` (for :data:`Answer`, a
+    :class:`Refusal` if it has ``refused``, else a :class:`Grant`): the one reader of
+    lease messages. LeaseFormatError (one line) for another shape."""
+    if not isinstance(data, dict):
+        raise LeaseFormatError(f"a lease message must be a JSON object, got {type(data).__name__}")
+    try:
+        if kind is Answer:
+            kind = Refusal if "refused" in data else Grant
+        if kind is Release:
+            return Release(reason=_text(data, "reason"), workers=_count(data, "workers", 1), slots=_slots(data))
+        if kind is Want:
+            return Want(workers=data.get("workers"))
+        if kind is Grant:
+            grant = Grant(workers=_count(data, "workers", 1), slots=_slots(data),
+                          slurm_job=_count({"slurm_job": data.get("slurm_job", 0)}, "slurm_job", 0))
+            if grant.slots and len(grant.slots) != grant.workers:
+                raise LeaseFormatError(f"a grant of {grant.workers} worker(s) names {len(grant.slots)} slot(s)")
+            return grant
+        if kind is Refusal:
+            return Refusal(reason=_text(data, "refused"))
+    except ValueError as e:  # parse_slot's, or ours
+        raise LeaseFormatError(str(e).splitlines()[0]) from None
+    raise TypeError(f"not a lease message type: {kind!r}")
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The lease as the server's API shows it (``GET /pdl/api/lease``): each part or None."""
+
+    released: Release | None = None
+    want: Want | None = None
+    answer: Answer | None = None
+
+    def to_json(self) -> dict:
+        """``{"released": ..., "want": ..., "grant": ...}``, each :func:`encode`'s object or null."""
+        parts = {"released": self.released, "want": self.want, "grant": self.answer}
+        return {key: None if part is None else encode(part) for key, part in parts.items()}
+
+    @classmethod
+    def from_json(cls, data: Any) -> LeaseView:
+        """The view in ``data`` (:meth:`to_json`'s shape); LeaseFormatError (one line) otherwise."""
+        if not isinstance(data, dict):
+            raise LeaseFormatError("the lease must be a JSON object with released, want and grant")
+
+        def part(key, kind):
+            return None if data.get(key) is None else decode(kind, data[key])
+
+        return cls(released=part("released", Release), want=part("want", Want), answer=part("grant", Answer))
+
+
+#: File name of each kind of message in the cluster folder.
+FILES = {Release: "engines-released.json", Want: "engines-wanted.json", Grant: "engines-granted.json",
+         Refusal: "engines-granted.json"}
+#: The grant the server took up: the slots its engines have now.
+HELD_FILE = "engines-held.json"
+
+
+class LeaseFiles:
+    """The lease's files in one cluster folder; each written atomically, mode 0600."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    @classmethod
+    def of_this_server(cls) -> LeaseFiles | None:
+        """The lease of the hub server this process runs under (its cluster folder), or None outside one."""
+        path = ServerContract.from_env().cluster_dir
+        return cls(path) if path else None
+
+    def write(self, message: Message) -> None:
+        """Record ``message`` (a grant or refusal as the answer)."""
+        self._put(FILES[type(message)], message)
+
+    def keep_held(self, grant: Grant) -> None:
+        """Record ``grant`` as the one the server's engines run on now."""
+        self._put(HELD_FILE, grant)
+
+    def _put(self, name: str, message: Message) -> None:
+        body = json.dumps(encode(message)).encode()
+        write_atomic(self.directory / name, lambda f: f.write(body))
+
+    def _get(self, name: str, kind: type) -> Message | None:
+        try:
+            return decode(kind, json.loads((self.directory / name).read_text()))
+        except (OSError, ValueError):  # absent, being replaced, or not a message (LeaseFormatError)
+            return None
+
+    def released(self) -> Release | None:
+        return self._get(FILES[Release], Release)
+
+    def want(self) -> Want | None:
+        return self._get(FILES[Want], Want)
+
+    def answer(self) -> Answer | None:
+        return self._get(FILES[Grant], Answer)
+
+    def held(self) -> Grant | None:
+        return self._get(HELD_FILE, Grant)
+
+    def view(self) -> LeaseView:
+        """What the lease API shows (:class:`LeaseView`)."""
+        return LeaseView(released=self.released(), want=self.want(), answer=self.answer())
+
+    def end_release(self) -> None:
+        """Forget the release, the want and the answer (the engines are back, or a new server starts)."""
+        for name in {FILES[Release], FILES[Want], FILES[Grant]}:
+            (self.directory / name).unlink(missing_ok=True)
+
+    def release_answered(self) -> None:
+        """The hub brought the engines back itself: forget the release and the want; the
+        answer stays for the server to take up."""
+        for name in {FILES[Release], FILES[Want]}:
+            (self.directory / name).unlink(missing_ok=True)
+
+    def forget_request(self) -> None:
+        """Forget the want and its answer (a refusal read, or a request given up)."""
+        for name in {FILES[Want], FILES[Grant]}:
+            (self.directory / name).unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        """Forget everything, the held grant too (a new server starts on its spawn's workers)."""
+        self.end_release()
+        (self.directory / HELD_FILE).unlink(missing_ok=True)
+
+    def current_slots(self, spawned: list[str]) -> list[str]:
+        """The slots the server's engines have now: those of the grant they came back on, else ``spawned``."""
+        held = self.held()
+        return list(held.slots) if held is not None and held.slots else list(spawned)

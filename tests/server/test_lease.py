@@ -1,0 +1,100 @@
+"""The engine lease's messages (pdl/lease.py): one writer, one reader, and what the
+reader refuses. Everything in a lease can be written by the user, so the reader is
+the first line of the hub's distrust: a bad shape is refused in one line, never
+turned into a message."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from pdl.lease import (Answer, Grant, LeaseFiles, LeaseFormatError, LeaseView, Refusal, Release, Want, decode,
+                       encode)
+
+pytestmark = pytest.mark.unit
+
+MESSAGES = [
+    Release(reason="engines idle for 600 s", workers=2, slots=("gpu:0", "gpu:3")),
+    Release(reason="engines idle for 5 s", workers=3),
+    Want(workers=2),
+    Grant(workers=2, slots=("gpu:1", "gpu:2")),
+    Grant(workers=2, slots=("gpu:0", "gpu:1"), slurm_job=41),
+    Grant(workers=4),
+    Refusal("Not enough free GPUs for you now: 1 free, you asked for 2."),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_what_the_writer_writes_the_reader_reads_back(message):
+    kind = Answer if isinstance(message, (Grant, Refusal)) else type(message)
+    assert decode(kind, json.loads(json.dumps(encode(message)))) == message
+
+
+def test_the_wire_shapes_are_exactly_these():
+    """Golden values: the hub and every user's server speak this; a change is a change of both."""
+    assert encode(MESSAGES[0]) == {"reason": "engines idle for 600 s", "workers": 2, "slots": ["gpu:0", "gpu:3"]}
+    assert encode(MESSAGES[4]) == {"workers": 2, "slots": ["gpu:0", "gpu:1"], "slurm_job": 41}
+    assert encode(MESSAGES[6]) == {"refused": "Not enough free GPUs for you now: 1 free, you asked for 2."}
+    assert encode(Want(workers=3)) == {"workers": 3}
+
+
+@pytest.mark.parametrize(("kind", "data", "words"), [
+    (Release, {"reason": "idle", "workers": 0, "slots": []}, "workers must be a whole number >= 1, got 0"),
+    (Release, {"reason": "idle", "workers": True}, "workers must be a whole number >= 1, got True"),
+    (Release, {"reason": ["x"], "workers": 1}, "reason must be text"),
+    (Release, {"reason": "idle", "workers": 1, "slots": ["tpu:0"]}, "tpu:0"),
+    (Release, {"reason": "idle", "workers": 1, "slots": "gpu:0"}, "slots must be a list of slots"),
+    (Answer, {"workers": 2, "slots": ["gpu:0"]}, "a grant of 2 worker(s) names 1 slot(s)"),
+    (Answer, {"workers": "2"}, "workers must be a whole number >= 1, got '2'"),
+    (Answer, {"workers": 1, "slurm_job": -4}, "slurm_job must be a whole number >= 0, got -4"),
+    (Answer, {"refused": None}, "refused must be text"),
+    (Want, ["workers", 2], "a lease message must be a JSON object, got list"),
+])
+def test_a_malformed_message_is_refused_in_one_line(kind, data, words):
+    with pytest.raises(LeaseFormatError) as e:
+        decode(kind, data)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_wants_count_is_kept_as_written_for_the_hub_to_check():
+    """The hub checks a request's count against the same limit as a spawn's, and its
+    refusal quotes what was asked; the reader does not judge it first."""
+    assert decode(Want, {"workers": "2"}) == Want(workers="2")
+    assert decode(Want, {}) == Want(workers=None)
+
+
+def test_the_views_json_round_trips_and_refuses_a_non_object():
+    view = LeaseView(released=MESSAGES[0], want=Want(2), answer=Refusal("no"))
+    assert LeaseView.from_json(json.loads(json.dumps(view.to_json()))) == view
+    assert LeaseView.from_json({"released": None, "want": None, "grant": None}) == LeaseView()
+    with pytest.raises(LeaseFormatError):
+        LeaseView.from_json("released")
+
+
+def test_the_files_hold_each_message_privately_and_forget_them_in_steps(tmp_path):
+    files = LeaseFiles(tmp_path)
+    assert files.view() == LeaseView()
+    files.write(MESSAGES[0])
+    files.write(Want(2))
+    files.write(MESSAGES[3])
+    assert files.view() == LeaseView(released=MESSAGES[0], want=Want(2), answer=MESSAGES[3])
+    assert {stat.S_IMODE(os.stat(p).st_mode) for p in tmp_path.iterdir()} == {0o600}
+
+    files.release_answered()  # the hub started the engines itself: the answer stays for the server
+    assert files.view() == LeaseView(answer=MESSAGES[3])
+    files.keep_held(MESSAGES[3])
+    files.end_release()
+    assert files.view() == LeaseView() and files.held() == MESSAGES[3]
+    assert files.current_slots(["gpu:0"]) == ["gpu:1", "gpu:2"]
+    files.clear()
+    assert files.held() is None and files.current_slots(["gpu:0"]) == ["gpu:0"]
+
+
+def test_a_file_that_is_not_a_message_reads_as_none(tmp_path):
+    """What the user wrote by hand is no message: the server's API shows none."""
+    (tmp_path / "engines-released.json").write_text('{"reason": "idle"}')
+    (tmp_path / "engines-wanted.json").write_text("not json")
+    assert LeaseFiles(tmp_path).view() == LeaseView()

@@ -1,0 +1,90 @@
+"""The user's server keeps its engines (pdl_server/singleuser.py ``supervise`` over an
+engine host of pdl_server/engine_hosts.py): real ipyparallel engines on CPU slots,
+released when idle, brought back where the hub's grant says, restarted when killed.
+No hub: the test writes the kernel's want and the hub's grant into the lease, as they would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from pdl.contract import ServerContract
+from pdl.lease import Grant, LeaseFiles, Release, Want
+from pdl_server import clusters, engine_hosts
+from pdl_server.singleuser import IdleTracker, supervise
+from waiting import wait_until
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("contract", "kind"), [
+    (ServerContract(slots=("cpu:0", "cpu:1"), workers=2), engine_hosts.LocalSlots),
+    (ServerContract(slots=("gpu:0", "gpu:1"), workers=2, slurm_job=7, controller_ip="10.0.0.1"),
+     engine_hosts.SlurmSteps),
+    (ServerContract(workers=3, controller_secret="/run/secrets/pdl-notebook.json"), engine_hosts.SwarmServices),
+])
+def test_the_engine_host_is_chosen_once_from_the_contract(contract, kind):
+    host = engine_hosts.host_for(contract, cluster=None)
+    assert type(host) is kind and host.workers == contract.workers
+
+
+def running(cluster, slot: str) -> bool:
+    return clusters.engine_set_running(cluster.engines.get(clusters.slot_engine_set_id(slot)))
+
+
+def engine_pid(cluster, slot: str) -> int:
+    [launcher] = cluster.engines[clusters.slot_engine_set_id(slot)].launchers.values()
+    return launcher.pid
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A controller of this test's own (no engine yet), stopped with whatever it runs."""
+    cluster = clusters.new_cluster(cluster_id=f"pdl-sup-{os.getpid()}", profile_dir=str(tmp_path / "profile"))
+    clusters.start_controller(cluster)
+    yield cluster
+    cluster.stop_cluster_sync()
+
+
+@pytest.fixture
+def supervised(cluster):
+    """Start ``supervise(host, stop, *more)`` on a thread; stopped after the test."""
+    stop = threading.Event()
+
+    def start(host, *more):
+        host.start()
+        threading.Thread(target=supervise, args=(host, stop, *more), daemon=True).start()
+
+    yield start
+    stop.set()
+
+
+@pytest.mark.integration
+def test_idle_engines_are_released_then_brought_back_on_the_slots_the_hub_granted(cluster, supervised, tmp_path):
+    lease = LeaseFiles(tmp_path)
+    supervised(engine_hosts.LocalSlots(cluster, ["cpu:0", "cpu:1"]), IdleTracker(cluster), 1.0, lease)
+
+    released = wait_until(lease.released, 60, what="the idle engines' release")
+    assert released == Release(reason="engines idle for 1 s", workers=2, slots=("cpu:0", "cpu:1"))
+    assert not running(cluster, "cpu:0") and not running(cluster, "cpu:1")
+
+    lease.write(Want(workers=2))  # the kernel asks; the hub answers with other slots
+    grant = Grant(workers=2, slots=("cpu:1", "cpu:2"))
+    lease.write(grant)
+    # still idle, the engines that came back are released again: on the granted slots
+    again = wait_until(lambda: lease.released() != released and lease.released(), 60,
+                       what="the engines to come back on the granted slots and idle out again")
+    assert again == Release(reason="engines idle for 1 s", workers=2, slots=("cpu:1", "cpu:2"))
+    assert lease.held() == grant and lease.want() is None and lease.answer() is None
+    assert lease.current_slots(["cpu:0", "cpu:1"]) == ["cpu:1", "cpu:2"]
+
+
+@pytest.mark.integration
+def test_a_killed_engine_is_restarted_on_its_slot(cluster, supervised):
+    supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]))
+    killed = engine_pid(cluster, "cpu:0")
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: running(cluster, "cpu:0") and engine_pid(cluster, "cpu:0") != killed, 60,
+               what="the killed engine to be restarted on its slot")
