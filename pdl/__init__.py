@@ -11,6 +11,7 @@ Shared by the hub side, the notebook side and the engines:
 
 - :mod:`pdl.slots`: the machine's pool of worker slots (GPUs, or CPU shares) and
   the environment that pins one engine to one slot.
+- :mod:`pdl.nvidia_smi`: the GPUs ``nvidia-smi`` lists, asked in one place.
 - :mod:`pdl.netaddr`: the address and interface peers on other machines reach.
 - :mod:`pdl.connection`: the keys, ports and files of a controller whose engines run
   on other machines (Docker Swarm).

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 
 from pdl.engine_contract import EngineContract
+from pdl.nvidia_smi import query_gpus
 
 _SLOT_RE = re.compile(r"^(gpu|cpu):(\d+)$")
 
@@ -48,19 +47,10 @@ def slot_index(slot: str | None) -> int:
 def detect_gpus(nvidia_smi: str | None = None) -> list[str]:
     """Return the GPU indices visible on this machine as slot names.
 
-    Uses ``nvidia-smi``; returns ``[]`` when it is missing or fails.
+    Uses ``nvidia-smi`` (:mod:`pdl.nvidia_smi`); returns ``[]`` when it is missing or fails.
     """
-    exe = nvidia_smi or shutil.which("nvidia-smi")
-    if not exe:
-        return []
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [f"gpu:{int(line)}" for line in out.split() if line.strip().isdigit()]
+    return [f"gpu:{int(gpu['index'])}" for gpu in query_gpus(("index",), nvidia_smi=nvidia_smi)
+            if gpu["index"].isdigit()]
 
 
 def default_pool(cpu_slots: int | None = None) -> list[str]:

@@ -9,10 +9,9 @@ sample of the same process, and resident memory in bytes. :func:`gpu_stats` asks
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import psutil
+
+from pdl.nvidia_smi import query_gpus
 
 #: nvidia-smi fields, in the order of its CSV output.
 GPU_FIELDS = ("index", "uuid", "name", "utilization.gpu", "memory.used", "memory.total")
@@ -72,28 +71,11 @@ class ProcessSampler:
 def gpu_stats(nvidia_smi: str | None = None, timeout_s: float = 5.0) -> list[dict]:
     """Every GPU nvidia-smi lists: ``{"index", "uuid", "name", "util_percent",
     "mem_used_bytes", "mem_total_bytes"}``; [] without nvidia-smi or when it fails."""
-    exe = nvidia_smi or shutil.which("nvidia-smi")
-    if not exe:
-        return []
-    try:
-        out = subprocess.run(
-            [exe, f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=timeout_s, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(GPU_FIELDS):
-            continue
-        index, uuid, name, util, used, total = parts
-        gpus.append({
-            "index": index, "uuid": uuid, "name": name,
-            "util_percent": _number(util),
-            "mem_used_bytes": _mib(used), "mem_total_bytes": _mib(total),
-        })
-    return gpus
+    return [{
+        "index": gpu["index"], "uuid": gpu["uuid"], "name": gpu["name"],
+        "util_percent": _number(gpu["utilization.gpu"]),
+        "mem_used_bytes": _mib(gpu["memory.used"]), "mem_total_bytes": _mib(gpu["memory.total"]),
+    } for gpu in query_gpus(GPU_FIELDS, nvidia_smi=nvidia_smi, timeout_s=timeout_s)]
 
 
 def gpus_of(cuda_visible: str | None, gpus: list[dict]) -> list[dict]:

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))  # its sibling scripts, when loaded from elsewhere
+from nccl_of_torch import wheel_nccl  # noqa: E402 - after its folder is on the path
 #: Each step's time limit, seconds: with the install's 60 (scripts/gpu-check), at most
 #: :data:`WORST_CASE_S` in all. Measured on an H200 (docs/benchmarks.md): 19, 50 to 96,
 #: 93 (then writing PNGs), 23 and 106 (building Horovod with an empty cache).
@@ -241,12 +243,12 @@ def nccl_home() -> Path | None:
     """A folder whose ``include/nccl.h`` Horovod's build can use: ``$HOROVOD_NCCL_HOME``,
     ``$NCCL_HOME``, the CUDA toolkit's (``$CUDA_HOME``, nvcc's, ``/usr/local/cuda``), the
     system's (``/usr/local``, ``/usr``), or the one torch's CUDA wheels bring (the
-    ``nvidia-nccl`` package); None when there is none."""
+    ``nvidia-nccl`` package, :func:`nccl_of_torch.wheel_nccl`); None when there is none."""
     nvcc = shutil.which("nvcc")
     folders = [os.environ.get("HOROVOD_NCCL_HOME"), os.environ.get("NCCL_HOME"), os.environ.get("CUDA_HOME"),
                str(Path(nvcc).resolve().parent.parent) if nvcc else None, "/usr/local/cuda", "/usr/local", "/usr"]
-    folders += [str(Path(p) / "nvidia" / "nccl") for p in sys.path if p]
-    return next((Path(f) for f in folders if f and (Path(f) / "include" / "nccl.h").is_file()), None)
+    found = next((Path(f) for f in folders if f and (Path(f) / "include" / "nccl.h").is_file()), None)
+    return found or wheel_nccl()
 
 
 def horovod_build_problem() -> str | None:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import datetime
 import os
-import shutil
-import subprocess
 import time
 
 from pdl.engine_contract import EngineContract
+from pdl.nvidia_smi import query_gpus
 from pdl.runtime.identity import describe
 from pdl.netaddr import iface_for
 
@@ -76,23 +75,9 @@ def _torch_gpus() -> dict:
 
 def _nvidia_smi() -> tuple[str | None, dict[int, str]]:
     """(driver version, {GPU index: UUID}) of this host, from ``nvidia-smi`` (None, {} without it)."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None, {}
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=index,uuid,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None, {}
-    driver, gpus = None, {}
-    for line in out.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 3 and fields[0].isdigit():
-            gpus[int(fields[0])] = fields[1]
-            driver = driver or fields[2]
-    return driver, gpus
+    gpus = [g for g in query_gpus(("index", "uuid", "driver_version"), timeout_s=NVIDIA_SMI_TIMEOUT_S)
+            if g["index"].isdigit()]
+    return (gpus[0]["driver_version"] if gpus else None), {int(g["index"]): g["uuid"] for g in gpus}
 
 
 def _horovod_version() -> str | None:

@@ -5,7 +5,8 @@ Slurm holds the reservations: no ledger.
 - :mod:`pdl_spawner.slurm.spawner`: :class:`PDLSlurmSpawner` (entry point ``pdl-slurm``).
 - :mod:`pdl_spawner.slurm.cli`: the one place that runs Slurm's commands;
   :mod:`pdl_spawner.slurm.jobs`: their arguments and JSON read into jobs and nodes
-  (pure); :mod:`pdl_spawner.slurm.form`: the form's partition and time limit (pure);
+  (pure); :mod:`pdl_spawner.slurm.choices`: the partition and time limit a user may
+  choose (settings, checks), with :mod:`pdl_spawner.slurm.form`, their form fields (pure);
   :mod:`pdl_spawner.slurm.placement`: where the server runs (the login node, or a step
   of its own job).
 - :mod:`pdl_spawner.slurm.admin_source`: the admin view's source (Slurm's jobs and

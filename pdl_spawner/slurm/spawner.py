@@ -56,7 +56,7 @@ from pdl_spawner.core import unix_accounts
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import WorkerUsage
-from pdl_spawner.slurm import form as slurm_form
+from pdl_spawner.slurm.choices import SlurmChoices
 from pdl_spawner.slurm import jobs as slurm_jobs
 from pdl_spawner.slurm import placement as slurm_placement
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
@@ -71,30 +71,8 @@ JOB_POLL_S = 1.0
 UNREAD_CAPACITY = 1 << 20
 
 
-class PDLSlurmSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
+class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner):
     """A user's server on the login node or in its job; their GPUs a Slurm job, their engines its steps."""
-
-    partition = Unicode(
-        "", config=True,
-        help="Slurm partition of the reservations; empty: the cluster's default partition.",
-    )
-
-    partitions = List(
-        Unicode(), config=True,
-        help="""Partitions users may choose in the spawn form (the first is the default);
-        with fewer than two, there is no choice and `partition` is used.""",
-    )
-
-    time_limit = Integer(
-        0, config=True,
-        help="Time limit of a reservation (minutes, sbatch --time); 0: the partition's default.",
-    )
-
-    max_time_limit = Integer(
-        0, config=True,
-        help="""Longest time limit (minutes) users may choose in the spawn form, which then
-        asks for one (pre-filled with `time_limit`, else this); 0: no choice.""",
-    )
 
     cpus_per_gpu = Integer(1, config=True, help="CPU cores each engine's task gets (sbatch --cpus-per-task).")
 
@@ -202,51 +180,6 @@ class PDLSlurmSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
                                      exclude_job=self.job_id or None)
         PDLSlurmSpawner._capacity[partition] = usage.total
         return usage
-
-    # -- what the user may choose ------------------------------------------------------
-
-    def more_user_options(self) -> dict[str, str]:
-        """``partition`` and ``time_limit``, where the admin offers a choice."""
-        more = {}
-        if len(self.partitions) > 1:
-            more["partition"] = slurm_form.valid_partitions(self.partitions)
-        if self.max_time_limit:
-            more["time_limit"] = slurm_form.valid_time_limits(self.max_time_limit)
-        return more
-
-    def _chosen(self, name: str, check, *args):
-        options = self.user_options if isinstance(self.user_options, dict) else {}
-        if name not in options or name not in self.more_user_options():
-            return None
-        try:
-            return check(options[name], *args)
-        except ValueError as e:
-            raise web.HTTPError(400, str(e), reason=str(e)) from None
-
-    @property
-    def chosen_partition(self) -> str:
-        """The partition of this spawn: the user's choice among `partitions`, else `partition`."""
-        chosen = self._chosen("partition", slurm_form.check_partition, self.partitions)
-        return chosen or (self.partitions[0] if len(self.partitions) > 1 else self.partition)
-
-    @property
-    def chosen_time_limit(self) -> int:
-        """The time limit (minutes) of this spawn: the user's choice up to `max_time_limit`, else `time_limit`."""
-        chosen = self._chosen("time_limit", slurm_form.check_time_limit, self.max_time_limit)
-        return chosen or self.time_limit
-
-    async def render_options_form(self, spawner=None) -> str:
-        return await super().render_options_form(spawner) + slurm_form.render_fields(
-            partitions=list(self.partitions), max_time_min=self.max_time_limit, default_time_min=self.time_limit)
-
-    def options_from_form(self, formdata):
-        options = super().options_from_form(formdata)
-        try:
-            options.update(slurm_form.parse_fields(formdata, partitions=list(self.partitions),
-                                                   max_time_min=self.max_time_limit))
-        except ValueError as e:
-            raise web.HTTPError(400, str(e)) from None
-        return options
 
     # -- the reservation: one job -------------------------------------------------------
 

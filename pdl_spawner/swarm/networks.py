@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from pdl_spawner.swarm.gpus import is_available
 from pdl_spawner.swarm.specs import LABEL_PREFIX, NETWORK_KEEPER, PRIVATE_NETWORK, network_keeper_service, private_network
 
 #: ``await docker("method", *args, **kwargs)``: docker-py's low-level API.
@@ -99,8 +100,7 @@ async def _keeper_everywhere(docker: Docker, keeper_id: str, n_networks: int) ->
     loop = asyncio.get_running_loop()
     deadline = loop.time() + KEEPER_WAIT_S
     while True:
-        nodes = {n["ID"] for n in await docker("nodes")
-                 if n["Status"]["State"] == "ready" and n["Spec"].get("Availability") == "active"}
+        nodes = {n["ID"] for n in await docker("nodes") if is_available(n)}
         tasks = await docker("tasks", filters={"service": keeper_id, "desired-state": "running"})
         running = {t["NodeID"] for t in tasks
                    if t["Status"]["State"] == "running" and len(t.get("NetworksAttachments") or []) == n_networks}

@@ -1,0 +1,82 @@
+"""What a Slurm user may choose at spawn, where the admin offers it: a partition and a
+time limit (settings, the form's fields, the options' checks). A mixin of
+:class:`~pdl_spawner.slurm.spawner.PDLSlurmSpawner`, before the core in its bases (it
+adds to the core's form and options); the fields themselves are :mod:`pdl_spawner.slurm.form`."""
+
+from __future__ import annotations
+
+from tornado import web
+from traitlets import HasTraits, Integer, List, Unicode
+
+from pdl_spawner.slurm import form as slurm_form
+
+
+class SlurmChoices(HasTraits):
+    """Mixin: the partition and time limit of a spawn (see the module docstring)."""
+
+    partition = Unicode(
+        "", config=True,
+        help="Slurm partition of the reservations; empty: the cluster's default partition.",
+    )
+
+    partitions = List(
+        Unicode(), config=True,
+        help="""Partitions users may choose in the spawn form (the first is the default);
+        with fewer than two, there is no choice and `partition` is used.""",
+    )
+
+    time_limit = Integer(
+        0, config=True,
+        help="Time limit of a reservation (minutes, sbatch --time); 0: the partition's default.",
+    )
+
+    max_time_limit = Integer(
+        0, config=True,
+        help="""Longest time limit (minutes) users may choose in the spawn form, which then
+        asks for one (pre-filled with `time_limit`, else this); 0: no choice.""",
+    )
+
+    def more_user_options(self) -> dict[str, str]:
+        """``partition`` and ``time_limit``, where the admin offers a choice."""
+        more = {}
+        if len(self.partitions) > 1:
+            more["partition"] = slurm_form.valid_partitions(self.partitions)
+        if self.max_time_limit:
+            more["time_limit"] = slurm_form.valid_time_limits(self.max_time_limit)
+        return more
+
+    def chosen_option(self, name: str, check, *args):
+        """``check(value, *args)`` of the user's option ``name`` when it is one this
+        spawner offers, else None; HTTPError(400, one line) for a value ``check`` refuses."""
+        options = self.user_options if isinstance(self.user_options, dict) else {}
+        if name not in options or name not in self.more_user_options():
+            return None
+        try:
+            return check(options[name], *args)
+        except ValueError as e:
+            raise web.HTTPError(400, str(e), reason=str(e)) from None
+
+    @property
+    def chosen_partition(self) -> str:
+        """The partition of this spawn: the user's choice among `partitions`, else `partition`."""
+        chosen = self.chosen_option("partition", slurm_form.check_partition, self.partitions)
+        return chosen or (self.partitions[0] if len(self.partitions) > 1 else self.partition)
+
+    @property
+    def chosen_time_limit(self) -> int:
+        """The time limit (minutes) of this spawn: the user's choice up to `max_time_limit`, else `time_limit`."""
+        chosen = self.chosen_option("time_limit", slurm_form.check_time_limit, self.max_time_limit)
+        return chosen or self.time_limit
+
+    async def render_options_form(self, spawner=None) -> str:
+        return await super().render_options_form(spawner) + slurm_form.render_fields(
+            partitions=list(self.partitions), max_time_min=self.max_time_limit, default_time_min=self.time_limit)
+
+    def options_from_form(self, formdata):
+        options = super().options_from_form(formdata)
+        try:
+            options.update(slurm_form.parse_fields(formdata, partitions=list(self.partitions),
+                                                   max_time_min=self.max_time_limit))
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        return options
