@@ -6,6 +6,12 @@ The user API, stable for notebooks:
 - :mod:`pdl.checkpoint`: :func:`save_checkpoint` (atomic, rank 0 writes) and
   :func:`load_checkpoint` (``weights_only``, rank 0 reads and broadcasts), to
   resume training after an interrupt or an engine's death.
+- :mod:`pdl.balance`: :func:`balanced_batches`, each step's global batch split over
+  ranks of unequal speed so that they finish together.
+- :mod:`pdl.collectives`: the few collectives a training loop needs, from
+  torch.distributed or Horovod.
+- :mod:`pdl.scaling`: what more nodes or a faster link would do to a step (the
+  model ``%pdl scale`` prints).
 
 Shared by the hub side, the notebook side and the engines:
 
@@ -29,7 +35,7 @@ The code that runs inside each engine is the subpackage :mod:`pdl.runtime`.
 
 from pdl.metrics import log
 
-__all__ = ["log", "save_checkpoint", "load_checkpoint"]
+__all__ = ["log", "save_checkpoint", "load_checkpoint", "balanced_batches"]
 __version__ = "0.1.0"
 
 #: Exported lazily: ``import pdl`` stays free of torch (the hub side imports it too).
@@ -41,4 +47,8 @@ def __getattr__(name: str):
         from pdl import checkpoint
 
         return getattr(checkpoint, _CHECKPOINT_API[name])
+    if name == "balanced_batches":
+        from pdl.balance import balanced_batches
+
+        return balanced_batches
     raise AttributeError(f"module 'pdl' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 Works in one process, or on every rank of an initialised torch.distributed
 group or Horovod world (e.g. on ipyparallel engines): each rank trains on its
 shard, DDP or ``hvd.DistributedOptimizer`` averages gradients, and evaluation
-splits the test set across ranks. :mod:`pdl_cinic10.collectives` hides which.
+splits the test set across ranks. :mod:`pdl.collectives` hides which.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 import pdl
 from pdl import checkpoint as ckpt
 
-from .collectives import Collectives, for_backend
+from pdl.collectives import Collectives, for_backend
 from .compile_support import compile_problem
 from .data import epoch_batches, seed_from, steps_per_epoch
 from .recipe import Hyper, peak_lr, warmup_steps

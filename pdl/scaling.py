@@ -1,0 +1,116 @@
+"""What more nodes, or a faster link, would do to a training step: a ring all-reduce
+model with the backward pass overlapping the gradient buckets' all-reduces. Pure, no
+torch: ``%pdl scale`` feeds it what it measured on the user's engines.
+
+A step on one node takes ``forward_s + backward_s`` (computation only). With ``N``
+nodes, one worker each, the gradient (``grad_bytes``) is all-reduced in buckets of
+``bucket_bytes`` (DDP's default 25 MiB); bucket ``k`` of ``K`` is ready once that share
+of the backward pass is done, and its ring all-reduce, ``2(N-1)`` messages of
+``size/N`` each, takes ``2(N-1) * latency_s + 2(N-1)/N * size / bandwidth``. The
+buckets are reduced one after another, each as soon as it is ready and the previous
+one is done; the step ends with the later of the backward pass and the last bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: DDP's default bucket size (bytes), which the model assumes unless told otherwise.
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+#: Link speeds every prediction is shown for besides the measured one, in Gbit/s.
+LINKS_GBIT = (1, 10, 25, 100)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A network link: one message's fixed cost and the bytes a second it carries."""
+
+    latency_s: float
+    bandwidth_bytes_s: float
+
+    @classmethod
+    def gbit(cls, gbit_s: float, latency_s: float = 50e-6) -> Link:
+        """A link of ``gbit_s`` Gbit/s (1 Gbit = 10^9 bit) and ``latency_s`` a message."""
+        return cls(latency_s, gbit_s * 1e9 / 8)
+
+    def ring_allreduce_s(self, size_bytes: float, nodes: int) -> float:
+        """Seconds a ring all-reduce of ``size_bytes`` over ``nodes`` takes (0 on one node)."""
+        if nodes < 2:
+            return 0.0
+        steps = 2 * (nodes - 1)
+        return steps * self.latency_s + steps / nodes * size_bytes / self.bandwidth_bytes_s
+
+
+def fit_link(samples: list[tuple[float, float]], nodes: int) -> Link:
+    """The link whose ring all-reduce over ``nodes`` best fits ``(bytes, seconds)``
+    samples of an all-reduce sweep (least squares of ``a + b * bytes``). ValueError (one
+    line) with fewer than two sizes or nodes."""
+    if nodes < 2:
+        raise ValueError(f"measuring a link needs engines on 2 nodes or more, got {nodes}")
+    if len({b for b, _ in samples}) < 2:
+        raise ValueError("measuring a link needs all-reduces of two sizes or more")
+    n = len(samples)
+    mean_b = sum(b for b, _ in samples) / n
+    mean_t = sum(t for _, t in samples) / n
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in samples) / sum((b - mean_b) ** 2 for b, _ in samples)
+    slope = max(slope, 1e-15)
+    intercept = max(mean_t - slope * mean_b, 0.0)
+    steps = 2 * (nodes - 1)
+    return Link(latency_s=intercept / steps, bandwidth_bytes_s=steps / nodes / slope)
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """One worker's step, measured with communication off."""
+
+    forward_s: float
+    backward_s: float
+    grad_bytes: int
+    images: int
+    bucket_bytes: int = DDP_BUCKET_BYTES
+
+
+@dataclass(frozen=True)
+class Prediction:
+    nodes: int
+    step_s: float
+    images_per_s: float
+    #: the step on one node over the step on ``nodes`` (1.0: perfect scaling)
+    efficiency: float
+    #: "compute", "latency" or "bandwidth": what the step waits for most
+    bottleneck: str
+
+
+def predict(profile: StepProfile, link: Link, nodes: int) -> Prediction:
+    """The step on ``nodes`` nodes over ``link`` (see the module docstring)."""
+    compute = profile.forward_s + profile.backward_s
+    buckets = max(1, -(-profile.grad_bytes // profile.bucket_bytes))
+    done = 0.0
+    latency_total = bandwidth_total = 0.0
+    for k in range(buckets):
+        size = min(profile.bucket_bytes, profile.grad_bytes - k * profile.bucket_bytes)
+        ready = profile.forward_s + profile.backward_s * (k + 1) / buckets
+        took = link.ring_allreduce_s(size, nodes)
+        latency_total += link.ring_allreduce_s(0, nodes)
+        bandwidth_total += took - link.ring_allreduce_s(0, nodes)
+        done = max(ready, done) + took
+    step = max(compute, done)
+    exposed = step - compute
+    if exposed <= 0.05 * compute:
+        bottleneck = "compute"
+    else:
+        bottleneck = "latency" if latency_total > bandwidth_total else "bandwidth"
+    return Prediction(nodes=nodes, step_s=step, images_per_s=nodes * profile.images / step,
+                      efficiency=compute / step, bottleneck=bottleneck)
+
+
+def table(profile: StepProfile, links: dict[str, Link], nodes: range = range(1, 33)) -> list[dict]:
+    """One row per link and node count: ``{"link", "nodes", "step_s", "images_per_s",
+    "efficiency", "bottleneck"}``, for ``%pdl scale`` to print and plot."""
+    rows = []
+    for name, link in links.items():
+        for n in nodes:
+            p = predict(profile, link, n)
+            rows.append({"link": name, "nodes": n, "step_s": p.step_s, "images_per_s": p.images_per_s,
+                         "efficiency": p.efficiency, "bottleneck": p.bottleneck})
+    return rows

@@ -1,0 +1,62 @@
+"""The scaling model of ``%pdl scale`` (pdl/scaling.py): ring all-reduce with buckets
+overlapping the backward pass, checked against sums a user can do by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdl.scaling import Link, StepProfile, fit_link, predict, table
+
+pytestmark = pytest.mark.unit
+
+MIB = 1024 * 1024
+
+
+def test_a_ring_allreduce_sends_twice_the_data_over_the_slowest_link():
+    link = Link(latency_s=1e-3, bandwidth_bytes_s=100e6)
+    assert link.ring_allreduce_s(100e6, 1) == 0
+    assert link.ring_allreduce_s(100e6, 2) == pytest.approx(2 * 1e-3 + 1.0)
+    assert link.ring_allreduce_s(100e6, 4) == pytest.approx(6 * 1e-3 + 1.5)
+    assert Link.gbit(1).bandwidth_bytes_s == 125e6
+
+
+def test_a_links_latency_and_bandwidth_are_recovered_from_an_allreduce_sweep():
+    truth = Link(latency_s=2e-4, bandwidth_bytes_s=12.5e6)
+    sweep = [(size, truth.ring_allreduce_s(size, 3)) for size in (1e3, 1e5, 1e6, 8e6)]
+    fitted = fit_link(sweep, nodes=3)
+    assert fitted.latency_s == pytest.approx(truth.latency_s)
+    assert fitted.bandwidth_bytes_s == pytest.approx(truth.bandwidth_bytes_s)
+    with pytest.raises(ValueError, match="engines on 2 nodes or more, got 1"):
+        fit_link(sweep, nodes=1)
+
+
+def test_one_node_is_its_compute_and_a_slow_link_makes_the_step_wait_for_bandwidth():
+    profile = StepProfile(forward_s=0.1, backward_s=0.2, grad_bytes=100 * MIB, images=64)
+    alone = predict(profile, Link.gbit(1), 1)
+    assert (alone.step_s, alone.efficiency, alone.bottleneck) == (pytest.approx(0.3), pytest.approx(1.0), "compute")
+    slow = predict(profile, Link.gbit(1), 8)
+    # 4 buckets of 25 MiB, each 2*7/8 * 25 MiB / 125 MB/s = 0.367 s after the first is ready at 0.15 s
+    assert slow.step_s == pytest.approx(0.15 + 4 * (14 * 50e-6 + 14 / 8 * 25 * MIB / 125e6), rel=1e-6)
+    assert slow.bottleneck == "bandwidth" and slow.efficiency < 0.25
+    assert slow.images_per_s == pytest.approx(8 * 64 / slow.step_s)
+
+
+def test_a_fast_link_hides_the_allreduce_behind_the_backward_pass():
+    profile = StepProfile(forward_s=0.1, backward_s=0.2, grad_bytes=100 * MIB, images=64)
+    fast = predict(profile, Link.gbit(100), 8)
+    assert fast.bottleneck == "compute" and fast.efficiency > 0.95
+
+
+def test_many_small_messages_make_the_step_wait_for_latency():
+    profile = StepProfile(forward_s=0.001, backward_s=0.002, grad_bytes=4096, images=8, bucket_bytes=1024)
+    assert predict(profile, Link(latency_s=5e-3, bandwidth_bytes_s=1e9), 16).bottleneck == "latency"
+
+
+def test_the_table_has_every_link_and_node_count_and_efficiency_never_grows_with_nodes():
+    profile = StepProfile(forward_s=0.05, backward_s=0.1, grad_bytes=45 * MIB, images=32)
+    rows = table(profile, {"measured": Link(1e-4, 30e6), "10 Gbit": Link.gbit(10)})
+    assert len(rows) == 2 * 32 and {r["link"] for r in rows} == {"measured", "10 Gbit"}
+    for name in ("measured", "10 Gbit"):
+        efficiency = [r["efficiency"] for r in rows if r["link"] == name]
+        assert efficiency[0] == pytest.approx(1.0)
+        assert all(a >= b - 1e-12 for a, b in zip(efficiency, efficiency[1:]))
