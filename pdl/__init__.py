@@ -48,7 +48,7 @@ def __getattr__(name: str):
 
         return getattr(checkpoint, _CHECKPOINT_API[name])
     if name == "balanced_batches":
-        from pdl.balance import balanced_batches
+        from pdl.balance.helper import balanced_batches
 
         return balanced_batches
     raise AttributeError(f"module 'pdl' has no attribute {name!r}")

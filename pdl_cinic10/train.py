@@ -21,9 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 import pdl
 from pdl import checkpoint as ckpt
 
+from pdl.balance.helper import balanced_batches
 from pdl.collectives import Collectives, for_backend
 from .compile_support import compile_problem
-from .data import epoch_batches, seed_from, steps_per_epoch
+from .data import seed_from
 from .recipe import Hyper, peak_lr, warmup_steps
 
 __all__ = ["Hyper", "normalize", "augment", "lr_factor", "fit", "evaluate"]
@@ -92,6 +93,7 @@ def fit(
     backend: str = "auto",
     checkpoint: str | os.PathLike | None = None,
     stop_at: float | None = None,
+    balance: str | None = None,
 ) -> dict:
     """Train ``model`` for ``hp.epochs`` epochs and evaluate after each.
 
@@ -105,10 +107,17 @@ def fit(
     ``backend`` is "torch" (DDP), "horovod" (``hvd.DistributedOptimizer``) or
     "auto" (Horovod if it is initialised here, else torch.distributed); either
     way every rank starts from rank 0's weights.
-    Each epoch every rank takes the same number of steps over its share of a
-    fresh permutation, and together the ranks see every training image once.
-    Both the permutation and the augmentations are functions of (hp.seed, epoch)
-    (and rank), so a run is reproducible epoch by epoch.
+    Each step takes the next ``hp.batch_size * world`` images of a fresh permutation
+    each epoch and splits them over the ranks (:func:`pdl.balanced_batches`): evenly
+    when the ranks are about as fast, else to their speeds, measured before the first
+    epoch and while training, so that a slower GPU does not hold the others back; the
+    gradient is the global batch's mean either way, so the learning rate is unchanged.
+    ``balance``: "auto", "on" or "off" (default: the cell's, ``%%distributed
+    --balance``/``--no-balance``, else "auto"). Every rank takes the same number of
+    steps and together the ranks see every training image once an epoch. Both the
+    permutation and the augmentations are functions of (hp.seed, epoch) (and rank), so
+    a run with a fixed split (``balance="off"``, or ranks of equal speed) is
+    reproducible epoch by epoch.
 
     ``checkpoint``: a file path (on rank 0's filesystem). If a checkpoint is
     there, training continues after its last epoch (weights, optimizer state,
@@ -136,7 +145,12 @@ def fit(
     images, labels = train
     if len(images) < world:
         raise ValueError(f"need at least {world} training images for {world} ranks; got {len(images)}")
-    steps = steps_per_epoch(len(images), world, hp.batch_size)
+    criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu and hp.bf16)
+    batches = balanced_batches(
+        len(images), hp.batch_size * world, seed=hp.seed, backend=comm, mode=balance, device=device,
+        probe=_probe(module, images, labels, criterion, autocast, device), log=log if rank == 0 else None)
+    steps = batches.steps_per_epoch()
     total_steps = hp.epochs * steps
     warmup = warmup_steps(hp.warmup_epochs, steps, total_steps)
     peak = peak_lr(hp.lr, hp.batch_size * world)
@@ -154,35 +168,33 @@ def fit(
     if compile_off and rank == 0:
         log(f"torch.compile is off: {compile_off}")
     forward = torch.compile(net) if gpu and hp.compile and not compile_off else net
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu and hp.bf16)
-    criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
 
     step = len(history) * steps
     log_every = max(1, steps // 20)  # about 20 progress points per epoch
     for epoch in range(len(history), hp.epochs):
         net.train()
         generator = torch.Generator().manual_seed(seed_from(hp.seed, rank, epoch, AUGMENT_STREAM))
-        batches = epoch_batches(len(images), rank, world, hp.batch_size, epoch=epoch, seed=hp.seed)
         _synchronize(device)
         started = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        seen = 0
-        for batch in batches:
-            x = augment(images[batch.to(images.device)].to(device, non_blocking=True), generator)
-            y = labels[batch.to(labels.device)].to(device, non_blocking=True)
+        seen = 0  # images of the global batches so far, every rank's
+        for balanced_step in batches.epoch(epoch):
             for group in optimizer.param_groups:
                 group["lr"] = peak * lr_factor(step, total_steps, warmup)
-            with autocast:
-                loss = criterion(forward(_layout(normalize(x), module)), y)
             optimizer.zero_grad()  # set_to_none (torch >= 2.0); hvd.DistributedOptimizer takes no argument
-            loss.backward()
+            for part in balanced_step.parts(net, optimizer):
+                x = augment(images[part.indices.to(images.device)].to(device, non_blocking=True), generator)
+                y = labels[part.indices.to(labels.device)].to(device, non_blocking=True)
+                with autocast:
+                    loss = criterion(forward(_layout(normalize(x), module)), y)
+                part.scaled(loss).backward()
+                loss_sum += loss.detach().float() * len(part.indices)
             optimizer.step()
-            loss_sum += loss.detach().float() * len(batch)
-            seen += len(batch)
+            seen += balanced_step.plan.global_batch
             step += 1
             if step % log_every == 0 or step == total_steps:  # .item() syncs a GPU: not every step
                 pdl.log(step=step, total=total_steps, loss=loss.item(), epoch=epoch + 1,
-                        img_per_s=seen * world / (time.perf_counter() - started))
+                        img_per_s=seen / (time.perf_counter() - started))
         _synchronize(device)
         seconds = torch.tensor(time.perf_counter() - started, device=device)
         comm.all_reduce_(loss_sum)
@@ -192,7 +204,7 @@ def fit(
         accuracy = evaluate(module, *test, device=device, backend=comm, tta=hp.tta, bf16=hp.bf16)
         record = {
             "epoch": epoch + 1,
-            "train_loss": loss_sum.item() / len(images),
+            "train_loss": loss_sum.item() / seen,
             "test_acc": accuracy,
             "images_per_sec": len(images) / seconds.item(),
             "seconds": seconds.item(),
@@ -297,6 +309,24 @@ def _layout(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
     if weight is not None and weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous():
         return x.contiguous(memory_format=torch.channels_last)
     return x
+
+
+def _probe(module: nn.Module, images: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, autocast,
+           device: torch.device) -> Callable[[int], None]:
+    """One forward and backward pass of ``module`` (not yet distributed: no gradient
+    sync) on the first ``b`` training images, leaving its weights, BatchNorm statistics
+    and gradients as they were: what :func:`pdl.balanced_batches` times on each rank."""
+    def probe(b: int) -> None:
+        kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        idx = torch.arange(b) % len(images)
+        x = normalize(images[idx.to(images.device)].to(device))
+        with autocast:
+            loss = criterion(module(_layout(x, module)), labels[idx.to(labels.device)].to(device))
+        loss.backward()
+        module.zero_grad(set_to_none=True)
+        module.load_state_dict(kept)
+
+    return probe
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

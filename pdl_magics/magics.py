@@ -30,8 +30,8 @@ def _seconds(text: str) -> float:
 _whole_number.__name__ = "int"  # argparse names the type in its message: "invalid int value"
 _seconds.__name__ = "float"
 
-_OPTIONS = ("-n N, --backend {%s}, --all-output, --timeout SECONDS, --hang-timeout SECONDS, --output RANK"
-            % "|".join(BACKENDS))
+_OPTIONS = ("-n N, --backend {%s}, --balance, --no-balance, --all-output, --timeout SECONDS, "
+            "--hang-timeout SECONDS, --output RANK" % "|".join(BACKENDS))
 
 
 def _workers_options(purpose: str):
@@ -80,6 +80,11 @@ class DistributedMagics(Magics):
 
     @magic_arguments()
     @_workers_options("run the cell on")
+    @argument("--balance", action="store_const", const="on", dest="balance", default="auto",
+              help="split pdl.balanced_batches' global batch to the ranks' speeds even when they "
+                   "differ by less than 10%% (default: only when they differ more)")
+    @argument("--no-balance", action="store_const", const="off", dest="balance",
+              help="split pdl.balanced_batches' global batch evenly, whatever the ranks' speeds")
     @argument("--all-output", action="store_true",
               help="after the cell, also print every other rank's output")
     @argument("--timeout", type=_seconds, default=COLLECTIVE_TIMEOUT_S, metavar="SECONDS",
@@ -95,6 +100,8 @@ class DistributedMagics(Magics):
 
         ``--backend horovod`` initialises Horovod instead of torch.distributed and
         also defines ``hvd``; it needs Horovod installed (``scripts/setup --horovod``).
+        ``--balance`` / ``--no-balance``: how :func:`pdl.balanced_batches` (and the
+        CINIC-10 recipe's ``fit``) split the global batch in this cell.
 
         Rank 0's output streams live; ``--all-output`` prints the others afterwards.
         A failing rank raises here with its remote traceback.
@@ -121,6 +128,7 @@ class DistributedMagics(Magics):
                 timeout_s=args.timeout,
                 hang_timeout_s=hang,
                 preflight=self.preflight,
+                balance=args.balance,
             )
         except DistributedUsageError as e:
             raise UsageError(str(e)) from None

@@ -1,10 +1,15 @@
 """Balanced batches for ranks of unequal speed: one global batch per step, each rank's
 share sized so that all finish together (user API: :func:`balanced_batches`).
 
-- :mod:`pdl.balance.plan`: the split, from each rank's fitted step time (pure, no torch);
+- :mod:`pdl.balance.plan`: the split, from each rank's fitted step time, and the mode
+  ``%%distributed --balance`` sets (pure, no torch);
 - :mod:`pdl.balance.batches`: each epoch's steps on one rank, micro-batches past its
   memory, the loss weights that keep the gradient the global batch's mean, and
-  rebalancing when the measured times drift.
+  rebalancing when the measured times drift;
+- :mod:`pdl.balance.helper`: :func:`balanced_batches` and the probe of each rank's speed.
+
+Importing this package is cheap (no torch): :func:`balanced_batches` is imported when
+first used.
 
 Example, in a ``%%distributed`` cell (DDP; Horovod alike, passing ``optimizer``)::
 
@@ -18,103 +23,10 @@ Example, in a ``%%distributed`` cell (DDP; Horovod alike, passing ``optimizer``)
             optimizer.step()
 """
 
-from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable
+def __getattr__(name: str):
+    if name == "balanced_batches":
+        from pdl.balance.helper import balanced_batches
 
-import torch
-
-from pdl.balance.batches import BalancedBatches, initial_plan
-from pdl.balance.plan import SpeedFit, fit_speed
-from pdl.collectives import for_backend
-
-__all__ = ["balanced_batches", "MODES", "set_mode"]
-
-#: "auto": balance when the ranks' speeds differ by more than 10%; "on": always; "off": never.
-MODES = ("auto", "on", "off")
-_mode = "auto"
-
-
-def set_mode(mode: str) -> None:
-    """This process's default for :func:`balanced_batches` (``%%distributed --balance`` sets "on")."""
-    global _mode
-    if mode not in MODES:
-        raise ValueError(f"balance must be one of {', '.join(MODES)}, got {mode!r}")
-    _mode = mode
-
-
-def balanced_batches(n_images: int, global_batch: int, *, probe: Callable[[int], object] | None = None,
-                     seed: int = 0, backend: str = "auto", mode: str | None = None,
-                     device: torch.device | str = "cpu", memory_limit: int | None = None,
-                     rebalance_every: int = 20, log: Callable[[str], object] | None = print) -> BalancedBatches:
-    """The steps of each epoch over ``n_images`` images, ``global_batch`` a step split over
-    the ranks to their speeds. Call it on every rank with the same arguments.
-
-    ``probe(b)``: one forward and backward pass on ``b`` images *without gradient sync*
-    (e.g. on ``ddp.module``); timed on each rank at two sizes to fit its speed (and, on a
-    GPU, the images its memory holds), then the ranks share their fits. Without it the
-    split starts even and follows the forward times measured while training.
-    ``mode``: "auto" (default, or what ``%%distributed --balance`` set), "on", "off".
-    ``memory_limit``: the most images of one micro-batch on this rank (default: from the
-    probe on a GPU, else none). ``log``: where rank 0 says when it balances.
-    """
-    mode = mode or _mode
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    comm = for_backend(backend)
-    device = torch.device(device)
-    fits, limits = None, [memory_limit] * comm.world
-    if probe is not None:
-        fit, limit = measure(probe, global_batch // comm.world, device)
-        limit = memory_limit or limit
-        rows = comm.all_gather_floats([fit.overhead_s, fit.per_image_s, float(limit or 0)])
-        fits = [SpeedFit(overhead, per_image) for overhead, per_image, _ in rows]
-        limits = [int(lim) or None for _, _, lim in rows]
-    plan, line = initial_plan(global_batch, fits, limits, mode=mode)
-    if line and log is not None and comm.rank == 0:
-        log(line)
-    return BalancedBatches(n_images, plan, rank=comm.rank, seed=seed, comm=comm, rebalance_every=rebalance_every,
-                           device=device, log=log)
-
-
-#: Timed calls of the probe at each of its two sizes, after one untimed warm-up call.
-PROBE_REPEATS = 3
-
-
-def measure(probe: Callable[[int], object], share: int, device: torch.device) -> tuple[SpeedFit, int | None]:
-    """This rank's speed (fitted from :data:`PROBE_REPEATS` timed calls of ``probe`` at a
-    quarter of and at its even ``share``) and, on a GPU, the most images one pass fits in
-    90% of the memory it may use (None elsewhere)."""
-    small, large = max(2, share // 4), max(4, share)
-    if large <= small:
-        large = small + 2
-    samples, peaks = [], {}
-    for size in (small, large):
-        probe(size)  # warm-up: kernels chosen, memory pooled
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        for _ in range(PROBE_REPEATS):
-            started = time.perf_counter()
-            probe(size)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            samples.append((size, time.perf_counter() - started))
-        if device.type == "cuda":
-            peaks[size] = torch.cuda.max_memory_allocated(device)
-    return fit_speed(samples), (gpu_limit(peaks, device) if peaks else None)
-
-
-def gpu_limit(peaks: dict[int, int], device: torch.device) -> int | None:
-    """Images per pass that fit 90% of the GPU memory this process may use, from the
-    peak bytes at two sizes (linear in the images); None when memory does not grow."""
-    (small, low), (large, high) = sorted(peaks.items())
-    per_image = (high - low) / (large - small)
-    if per_image <= 0:
-        return None
-    free, _ = torch.cuda.mem_get_info(device)
-    budget = 0.9 * (free + torch.cuda.memory_reserved(device))
-    base = low - per_image * small
-    return max(1, math.floor((budget - base) / per_image))
+        return balanced_batches
+    raise AttributeError(f"module 'pdl.balance' has no attribute {name!r}")

@@ -1,9 +1,10 @@
 """Balanced batches: each rank's share of every step's global batch, sized to its speed.
 
-Every rank walks the same shared-seed permutation of the data each epoch: step ``s``
-takes images ``[s*B, (s+1)*B)`` of it and cuts them into the ranks' slices, of the
-sizes the :class:`~pdl.balance.plan.Plan` gives, so every rank runs the same number of
-steps and every image is seen once an epoch. A rank whose slice is more than its memory
+Every rank walks the same shared-seed permutation of the data each epoch, cut into
+``ceil(n / B)`` consecutive chunks of as equal sizes as whole images allow (``B``, or a
+few images fewer when ``B`` does not divide ``n``): step ``s`` takes chunk ``s`` and cuts
+it into the ranks' slices, of the sizes the :class:`~pdl.balance.plan.Plan` gives for
+it, so every rank runs the same number of steps and every image is seen once an epoch. A rank whose slice is more than its memory
 holds runs it in micro-batches, under DDP's ``no_sync`` (Horovod: as that many
 backward passes) but the last. Each micro-batch's mean loss is weighted by
 ``images * world / B`` (:meth:`Part.scaled`), so that the gradient DDP or Horovod
@@ -11,9 +12,9 @@ averages is the mean over the global batch, as on one process.
 
 While training, each rank times its forward passes (from a part's start to
 :meth:`Part.scaled`: its own compute, no collective in between); every
-``rebalance_every`` steps the ranks share those times, and when they stray more than
-:data:`~pdl.balance.plan.IMBALANCE` from what the plan predicts, the speeds are
-refitted and the split planned again (the same on every rank).
+``rebalance_every`` steps the ranks share those times and what the plan predicted for
+them, and when the ratios stray more than :data:`~pdl.balance.plan.IMBALANCE` apart, the
+speeds are refitted and the split planned again (the same on every rank).
 """
 
 from __future__ import annotations
@@ -97,9 +98,10 @@ class BalancedBatches:
         self.rebalance_every = rebalance_every
         self.device = torch.device(device)
         self.log = log
-        self._forward_s = 0.0
+        self._forward_s = self._predicted_s = 0.0
         self._steps_timed = 0
         self._warned_batchnorm = False
+        self._plans: dict[int, Plan] = {}
 
     # -- the data ---------------------------------------------------------------------
 
@@ -107,20 +109,24 @@ class BalancedBatches:
         return -(-self.n_images // self.plan.global_batch)
 
     def epoch(self, epoch: int) -> Iterator[Step]:
-        """The epoch's steps. The last one, when the images do not fill it, is planned
-        for what is left (at least one image a rank: filled from the epoch's first images
-        when fewer are left than there are ranks)."""
+        """The epoch's steps (see the module docstring). A chunk smaller than the ranks
+        (fewer images than ranks) is filled from the epoch's first images."""
         order = permutation(self.n_images, self.seed, epoch)
-        world, total = self.plan.world, self.plan.global_batch
-        for number in range(self.steps_per_epoch()):
-            chunk = order[number * total:(number + 1) * total]
-            plan = self.plan
-            if len(chunk) < total:
-                if len(chunk) < world:
-                    chunk = torch.cat([chunk, order[:world - len(chunk)]])
-                plan = self.plan.for_batch(len(chunk), min_batch=1)
+        world = self.plan.world
+        for number, chunk in enumerate(order.tensor_split(self.steps_per_epoch())):
+            if len(chunk) < world:
+                chunk = torch.cat([chunk, order[:world - len(chunk)]])
+            plan = self.plan_for(len(chunk))
             lo = plan.offset(self.rank)
             yield Step(number, plan, chunk[lo:lo + plan.batches[self.rank]], self)
+
+    def plan_for(self, images: int) -> Plan:
+        """The current plan, for a step of ``images`` (at least 2 a rank where there are enough)."""
+        if images == self.plan.global_batch:
+            return self.plan
+        if images not in self._plans:
+            self._plans[images] = self.plan.for_batch(images, min_batch=min(2, images // self.plan.world))
+        return self._plans[images]
 
     # -- timing and rebalancing -------------------------------------------------------
 
@@ -134,28 +140,33 @@ class BalancedBatches:
         self._forward_s += self.clock() - part.started
 
     def step_done(self, step: Step) -> None:
-        """Count a step; every ``rebalance_every`` full steps, compare the ranks' forward
-        times with the plan (a collective: every rank calls it at the same step)."""
-        if step.plan is not self.plan:  # an epoch's short last step: not comparable
-            return
+        """Count a step; every ``rebalance_every`` steps, compare the ranks' forward times
+        with the plan's (a collective: every rank calls it at the same step)."""
+        b, limit = step.plan.batches[self.rank], step.plan.limits[self.rank]
+        fit = self.plan.fits[self.rank] if self.plan.fits else SpeedFit(0.0, 1.0)
+        self._predicted_s += fit.step_s(b, limit)
         self._steps_timed += 1
         if self.rebalance_every and self._steps_timed >= self.rebalance_every:
-            self.rebalance(self._forward_s / self._steps_timed)
-            self._forward_s, self._steps_timed = 0.0, 0
+            self.rebalance(self._forward_s, self._predicted_s)
+            self._forward_s = self._predicted_s = 0.0
+            self._steps_timed = 0
 
-    def rebalance(self, forward_s: float) -> bool:
-        """Share this rank's mean forward time a step; plan again (True) when the ranks'
-        times stray more than :data:`IMBALANCE` from the plan's prediction."""
-        times = [row[0] for row in self.comm.all_gather_floats([forward_s])]
-        plan = self.plan
-        fits = plan.fits or tuple(SpeedFit(0.0, t / b) for t, b in zip(times, plan.batches))
-        predicted = [f.step_s(b, lim) for f, b, lim in zip(fits, plan.batches, plan.limits)]
-        ratios = [t / p for t, p in zip(times, predicted)]
-        if min(ratios) <= 0 or max(ratios) / min(ratios) <= 1 + IMBALANCE:
+    def rebalance(self, forward_s: float, predicted_s: float) -> bool:
+        """Share this rank's forward seconds and what the plan predicted for its steps
+        (in the fits' units); plan again (True) when the ranks' ratios of the two stray
+        more than :data:`IMBALANCE` apart."""
+        rows = self.comm.all_gather_floats([forward_s, predicted_s])
+        if any(measured <= 0 or predicted <= 0 for measured, predicted in rows):
             return False
+        ratios = [measured / predicted for measured, predicted in rows]
+        if max(ratios) / min(ratios) <= 1 + IMBALANCE:
+            return False
+        plan = self.plan
+        fits = plan.fits or (SpeedFit(0.0, 1.0),) * plan.world
         mean = sum(ratios) / len(ratios)
         refitted = tuple(SpeedFit(f.overhead_s * r / mean, f.per_image_s * r / mean) for f, r in zip(fits, ratios))
         self.plan = plan_split(plan.global_batch, refitted, plan.limits, min_batch=min(2, min(plan.batches)))
+        self._plans.clear()
         if self.log is not None and self.rank == 0:
             self.log(f"pdl: the ranks' speeds changed; batches now {', '.join(map(str, self.plan.batches))} "
                      f"of {plan.global_batch}")

@@ -20,6 +20,24 @@ from dataclasses import dataclass
 #: Ranks whose step times differ by more than this fraction are worth balancing.
 IMBALANCE = 0.10
 
+#: "auto": balance when the ranks' speeds differ by more than :data:`IMBALANCE`;
+#: "on": always; "off": never (an even split).
+MODES = ("auto", "on", "off")
+_mode = "auto"
+
+
+def set_mode(mode: str) -> None:
+    """This process's default mode for balanced batches (``%%distributed --balance``
+    sets "on" on every rank for its cell, ``--no-balance`` "off"); ValueError (one line) else."""
+    global _mode
+    if mode not in MODES:
+        raise ValueError(f"balance must be one of {', '.join(MODES)}, got {mode!r}")
+    _mode = mode
+
+
+def current_mode() -> str:
+    return _mode
+
 
 @dataclass(frozen=True)
 class SpeedFit:

@@ -15,7 +15,7 @@ from IPython.utils.capture import capture_output
 
 from engines_harness import strip_ansi
 from pdl.slots import default_pool
-from pdl_magics import DistributedSession
+from pdl_magics import DistributedSession, DistributedUsageError
 from pdl_magics.magics import DistributedMagics
 
 pytestmark = pytest.mark.integration
@@ -135,6 +135,20 @@ def test_usage_errors_show_as_one_line_in_the_shell(ip, marker):
 )
 def test_bad_arguments_are_a_one_line_usage_error_and_run_nothing(ip, marker, line, fragments):
     assert_usage_error_and_nothing_ran(ip, marker, line, *fragments)
+
+
+def test_balance_and_no_balance_set_every_ranks_mode_for_the_cell_only(ip):
+    cell = "from pdl.balance.plan import current_mode\nprint(f'mode {current_mode()}')"
+    for line, mode in (("-n 3 --balance", "on"), ("-n 3 --no-balance", "off"), ("-n 3", "auto")):
+        with capture_output() as cap:
+            ip.run_cell_magic("distributed", line + " --all-output", cell)
+        assert strip_ansi(cap.stdout).count(f"mode {mode}") == 3, cap.stdout
+
+
+def test_a_bad_balance_mode_through_the_python_api_is_one_line_naming_the_modes(pdl_session, marker):
+    with pytest.raises(DistributedUsageError, match=r"^balance must be one of auto, on, off, got 'yes'$"):
+        pdl_session.run(marker_cell(marker), 2, balance="yes")
+    assert not marker.exists()
 
 
 def test_horovod_backend_without_horovod_is_a_one_line_usage_error(ip, marker, monkeypatch):

@@ -88,3 +88,58 @@ def test_a_speed_is_fitted_from_two_sizes_and_noise_never_makes_it_negative():
 def test_imbalance_is_how_much_longer_the_slowest_rank_takes():
     assert imbalance(ONE_TWO_FOUR, 10) == pytest.approx(3.0)
     assert imbalance([SpeedFit(0.0, 0.001)] * 2, 10) == 0
+
+
+# -- each epoch's steps on each rank (pdl/balance/batches.py), one process per rank simulated ------
+
+
+def _batches(n, plan, rank, **kw):
+    from pdl.balance.batches import BalancedBatches
+
+    return BalancedBatches(n, plan, rank=rank, seed=3, rebalance_every=0, **kw)
+
+
+@pytest.mark.parametrize("n", [16, 70, 71, 100, 1000])
+def test_every_image_is_seen_once_an_epoch_and_every_rank_takes_the_same_steps(n):
+    import torch
+
+    plan = Plan(16, (2, 5, 9), (None, None, None), tuple(SpeedFit(0.0, 1.0 / b) for b in (2, 5, 9)))
+    steps = [list(_batches(n, plan, rank).epoch(4)) for rank in range(3)]
+    assert len({len(s) for s in steps}) == 1 and len(steps[0]) == -(-n // 16)
+    seen = torch.cat([step.indices for rank_steps in steps for step in rank_steps])
+    assert sorted(seen.tolist()) == list(range(n))
+    for number in range(len(steps[0])):
+        sizes = [len(steps[rank][number].indices) for rank in range(3)]
+        assert sizes[0] <= sizes[1] <= sizes[2] and min(sizes) >= 1  # the slow rank keeps the smallest share
+    epoch5 = torch.cat([s.indices for s in _batches(n, plan, 0).epoch(5)])
+    assert not torch.equal(epoch5, torch.cat([s.indices for s in steps[0]])) or n <= 16
+
+
+def test_fewer_images_than_ranks_still_give_every_rank_one():
+    steps = list(_batches(2, even_split(8, 4), 3).epoch(0))
+    assert [len(s.indices) for s in steps] == [1]
+
+
+class _Gathered:
+    """The ranks' (forward seconds, predicted) as the all-gather would return them: the
+    seam where a drift in speed is injected."""
+
+    rank, world = 0, 3
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def all_gather_floats(self, values):
+        return self.rows
+
+
+def test_a_rank_that_slows_down_gets_a_smaller_share_once_the_times_are_shared():
+    lines = []
+    batches = _batches(960, even_split(48, 3), 0, log=lines.append)
+    # measured forward seconds for predicted 16 "image units" each: rank 2 now takes twice as long
+    batches.comm = _Gathered([[1.0, 16.0], [1.0, 16.0], [2.0, 16.0]])
+    assert batches.rebalance(1.0, 16.0) is True
+    assert batches.plan.batches == (20, 19, 9)  # 2 : 2 : 1, whole images (a tie with 19, 19, 10)
+    assert lines == ["pdl: the ranks' speeds changed; batches now 20, 19, 9 of 48"]
+    batches.comm = _Gathered([[1.0, 20.0], [1.0, 19.0], [1.05, 20.0]])  # within 10%: kept
+    assert batches.rebalance(1.0, 20.0) is False and batches.plan.batches == (20, 19, 9)
