@@ -39,6 +39,7 @@ Contract of :meth:`DistributedSession.run`:
 
 from __future__ import annotations
 
+import ast
 import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +52,7 @@ from pdl.balance.plan import MODES as BALANCE_MODES
 from pdl_server import clusters, status_file
 from pdl_server.world import CellResult, Rank
 
-from . import horovod_driver, preflight
+from . import horovod_driver, preflight, scale
 from .cell_watch import STOP_TIMEOUT_S, CellWatch
 from .engines import Engines
 from .errors import DistributedUsageError
@@ -189,6 +190,19 @@ class DistributedSession:
         if all_output:
             self.show_output(range(1, len(world)), out)
         return outcome.finish()
+
+    def scale(self, loss: str, model: str, images: int, n: int | None = None,
+              out: TextIO | None = None, err: TextIO | None = None) -> scale.ScaleReport:
+        """``%pdl scale``: measure the step of ``loss()`` training ``model`` (names in the
+        engines' namespace, ``images`` a rank) on the first ``n`` ranks (default: all), with
+        torch.distributed, and predict it for more nodes and other links
+        (:mod:`pdl_magics.scale`). DistributedUsageError (one line) for bad arguments."""
+        if not (isinstance(images, int) and not isinstance(images, bool) and images >= 1):
+            raise DistributedUsageError(f"--batch must be the images of one rank's step, a whole number >= 1, "
+                                        f"got {images!r}")
+        code = scale.measure_cell(loss, model)
+        result = self.run(code, n, backend="torch", out=out, err=err)
+        return scale.report([ast.literal_eval(value) for value in result.values], images)
 
     def check(self, n: int | None = None, backend: str = "torch",
               timeout_s: float = COLLECTIVE_TIMEOUT_S) -> preflight.PreflightReport:

@@ -270,3 +270,42 @@ def test_fuzz_code_in_option_values_runs_nothing(ip, marker, option, text):
         return
     assert_usage_error_and_nothing_ran(ip, marker, line)
     assert not os.path.exists("/tmp/pdl-pwned")
+
+
+SCALE_SETUP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+net = torch.nn.parallel.DistributedDataParallel(model)
+xs, ys = torch.randn(32, 32), torch.randint(0, 10, (32,))
+def step():
+    return torch.nn.functional.cross_entropy(net(xs), ys)
+"""
+
+
+def test_pdl_scale_predicts_the_step_for_more_nodes_from_what_the_engines_measured(ip):
+    with capture_output():
+        ip.run_cell_magic("distributed", "-n 3", SCALE_SETUP)
+    with capture_output() as cap:
+        ip.run_line_magic("pdl", "scale --loss step --model net --batch 32 -n 3")
+    text = strip_ansi(cap.stdout)
+    params = 32 * 64 + 64 + 64 * 10 + 10
+    assert f"gradient {params * 4 / 2**20:.1f} MiB, 32 images a rank" in text, text
+    assert "your engines are on one node: no link to measure" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["1"], ["100"])]
+    assert {(r[0], r[2]) for r in rows} == {(g, str(n)) for g in ("1", "100") for n in (1, 2, 4, 8, 16, 32)}
+    one_node = [r for r in rows if r[2] == "1"]
+    assert all(float(r[5]) == 1.0 and r[6] == "compute" for r in one_node)  # efficiency 1.00 on one node
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("scale --model net --batch 8", "%pdl scale needs --loss"),
+    ("scale --loss step --model 'net; import os' --batch 8", "--model must name a variable"),
+    ("scale --loss step --model net --batch 0", "--batch must be the images of one rank's step"),
+    ("scale --loss step --model net --batch 8 --backend horovod", "measures with torch.distributed"),
+    ("check --batch 8", "--batch are for %pdl scale"),
+])
+def test_pdl_scale_refuses_bad_arguments_in_one_line(ip, line, fragment):
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("pdl", line)
+    assert fragment in str(info.value) and "\n" not in str(info.value)

@@ -1,0 +1,79 @@
+"""What ``%pdl scale`` measures on each rank (:func:`measure`): the step's forward and
+backward time with communication off, the gradient's bytes, and, among ranks on
+different nodes, an all-reduce sweep that :func:`pdl.scaling.fit_link` turns into the
+link's latency and bandwidth. Runs in a ``%%distributed`` cell's torch group."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+#: Timed forward and backward passes, after one untimed warm-up pass.
+REPEATS = 3
+#: Bytes of the all-reduces of the sweep, each repeated :data:`REPEATS` times.
+SWEEP_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)
+
+
+def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device: torch.device | str = "cpu") -> dict:
+    """This rank's step and, on the first rank of each node, the sweep:
+    ``{"forward_s", "backward_s", "grad_bytes", "host", "nodes", "sweep": [[bytes, s], ...]}``
+    (medians; ``sweep`` empty with fewer than two nodes). ``loss_fn()`` computes one
+    step's loss (the forward pass); ``model`` is the module it trains (a DDP wrapper's
+    gradient sync is turned off while timing). Every rank of the group must call it."""
+    device = torch.device(device)
+    quiet = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+    forward, backward = [], []
+    with quiet:
+        for i in range(REPEATS + 1):
+            started = _now(device)
+            loss = loss_fn()
+            between = _now(device)
+            loss.backward()
+            ended = _now(device)
+            model.zero_grad(set_to_none=True)
+            if i:
+                forward.append(between - started)
+                backward.append(ended - between)
+    params = [p for p in model.parameters() if p.requires_grad]
+    host = socket.gethostname()
+    nodes, sweep = _sweep_across_nodes(host, device)
+    return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
+            "grad_bytes": sum(p.numel() * p.element_size() for p in params), "host": host, "nodes": nodes,
+            "sweep": sweep}
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _sweep_across_nodes(host: str, device: torch.device) -> tuple[int, list[list[float]]]:
+    """(how many nodes the group spans, this rank's sweep: [bytes, seconds] medians, or
+    [] unless it is the first rank of its node and there are two nodes or more)."""
+    if not dist.is_initialized():
+        return 1, []
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, host)
+    leaders = sorted({h: r for r, h in reversed(list(enumerate(hosts)))}.values())
+    group = dist.new_group(leaders)  # every rank takes part in making it
+    if len(leaders) < 2 or dist.get_rank() not in leaders:
+        return len(leaders), []
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    sweep = []
+    for size in SWEEP_BYTES:
+        tensor = torch.zeros(size // 4, dtype=torch.float32, device=on)
+        dist.all_reduce(tensor, group=group)  # warm-up: connections made, buffers sized
+        times = []
+        for _ in range(REPEATS):
+            started = _now(on)
+            dist.all_reduce(tensor, group=group)
+            times.append(_now(on) - started)
+        sweep.append([float(size), statistics.median(times)])
+    return len(leaders), sweep
