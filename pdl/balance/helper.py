@@ -51,13 +51,18 @@ def balanced_batches(n_images: int, global_batch: int, *, probe: Callable[[int],
                            device=device, log=log)
 
 
-#: Timed calls of the probe at each of its two sizes, after one untimed warm-up call.
+#: Timed calls of the probe at each of its two sizes (at least), after one untimed warm-up call.
 PROBE_REPEATS = 3
+#: Seconds of timed calls at each size (at least): a rank under a CPU quota (a cgroup, a
+#: container's ``--cpus``) runs short bursts at full speed, and only a window of many
+#: quota periods shows the pace it keeps.
+PROBE_MIN_S = 0.3
 
 
 def measure(probe: Callable[[int], object], share: int, device: torch.device) -> tuple[SpeedFit, int | None]:
-    """This rank's speed (fitted from :data:`PROBE_REPEATS` timed calls of ``probe`` at a
-    quarter of and at its even ``share``) and, on a GPU, the most images one pass fits in
+    """This rank's speed, fitted from the mean time of a call of ``probe`` at a quarter of
+    and at its even ``share`` (each timed over :data:`PROBE_REPEATS` calls and
+    :data:`PROBE_MIN_S` seconds at least) and, on a GPU, the most images one pass fits in
     90% of the memory it may use (None elsewhere)."""
     small, large = max(2, share // 4), max(4, share)
     if large <= small:
@@ -68,12 +73,13 @@ def measure(probe: Callable[[int], object], share: int, device: torch.device) ->
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        for _ in range(PROBE_REPEATS):
-            started = time.perf_counter()
+        calls, started = 0, time.perf_counter()
+        while calls < PROBE_REPEATS or time.perf_counter() - started < PROBE_MIN_S:
             probe(size)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            samples.append((size, time.perf_counter() - started))
+            calls += 1
+        samples.append((size, (time.perf_counter() - started) / calls))
         if device.type == "cuda":
             peaks[size] = torch.cuda.max_memory_allocated(device)
     return fit_speed(samples), (gpu_limit(peaks, device) if peaks else None)

@@ -6,7 +6,6 @@ link's latency and bandwidth. Runs in a ``%%distributed`` cell's torch group."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -14,14 +13,20 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from pdl.runtime.identity import describe
+
 #: Timed forward and backward passes, after one untimed warm-up pass.
 REPEATS = 3
 #: Bytes of the all-reduces of the sweep, each repeated :data:`REPEATS` times.
 SWEEP_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)
+#: Once an all-reduce of the sweep takes this long (seconds), larger ones are left out:
+#: on a slow link the sizes measured so far tell its bandwidth already.
+SWEEP_ENOUGH_S = 0.5
 
 
 def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device: torch.device | str = "cpu") -> dict:
-    """This rank's step and, on the first rank of each node, the sweep:
+    """This rank's step and, on the first rank of each node (by the engine's host name,
+    :func:`pdl.runtime.identity.describe`), the sweep:
     ``{"forward_s", "backward_s", "grad_bytes", "host", "nodes", "sweep": [[bytes, s], ...]}``
     (medians; ``sweep`` empty with fewer than two nodes). ``loss_fn()`` computes one
     step's loss (the forward pass); ``model`` is the module it trains (a DDP wrapper's
@@ -41,7 +46,7 @@ def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device:
                 forward.append(between - started)
                 backward.append(ended - between)
     params = [p for p in model.parameters() if p.requires_grad]
-    host = socket.gethostname()
+    host = describe()["host"]
     nodes, sweep = _sweep_across_nodes(host, device)
     return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
             "grad_bytes": sum(p.numel() * p.element_size() for p in params), "host": host, "nodes": nodes,
@@ -76,4 +81,8 @@ def _sweep_across_nodes(host: str, device: torch.device) -> tuple[int, list[list
             dist.all_reduce(tensor, group=group)
             times.append(_now(on) - started)
         sweep.append([float(size), statistics.median(times)])
+        slowest = torch.tensor([sweep[-1][1]], dtype=torch.float64, device=on)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # every leader decides alike
+        if len(sweep) >= 2 and slowest.item() >= SWEEP_ENOUGH_S:
+            break
     return len(leaders), sweep
