@@ -232,24 +232,24 @@ class LeaseFiles:
 
     def end_release(self) -> None:
         """Forget the release, the want and the answer (the engines are back, or a new server starts)."""
-        for name in {FILES[Release], FILES[Want], FILES[Grant]}:
-            (self.directory / name).unlink(missing_ok=True)
+        self._remove(FILES[Release], FILES[Want], FILES[Grant])
 
     def release_answered(self) -> None:
         """The hub brought the engines back itself: forget the release and the want; the
         answer stays for the server to take up."""
-        for name in {FILES[Release], FILES[Want]}:
-            (self.directory / name).unlink(missing_ok=True)
+        self._remove(FILES[Release], FILES[Want])
 
     def forget_request(self) -> None:
         """Forget the want and its answer (a refusal read, or a request given up)."""
-        for name in {FILES[Want], FILES[Grant]}:
-            (self.directory / name).unlink(missing_ok=True)
+        self._remove(FILES[Want], FILES[Grant])
 
     def clear(self) -> None:
         """Forget everything, the held grant too (a new server starts on its spawn's workers)."""
-        self.end_release()
-        (self.directory / HELD_FILE).unlink(missing_ok=True)
+        self._remove(FILES[Release], FILES[Want], FILES[Grant], HELD_FILE)
+
+    def _remove(self, *names: str) -> None:
+        for name in names:
+            (self.directory / name).unlink(missing_ok=True)
 
     def current_slots(self, spawned: list[str]) -> list[str]:
         """The slots the server's engines have now: those of the grant they came back on, else ``spawned``."""
