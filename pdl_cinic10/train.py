@@ -178,6 +178,7 @@ def fit(
         started = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         seen = 0  # images of the global batches so far, every rank's
+        mine = 0  # of which this rank's
         for balanced_step in batches.epoch(epoch):
             for group in optimizer.param_groups:
                 group["lr"] = peak * lr_factor(step, total_steps, warmup)
@@ -189,6 +190,7 @@ def fit(
                     loss = criterion(forward(_layout(normalize(x), module)), y)
                 part.scaled(loss).backward()
                 loss_sum += loss.detach().float() * len(part.indices)
+                mine += len(part.indices)
             optimizer.step()
             seen += balanced_step.plan.global_batch
             step += 1
@@ -199,7 +201,7 @@ def fit(
         seconds = torch.tensor(time.perf_counter() - started, device=device)
         comm.all_reduce_(loss_sum)
         comm.all_reduce_(seconds, "max")
-        _broadcast_buffers(comm, module)  # BatchNorm statistics: rank 0's, so every rank holds one model
+        merge_batchnorm_statistics(comm, module, share=mine / max(1, seen))  # every rank holds one model
 
         accuracy = evaluate(module, *test, device=device, backend=comm, tta=hp.tta, bf16=hp.bf16)
         record = {
@@ -333,9 +335,29 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def _broadcast_buffers(comm: Collectives, module: nn.Module) -> None:
-    if comm.world > 1:
-        for buffer in module.buffers():
+def merge_batchnorm_statistics(comm: Collectives, module: nn.Module, share: float) -> None:
+    """Make every rank's buffers one model's: each BatchNorm's running mean and variance
+    become those of all the ranks' images together, each rank's statistics weighted by
+    ``share`` (the fraction of the epoch's images it saw; the shares sum to 1), so a
+    rank that trained on small batches does not speak for the model alone; every
+    other buffer (``num_batches_tracked``, a model's own) becomes rank 0's.
+
+    The variance combines by the law of total variance: the weighted mean of the
+    ranks' variances plus the weighted spread of their means."""
+    if comm.world == 1:
+        return
+    merged = set()
+    for layer in module.modules():
+        mean, var = getattr(layer, "running_mean", None), getattr(layer, "running_var", None)
+        if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)):
+            continue
+        moments = torch.stack([mean.double() * share, (var.double() + mean.double() ** 2) * share])
+        comm.all_reduce_(moments)
+        mean.copy_(moments[0])
+        var.copy_(moments[1] - moments[0] ** 2)
+        merged.update((id(mean), id(var)))
+    for buffer in module.buffers():
+        if id(buffer) not in merged:
             comm.broadcast_(buffer, src=0)
 
 
