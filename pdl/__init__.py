@@ -23,6 +23,8 @@ Shared by the hub side, the notebook side and the engines:
   on other machines (Docker Swarm).
 - :mod:`pdl.process`: whether a local process is alive.
 - :mod:`pdl.atomic_file`: write a file that readers see whole or not at all.
+- :mod:`pdl.line_fit`: the least-squares line through measured points (a rank's
+  speed, a link's).
 - :mod:`pdl.contract`: the server contract, everything a spawner tells a user's
   server (and the server its kernels), built and parsed in one place.
 - :mod:`pdl.engine_contract`: the engine contract, everything an engine is told

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdl.line_fit import line_through
+
 #: DDP's default bucket size (bytes), which the model assumes unless told otherwise.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 #: Link speeds every prediction is shown for besides the measured one, in Gbit/s.
 LINKS_GBIT = (1, 10, 25, 100)
+#: All-reduces of this many bytes or more tell a link's sustained bandwidth.
+LARGE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -42,21 +46,25 @@ class Link:
 
 
 def fit_link(samples: list[tuple[float, float]], nodes: int) -> Link:
-    """The link whose ring all-reduce over ``nodes`` best fits ``(bytes, seconds)``
-    samples of an all-reduce sweep (least squares of ``a + b * bytes``). ValueError (one
-    line) with fewer than two sizes or nodes."""
+    """The link whose ring all-reduce over ``nodes`` matches ``(bytes, seconds)``
+    samples of an all-reduce sweep, as Hockney's model is fitted: the bandwidth from
+    the least-squares slope through the sizes of :data:`LARGE_BYTES` or more (the two
+    largest sizes if fewer are that large), the sizes a gradient's buckets have; the
+    latency from the smallest size, less its bandwidth term. Small messages are left
+    out of the slope because links and TCP send them in bursts faster than their
+    sustained rate. ValueError (one line) with fewer than two sizes or nodes."""
     if nodes < 2:
         raise ValueError(f"measuring a link needs engines on 2 nodes or more, got {nodes}")
-    if len({b for b, _ in samples}) < 2:
+    sizes = sorted({b for b, _ in samples})
+    if len(sizes) < 2:
         raise ValueError("measuring a link needs all-reduces of two sizes or more")
-    n = len(samples)
-    mean_b = sum(b for b, _ in samples) / n
-    mean_t = sum(t for _, t in samples) / n
-    slope = sum((b - mean_b) * (t - mean_t) for b, t in samples) / sum((b - mean_b) ** 2 for b, _ in samples)
+    large = [b for b in sizes if b >= LARGE_BYTES]
+    large = large if len(large) >= 2 else sizes[-2:]
+    _, slope = line_through([(b, t) for b, t in samples if b in large])
     slope = max(slope, 1e-15)
-    intercept = max(mean_t - slope * mean_b, 0.0)
+    smallest = min(t for b, t in samples if b == sizes[0])
     steps = 2 * (nodes - 1)
-    return Link(latency_s=intercept / steps, bandwidth_bytes_s=steps / nodes / slope)
+    return Link(latency_s=max(smallest - slope * sizes[0], 0.0) / steps, bandwidth_bytes_s=steps / nodes / slope)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pdl.line_fit import line_through
+
 #: Ranks whose step times differ by more than this fraction are worth balancing.
 IMBALANCE = 0.10
 
@@ -59,11 +61,9 @@ def fit_speed(samples: Sequence[tuple[int, float]]) -> SpeedFit:
     sizes = {b for b, _ in samples}
     if len(sizes) < 2:
         raise ValueError(f"fitting a rank's speed needs steps of two batch sizes or more, got {sorted(sizes)}")
-    n = len(samples)
-    mean_b = sum(b for b, _ in samples) / n
-    mean_t = sum(t for _, t in samples) / n
-    slope = (sum((b - mean_b) * (t - mean_t) for b, t in samples)
-             / sum((b - mean_b) ** 2 for b, _ in samples))
+    _, slope = line_through(samples)
+    mean_b = sum(b for b, _ in samples) / len(samples)
+    mean_t = sum(t for _, t in samples) / len(samples)
     slope = max(slope, 1e-3 * mean_t / mean_b, 1e-12)  # noise can tilt a flat line below 0
     return SpeedFit(overhead_s=max(0.0, mean_t - slope * mean_b), per_image_s=slope)
 

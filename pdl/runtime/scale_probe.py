@@ -17,8 +17,11 @@ from pdl.runtime.identity import describe
 
 #: Timed forward and backward passes, after one untimed warm-up pass.
 REPEATS = 3
-#: Bytes of the all-reduces of the sweep, each repeated :data:`REPEATS` times.
-SWEEP_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20)
+#: Timed all-reduces of each size of the sweep, after one untimed: a shared link's
+#: rate wavers more than a step's computation does.
+SWEEP_REPEATS = 9
+#: Bytes of the all-reduces of the sweep.
+SWEEP_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 #: Once an all-reduce of the sweep takes this long (seconds), larger ones are left out:
 #: on a slow link the sizes measured so far tell its bandwidth already.
 SWEEP_ENOUGH_S = 0.5
@@ -76,7 +79,7 @@ def _sweep_across_nodes(host: str, device: torch.device) -> tuple[int, list[list
         tensor = torch.zeros(size // 4, dtype=torch.float32, device=on)
         dist.all_reduce(tensor, group=group)  # warm-up: connections made, buffers sized
         times = []
-        for _ in range(REPEATS):
+        for _ in range(SWEEP_REPEATS):
             started = _now(on)
             dist.all_reduce(tensor, group=group)
             times.append(_now(on) - started)

@@ -1,8 +1,9 @@
 """Engines on separate simulated nodes joined by links of a chosen speed: one network
 namespace per node on a bridge (``sim_host.bridged_namespaces``), each node's outgoing
-traffic shaped with ``tc`` (a token bucket of the chosen rate, its queue long enough
-that a burst of gradients is delayed rather than dropped), one ipyparallel engine
-per node, and the controller in the root namespace on the bridge. For the tests of
+traffic shaped with ``tc`` (a token bucket of the chosen rate and a 100 ms queue), one
+ipyparallel engine per node, each on a CPU of its own where there are enough (round
+robin over this process's CPUs), and the controller in the root namespace on the
+bridge. For the tests of
 ``%pdl scale``'s predictions; needs root and ``tc`` (iproute2).
 
 The engines are started as the hub's are (a cluster file, ``PDL_WORKERS``); each says
@@ -52,7 +53,7 @@ def shape(nodes: list[Member], mbit: float) -> None:
     """Every node's outgoing traffic at most ``mbit`` Mbit/s (replacing an earlier rate)."""
     for m in nodes:
         run("ip", "netns", "exec", m.netns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-            "rate", f"{mbit}mbit", "burst", "64kb", "latency", "2s")
+            "rate", f"{mbit}mbit", "burst", "64kb", "latency", "100ms")
 
 
 @contextlib.contextmanager
@@ -71,9 +72,10 @@ def linked_engines(n: int, profile_dir: str):
             addr = m.addr.split("/")[0]
             env = {**EngineContract(slot=f"cpu:{k - 1}", host=f"node-{k}", addr=addr).env(),
                    "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+            cpu = str(sorted(os.sched_getaffinity(0))[(k - 1) % len(os.sched_getaffinity(0))])
             clusters.start_engine(cluster, f"cpu:{k - 1}", environment=env,
-                                  command=["ip", "netns", "exec", m.netns, sys.executable, "-m", "pdl.runtime.boot",
-                                           "engine"])
+                                  command=["ip", "netns", "exec", m.netns, "taskset", "-c", cpu, sys.executable, "-m",
+                                           "pdl.runtime.boot", "engine"])
         yield cluster, nodes
     finally:
         if cluster is not None:

@@ -30,6 +30,17 @@ def test_a_links_latency_and_bandwidth_are_recovered_from_an_allreduce_sweep():
         fit_link(sweep, nodes=1)
 
 
+def test_a_links_bandwidth_is_its_sustained_rate_even_when_small_messages_go_out_in_a_burst():
+    """A shaped link lets a small message through at once (its token bucket's burst):
+    the bandwidth comes from the large all-reduces only, the latency from the smallest."""
+    truth = Link(latency_s=1e-3, bandwidth_bytes_s=6.25e6)
+    burst = 64 * 1024
+    sweep = [(size, truth.ring_allreduce_s(max(size - burst, 0), 3)) for size in (4096, 65536, 1 * MIB, 8 * MIB)]
+    fitted = fit_link(sweep, nodes=3)
+    assert fitted.bandwidth_bytes_s == pytest.approx(truth.bandwidth_bytes_s, rel=1e-9)
+    assert fitted.latency_s == pytest.approx(truth.latency_s - 4096 / 6.25e6 / 3, rel=1e-9)  # less 4 KiB's share
+
+
 def test_one_node_is_its_compute_and_a_slow_link_makes_the_step_wait_for_bandwidth():
     profile = StepProfile(forward_s=0.1, backward_s=0.2, grad_bytes=100 * MIB, images=64)
     alone = predict(profile, Link.gbit(1), 1)
