@@ -3,12 +3,16 @@ model with the backward pass overlapping the gradient buckets' all-reduces. Pure
 torch: ``%pdl scale`` feeds it what it measured on the user's engines.
 
 A step on one node takes ``forward_s + backward_s`` (computation only). With ``N``
-nodes, one worker each, the gradient (``grad_bytes``) is all-reduced in buckets of
-``bucket_bytes`` (DDP's default 25 MiB); bucket ``k`` of ``K`` is ready once that share
-of the backward pass is done, and its ring all-reduce, ``2(N-1)`` messages of
-``size/N`` each, takes ``2(N-1) * latency_s + 2(N-1)/N * size / bandwidth``. The
-buckets are reduced one after another, each as soon as it is ready and the previous
-one is done; the step ends with the later of the backward pass and the last bucket.
+nodes, one worker each, the gradient (``grad_bytes``) is all-reduced in buckets as DDP
+makes them: the gradients in the order the backward pass makes them (``ready``, as
+measured), the first bucket closed once it holds 1 MiB, each later one at
+``bucket_bytes`` (25 MiB); a bucket is ready with its last gradient. Without that
+order, the gradient is cut into buckets of ``bucket_bytes``, bucket ``k`` of ``K``
+ready once that share of the backward pass is done. A bucket's ring all-reduce,
+``2(N-1)`` messages of ``size/N`` each, takes ``2(N-1) * latency_s + 2(N-1)/N * size /
+bandwidth``. The buckets are reduced one after another, each as soon as it is ready and
+the previous one is done; the step ends with the later of the backward pass and the
+last bucket.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from pdl.line_fit import line_through
 
 #: DDP's default bucket size (bytes), which the model assumes unless told otherwise.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
+#: DDP's first bucket (the gradients the backward pass makes first) closes at this size.
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 #: Link speeds every prediction is shown for besides the measured one, in Gbit/s.
 LINKS_GBIT = (1, 10, 25, 100)
 #: All-reduces of this many bytes or more tell a link's sustained bandwidth.
@@ -76,6 +82,26 @@ class StepProfile:
     grad_bytes: int
     images: int
     bucket_bytes: int = DDP_BUCKET_BYTES
+    #: ``(fraction of the backward pass, bytes)`` for each gradient in the order it is
+    #: ready; empty: unknown, taken as spread evenly over the pass
+    ready: tuple[tuple[float, float], ...] = ()
+
+    def buckets(self) -> list[tuple[float, float]]:
+        """``(fraction of the backward pass when ready, bytes)`` of each bucket, in the
+        order they are reduced (see the module docstring)."""
+        if not self.ready:
+            count = max(1, -(-self.grad_bytes // self.bucket_bytes))
+            return [((k + 1) / count, min(self.bucket_bytes, self.grad_bytes - k * self.bucket_bytes))
+                    for k in range(count)]
+        buckets, size, last = [], 0.0, 0.0
+        for fraction, nbytes in self.ready:
+            size, last = size + nbytes, max(last, fraction)
+            if size >= (DDP_FIRST_BUCKET_BYTES if not buckets else self.bucket_bytes):
+                buckets.append((last, size))
+                size = 0.0
+        if size:
+            buckets.append((last, size))
+        return buckets
 
 
 @dataclass(frozen=True)
@@ -92,12 +118,10 @@ class Prediction:
 def predict(profile: StepProfile, link: Link, nodes: int) -> Prediction:
     """The step on ``nodes`` nodes over ``link`` (see the module docstring)."""
     compute = profile.forward_s + profile.backward_s
-    buckets = max(1, -(-profile.grad_bytes // profile.bucket_bytes))
     done = 0.0
     latency_total = bandwidth_total = 0.0
-    for k in range(buckets):
-        size = min(profile.bucket_bytes, profile.grad_bytes - k * profile.bucket_bytes)
-        ready = profile.forward_s + profile.backward_s * (k + 1) / buckets
+    for fraction, size in profile.buckets():
+        ready = profile.forward_s + profile.backward_s * fraction
         took = link.ring_allreduce_s(size, nodes)
         latency_total += link.ring_allreduce_s(0, nodes)
         bandwidth_total += took - link.ring_allreduce_s(0, nodes)

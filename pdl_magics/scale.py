@@ -85,7 +85,8 @@ def report(measurements: list[dict], images: int) -> ScaleReport:
     rank that made one (the ranks of one ring measure the same link)."""
     slowest = max(measurements, key=lambda m: m["forward_s"] + m["backward_s"])
     profile = StepProfile(forward_s=slowest["forward_s"], backward_s=slowest["backward_s"],
-                          grad_bytes=int(measurements[0]["grad_bytes"]), images=images)
+                          grad_bytes=int(measurements[0]["grad_bytes"]), images=images,
+                          ready=tuple((f, b) for f, b in slowest["ready"]))
     nodes = max(int(m["nodes"]) for m in measurements)
     sweep = next((m["sweep"] for m in measurements if m["sweep"]), [])
     measured = fit_link([(b, s) for b, s in sweep], nodes) if sweep else None

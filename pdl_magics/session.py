@@ -40,6 +40,7 @@ Contract of :meth:`DistributedSession.run`:
 from __future__ import annotations
 
 import ast
+import io
 import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -192,16 +193,18 @@ class DistributedSession:
         return outcome.finish()
 
     def scale(self, loss: str, model: str, images: int, n: int | None = None,
-              out: TextIO | None = None, err: TextIO | None = None) -> scale.ScaleReport:
+              err: TextIO | None = None) -> scale.ScaleReport:
         """``%pdl scale``: measure the step of ``loss()`` training ``model`` (names in the
         engines' namespace, ``images`` a rank) on the first ``n`` ranks (default: all), with
         torch.distributed, and predict it for more nodes and other links
-        (:mod:`pdl_magics.scale`). DistributedUsageError (one line) for bad arguments."""
+        (:mod:`pdl_magics.scale`). DistributedUsageError (one line) for bad arguments.
+        What the measuring cell prints is not shown (its value is the ranks' raw
+        measurements); a rank's error goes to ``err`` as any cell's does."""
         if not (isinstance(images, int) and not isinstance(images, bool) and images >= 1):
             raise DistributedUsageError(f"--batch must be the images of one rank's step, a whole number >= 1, "
                                         f"got {images!r}")
         code = scale.measure_cell(loss, model)
-        result = self.run(code, n, backend="torch", out=out, err=err)
+        result = self.run(code, n, backend="torch", out=io.StringIO(), err=err)
         return scale.report([ast.literal_eval(value) for value in result.values], images)
 
     def check(self, n: int | None = None, backend: str = "torch",

@@ -30,8 +30,10 @@ SWEEP_ENOUGH_S = 0.5
 def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device: torch.device | str = "cpu") -> dict:
     """This rank's step and, on the first rank of each node (by the engine's host name,
     :func:`pdl.runtime.identity.describe`), the sweep:
-    ``{"forward_s", "backward_s", "grad_bytes", "host", "nodes", "sweep": [[bytes, s], ...]}``
-    (medians; ``sweep`` empty with fewer than two nodes). ``loss_fn()`` computes one
+    ``{"forward_s", "backward_s", "grad_bytes", "ready": [[fraction, bytes], ...], "host",
+    "nodes", "sweep": [[bytes, s], ...]}`` (medians; ``ready``: each gradient, in the
+    order the backward pass makes them, with the fraction of that pass done when it is
+    ready, from one more pass that notes each; ``sweep`` empty with fewer than two nodes). ``loss_fn()`` computes one
     step's loss (the forward pass); ``model`` is the module it trains (a DDP wrapper's
     gradient sync is turned off while timing). Every rank of the group must call it."""
     device = torch.device(device)
@@ -48,12 +50,33 @@ def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device:
             if i:
                 forward.append(between - started)
                 backward.append(ended - between)
+        ready = _gradients_ready(loss_fn, model, device)
     params = [p for p in model.parameters() if p.requires_grad]
     host = describe()["host"]
     nodes, sweep = _sweep_across_nodes(host, device)
     return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
-            "grad_bytes": sum(p.numel() * p.element_size() for p in params), "host": host, "nodes": nodes,
-            "sweep": sweep}
+            "grad_bytes": sum(p.numel() * p.element_size() for p in params), "ready": ready, "host": host,
+            "nodes": nodes, "sweep": sweep}
+
+
+def _gradients_ready(loss_fn, model: torch.nn.Module, device: torch.device) -> list[list[float]]:
+    """One backward pass, noting when each parameter's gradient is whole:
+    ``[[fraction of the pass, bytes], ...]`` in the order they became ready (the order
+    DDP fills its buckets in after its first step)."""
+    noted: list[tuple[float, int]] = []
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: noted.append((_now(device), p.numel() * p.element_size())))
+             for p in model.parameters() if p.requires_grad]
+    try:
+        loss = loss_fn()
+        started = _now(device)
+        loss.backward()
+        ended = _now(device)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.zero_grad(set_to_none=True)
+    span = max(ended - started, 1e-12)
+    return [[min(1.0, max(0.0, (at - started) / span)), float(size)] for at, size in noted]
 
 
 def _now(device: torch.device) -> float:

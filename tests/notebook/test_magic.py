@@ -292,6 +292,7 @@ def test_pdl_scale_predicts_the_step_for_more_nodes_from_what_the_engines_measur
     params = 32 * 64 + 64 + 64 * 10 + 10
     assert f"gradient {params * 4 / 2**20:.1f} MiB, 32 images a rank" in text, text
     assert "your engines are on one node: no link to measure" in text
+    assert "forward_s" not in text  # the ranks' raw measurements are not shown
     rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["1"], ["100"])]
     assert {(r[0], r[2]) for r in rows} == {(g, str(n)) for g in ("1", "100") for n in (1, 2, 4, 8, 16, 32)}
     one_node = [r for r in rows if r[2] == "1"]

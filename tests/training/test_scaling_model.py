@@ -71,3 +71,17 @@ def test_the_table_has_every_link_and_node_count_and_efficiency_never_grows_with
         efficiency = [r["efficiency"] for r in rows if r["link"] == name]
         assert efficiency[0] == pytest.approx(1.0)
         assert all(a >= b - 1e-12 for a, b in zip(efficiency, efficiency[1:]))
+
+
+def test_buckets_are_made_as_ddp_makes_them_from_the_order_gradients_are_ready():
+    """DDP's first bucket closes at 1 MiB, later ones at 25 MiB, each ready with its last
+    gradient: the first bucket's all-reduce overlaps the rest of the backward pass."""
+    ready = ((0.05, 0.5 * MIB), (0.1, 0.75 * MIB), (0.2, 10 * MIB), (0.9, 0.25 * MIB), (1.0, 0.5 * MIB))
+    profile = StepProfile(forward_s=0.1, backward_s=0.2, grad_bytes=12 * MIB, images=64, ready=ready)
+    assert profile.buckets() == [(0.1, 1.25 * MIB), (1.0, 10.75 * MIB)]
+    link = Link(latency_s=0, bandwidth_bytes_s=100 * MIB)  # 2 nodes: a bucket of s bytes takes s / 100 MiB/s
+    step = predict(profile, link, 2).step_s
+    first_done = 0.1 + 0.2 * 0.1 + 0.0125
+    assert step == pytest.approx(max(first_done, 0.1 + 0.2) + 0.1075)  # the second waits for the pass's end
+    evenly = predict(StepProfile(forward_s=0.1, backward_s=0.2, grad_bytes=12 * MIB, images=64), link, 2).step_s
+    assert evenly == pytest.approx(0.3 + 0.12)  # one 12 MiB bucket, ready at the end
