@@ -33,12 +33,17 @@ def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device:
     ``{"forward_s", "backward_s", "grad_bytes", "ready": [[fraction, bytes], ...], "host",
     "nodes", "sweep": [[bytes, s], ...]}`` (medians; ``ready``: each gradient, in the
     order the backward pass makes them, with the fraction of that pass done when it is
-    ready, from one more pass that notes each; ``sweep`` empty with fewer than two nodes). ``loss_fn()`` computes one
-    step's loss (the forward pass); ``model`` is the module it trains (a DDP wrapper's
-    gradient sync is turned off while timing). Every rank of the group must call it."""
+    ready, from one more pass that notes each; ``sweep`` empty with fewer than two
+    nodes). ``loss_fn()`` computes one step's loss (the forward pass); ``model`` is the
+    module it trains (a DDP wrapper's gradient sync is turned off while timing). The
+    model's state (weights, BatchNorm statistics) and gradients are as they were
+    afterwards. Every rank of the group must call it."""
     device = torch.device(device)
     quiet = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
     forward, backward = [], []
+    kept_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    kept_grads = {p: p.grad for p in model.parameters()}
+    model.zero_grad(set_to_none=True)  # else the first backward pass adds to the user's gradients
     with quiet:
         for i in range(REPEATS + 1):
             started = _now(device)
@@ -51,6 +56,9 @@ def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device:
                 forward.append(between - started)
                 backward.append(ended - between)
         ready = _gradients_ready(loss_fn, model, device)
+    model.load_state_dict(kept_state)
+    for param, grad in kept_grads.items():
+        param.grad = grad
     params = [p for p in model.parameters() if p.requires_grad]
     host = describe()["host"]
     nodes, sweep = _sweep_across_nodes(host, device)

@@ -275,11 +275,13 @@ def test_fuzz_code_in_option_values_runs_nothing(ip, marker, option, text):
 SCALE_SETUP = """
 import torch
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
 net = torch.nn.parallel.DistributedDataParallel(model)
 xs, ys = torch.randn(32, 32), torch.randint(0, 10, (32,))
 def step():
     return torch.nn.functional.cross_entropy(net(xs), ys)
+step().backward()  # a gradient the user holds, which measuring must leave as it was
+before = ({k: v.clone() for k, v in model.state_dict().items()}, [p.grad.clone() for p in model.parameters()])
 """
 
 
@@ -289,10 +291,15 @@ def test_pdl_scale_predicts_the_step_for_more_nodes_from_what_the_engines_measur
     with capture_output() as cap:
         ip.run_line_magic("pdl", "scale --loss step --model net --batch 32 -n 3")
     text = strip_ansi(cap.stdout)
-    params = 32 * 64 + 64 + 64 * 10 + 10
+    params = 32 * 64 + 64 + 64 * 2 + 64 * 10 + 10
     assert f"gradient {params * 4 / 2**20:.1f} MiB, 32 images a rank" in text, text
     assert "your engines are on one node: no link to measure" in text
     assert "forward_s" not in text  # the ranks' raw measurements are not shown
+    with capture_output() as cap:
+        ip.run_cell_magic("distributed", "-n 3 --all-output", (
+            "print('kept', all(torch.equal(v, model.state_dict()[k]) for k, v in before[0].items()) "
+            "and all(torch.equal(g, p.grad) for g, p in zip(before[1], model.parameters())))"))
+    assert cap.stdout.count("kept True") == 3, cap.stdout  # weights, BatchNorm statistics, gradients
     rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["1"], ["100"])]
     assert {(r[0], r[2]) for r in rows} == {(g, str(n)) for g in ("1", "100") for n in (1, 2, 4, 8, 16, 32)}
     one_node = [r for r in rows if r[2] == "1"]
