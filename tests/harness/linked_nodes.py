@@ -25,7 +25,10 @@ from sim_host import Member, bridged_namespaces, remove_links, remove_namespaces
 PREFIX = "pdlln"
 BRIDGE = f"{PREFIX}-br"
 HOST_IF, HOST_PEER = f"{PREFIX}-h", f"{PREFIX}-hp"
-HOST_ADDR = "10.78.0.1"
+#: The nodes' subnet, 10.79.0.0/24: its own, as the simulated Swarm's (10.77) and Slurm's
+#: (10.78, kept for the whole session) are; a second 10.78.0.1 in the root namespace sent
+#: the engines' registrations to the Slurm bridge.
+HOST_ADDR = "10.79.0.1"
 
 
 def problem() -> str | None:
@@ -39,7 +42,7 @@ def problem() -> str | None:
 
 
 def members(n: int) -> list[Member]:
-    return [Member(netns=f"{PREFIX}-{k}", addr=f"10.78.0.{10 + k}/24", outer=f"{PREFIX}-{k}o", port=f"{PREFIX}-{k}p")
+    return [Member(netns=f"{PREFIX}-{k}", addr=f"10.79.0.{10 + k}/24", outer=f"{PREFIX}-{k}o", port=f"{PREFIX}-{k}p")
             for k in range(1, n + 1)]
 
 

@@ -64,7 +64,7 @@ def linked(tmp_path_factory):
                 session.close()
 
 
-@pytest.mark.parametrize("mbit", [50, 100, 200])
+@pytest.mark.parametrize("mbit", [100, 200, 400])
 def test_the_predicted_step_and_efficiency_match_the_measured_ones(linked, mbit):
     session, nodes = linked
     linked_nodes.shape(nodes, mbit)
