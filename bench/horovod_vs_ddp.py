@@ -26,7 +26,7 @@ from _common import local_slots
 
 STEP_CELL = """
 import time, torch
-from pdl_cinic10.collectives import for_backend
+from pdl.collectives import for_backend
 from pdl_cinic10.model import ResNet18
 
 comm = for_backend({backend!r})

@@ -6,6 +6,12 @@ The user API, stable for notebooks:
 - :mod:`pdl.checkpoint`: :func:`save_checkpoint` (atomic, rank 0 writes) and
   :func:`load_checkpoint` (``weights_only``, rank 0 reads and broadcasts), to
   resume training after an interrupt or an engine's death.
+- :mod:`pdl.balance`: :func:`balanced_batches`, each step's global batch split over
+  ranks of unequal speed so that they finish together.
+- :mod:`pdl.collectives`: the few collectives a training loop needs, from
+  torch.distributed or Horovod.
+- :mod:`pdl.scaling`: what more nodes or a faster link would do to a step (the
+  model ``%pdl scale`` prints).
 
 Shared by the hub side, the notebook side and the engines:
 
@@ -17,6 +23,8 @@ Shared by the hub side, the notebook side and the engines:
   on other machines (Docker Swarm).
 - :mod:`pdl.process`: whether a local process is alive.
 - :mod:`pdl.atomic_file`: write a file that readers see whole or not at all.
+- :mod:`pdl.line_fit`: the least-squares line through measured points (a rank's
+  speed, a link's).
 - :mod:`pdl.contract`: the server contract, everything a spawner tells a user's
   server (and the server its kernels), built and parsed in one place.
 - :mod:`pdl.engine_contract`: the engine contract, everything an engine is told
@@ -29,7 +37,7 @@ The code that runs inside each engine is the subpackage :mod:`pdl.runtime`.
 
 from pdl.metrics import log
 
-__all__ = ["log", "save_checkpoint", "load_checkpoint"]
+__all__ = ["log", "save_checkpoint", "load_checkpoint", "balanced_batches"]
 __version__ = "0.1.0"
 
 #: Exported lazily: ``import pdl`` stays free of torch (the hub side imports it too).
@@ -41,4 +49,8 @@ def __getattr__(name: str):
         from pdl import checkpoint
 
         return getattr(checkpoint, _CHECKPOINT_API[name])
+    if name == "balanced_batches":
+        from pdl.balance.helper import balanced_batches
+
+        return balanced_batches
     raise AttributeError(f"module 'pdl' has no attribute {name!r}")

@@ -15,7 +15,7 @@ Importing this package is cheap (no torch); the heavy modules are
 - :mod:`pdl_cinic10.recipe`: the settings (``Hyper``) and the rule that derives them
   from the data's size and the world size (no torch).
 - :mod:`pdl_cinic10.train`: the data-parallel training loop, with
-  :mod:`pdl_cinic10.collectives` from torch.distributed or Horovod, and
+  :mod:`pdl.collectives` from torch.distributed or Horovod, and
   :mod:`pdl_cinic10.compile_support`: whether ``torch.compile`` can run on a GPU here.
 """
 

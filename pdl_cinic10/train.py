@@ -3,7 +3,7 @@
 Works in one process, or on every rank of an initialised torch.distributed
 group or Horovod world (e.g. on ipyparallel engines): each rank trains on its
 shard, DDP or ``hvd.DistributedOptimizer`` averages gradients, and evaluation
-splits the test set across ranks. :mod:`pdl_cinic10.collectives` hides which.
+splits the test set across ranks. :mod:`pdl.collectives` hides which.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 import pdl
 from pdl import checkpoint as ckpt
 
-from .collectives import Collectives, for_backend
+from pdl.balance.helper import balanced_batches
+from pdl.collectives import Collectives, for_backend
 from .compile_support import compile_problem
-from .data import epoch_batches, seed_from, steps_per_epoch
+from .data import seed_from
 from .recipe import Hyper, peak_lr, warmup_steps
 
 __all__ = ["Hyper", "normalize", "augment", "lr_factor", "fit", "evaluate"]
@@ -92,6 +93,7 @@ def fit(
     backend: str = "auto",
     checkpoint: str | os.PathLike | None = None,
     stop_at: float | None = None,
+    balance: str | None = None,
 ) -> dict:
     """Train ``model`` for ``hp.epochs`` epochs and evaluate after each.
 
@@ -105,10 +107,17 @@ def fit(
     ``backend`` is "torch" (DDP), "horovod" (``hvd.DistributedOptimizer``) or
     "auto" (Horovod if it is initialised here, else torch.distributed); either
     way every rank starts from rank 0's weights.
-    Each epoch every rank takes the same number of steps over its share of a
-    fresh permutation, and together the ranks see every training image once.
-    Both the permutation and the augmentations are functions of (hp.seed, epoch)
-    (and rank), so a run is reproducible epoch by epoch.
+    Each step takes the next ``hp.batch_size * world`` images of a fresh permutation
+    each epoch and splits them over the ranks (:func:`pdl.balanced_batches`): evenly
+    when the ranks are about as fast, else to their speeds, measured before the first
+    epoch and while training, so that a slower GPU does not hold the others back; the
+    gradient is the global batch's mean either way, so the learning rate is unchanged.
+    ``balance``: "auto", "on" or "off" (default: the cell's, ``%%distributed
+    --balance``/``--no-balance``, else "auto"). Every rank takes the same number of
+    steps and together the ranks see every training image once an epoch. Both the
+    permutation and the augmentations are functions of (hp.seed, epoch) (and rank), so
+    a run with a fixed split (``balance="off"``, or ranks of equal speed) is
+    reproducible epoch by epoch.
 
     ``checkpoint``: a file path (on rank 0's filesystem). If a checkpoint is
     there, training continues after its last epoch (weights, optimizer state,
@@ -136,7 +145,12 @@ def fit(
     images, labels = train
     if len(images) < world:
         raise ValueError(f"need at least {world} training images for {world} ranks; got {len(images)}")
-    steps = steps_per_epoch(len(images), world, hp.batch_size)
+    criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu and hp.bf16)
+    batches = balanced_batches(
+        len(images), hp.batch_size * world, seed=hp.seed, backend=comm, mode=balance, device=device,
+        probe=_probe(module, images, labels, criterion, autocast, device), log=log if rank == 0 else None)
+    steps = batches.steps_per_epoch()
     total_steps = hp.epochs * steps
     warmup = warmup_steps(hp.warmup_epochs, steps, total_steps)
     peak = peak_lr(hp.lr, hp.batch_size * world)
@@ -154,45 +168,45 @@ def fit(
     if compile_off and rank == 0:
         log(f"torch.compile is off: {compile_off}")
     forward = torch.compile(net) if gpu and hp.compile and not compile_off else net
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=gpu and hp.bf16)
-    criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
 
     step = len(history) * steps
     log_every = max(1, steps // 20)  # about 20 progress points per epoch
     for epoch in range(len(history), hp.epochs):
         net.train()
         generator = torch.Generator().manual_seed(seed_from(hp.seed, rank, epoch, AUGMENT_STREAM))
-        batches = epoch_batches(len(images), rank, world, hp.batch_size, epoch=epoch, seed=hp.seed)
         _synchronize(device)
         started = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        seen = 0
-        for batch in batches:
-            x = augment(images[batch.to(images.device)].to(device, non_blocking=True), generator)
-            y = labels[batch.to(labels.device)].to(device, non_blocking=True)
+        seen = 0  # images of the global batches so far, every rank's
+        mine = 0  # of which this rank's
+        for balanced_step in batches.epoch(epoch):
             for group in optimizer.param_groups:
                 group["lr"] = peak * lr_factor(step, total_steps, warmup)
-            with autocast:
-                loss = criterion(forward(_layout(normalize(x), module)), y)
             optimizer.zero_grad()  # set_to_none (torch >= 2.0); hvd.DistributedOptimizer takes no argument
-            loss.backward()
+            for part in balanced_step.parts(net, optimizer):
+                x = augment(images[part.indices.to(images.device)].to(device, non_blocking=True), generator)
+                y = labels[part.indices.to(labels.device)].to(device, non_blocking=True)
+                with autocast:
+                    loss = criterion(forward(_layout(normalize(x), module)), y)
+                part.scaled(loss).backward()
+                loss_sum += loss.detach().float() * len(part.indices)
+                mine += len(part.indices)
             optimizer.step()
-            loss_sum += loss.detach().float() * len(batch)
-            seen += len(batch)
+            seen += balanced_step.plan.global_batch
             step += 1
             if step % log_every == 0 or step == total_steps:  # .item() syncs a GPU: not every step
                 pdl.log(step=step, total=total_steps, loss=loss.item(), epoch=epoch + 1,
-                        img_per_s=seen * world / (time.perf_counter() - started))
+                        img_per_s=seen / (time.perf_counter() - started))
         _synchronize(device)
         seconds = torch.tensor(time.perf_counter() - started, device=device)
         comm.all_reduce_(loss_sum)
         comm.all_reduce_(seconds, "max")
-        _broadcast_buffers(comm, module)  # BatchNorm statistics: rank 0's, so every rank holds one model
+        merge_batchnorm_statistics(comm, module, share=mine / max(1, seen))  # every rank holds one model
 
         accuracy = evaluate(module, *test, device=device, backend=comm, tta=hp.tta, bf16=hp.bf16)
         record = {
             "epoch": epoch + 1,
-            "train_loss": loss_sum.item() / len(images),
+            "train_loss": loss_sum.item() / seen,
             "test_acc": accuracy,
             "images_per_sec": len(images) / seconds.item(),
             "seconds": seconds.item(),
@@ -299,13 +313,51 @@ def _layout(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
     return x
 
 
+def _probe(module: nn.Module, images: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, autocast,
+           device: torch.device) -> Callable[[int], None]:
+    """One forward and backward pass of ``module`` (not yet distributed: no gradient
+    sync) on the first ``b`` training images, leaving its weights, BatchNorm statistics
+    and gradients as they were: what :func:`pdl.balanced_batches` times on each rank."""
+    def probe(b: int) -> None:
+        kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        idx = torch.arange(b) % len(images)
+        x = normalize(images[idx.to(images.device)].to(device))
+        with autocast:
+            loss = criterion(module(_layout(x, module)), labels[idx.to(labels.device)].to(device))
+        loss.backward()
+        module.zero_grad(set_to_none=True)
+        module.load_state_dict(kept)
+
+    return probe
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def _broadcast_buffers(comm: Collectives, module: nn.Module) -> None:
-    if comm.world > 1:
-        for buffer in module.buffers():
+def merge_batchnorm_statistics(comm: Collectives, module: nn.Module, share: float) -> None:
+    """Make every rank's buffers one model's: each BatchNorm's running mean and variance
+    become those of all the ranks' images together, each rank's statistics weighted by
+    ``share`` (the fraction of the epoch's images it saw; the shares sum to 1), so a
+    rank that trained on small batches does not speak for the model alone; every
+    other buffer (``num_batches_tracked``, a model's own) becomes rank 0's.
+
+    The variance combines by the law of total variance: the weighted mean of the
+    ranks' variances plus the weighted spread of their means."""
+    if comm.world == 1:
+        return
+    merged = set()
+    for layer in module.modules():
+        mean, var = getattr(layer, "running_mean", None), getattr(layer, "running_var", None)
+        if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)):
+            continue
+        moments = torch.stack([mean.double() * share, (var.double() + mean.double() ** 2) * share])
+        comm.all_reduce_(moments)
+        mean.copy_(moments[0])
+        var.copy_(moments[1] - moments[0] ** 2)
+        merged.update((id(mean), id(var)))
+    for buffer in module.buffers():
+        if id(buffer) not in merged:
             comm.broadcast_(buffer, src=0)
 
 

@@ -12,6 +12,7 @@ Without IPython, use :func:`run` and :func:`check` (or :class:`DistributedSessio
   interrupts, the hang watchdog).
 - :mod:`pdl_magics.progress`: rank 0's progress bar and loss curve.
 - :mod:`pdl_magics.preflight`: checking every rank before the first cell (``%pdl check``).
+- :mod:`pdl_magics.scale`: ``%pdl scale``, the step predicted for more nodes and other links.
 - :mod:`pdl_magics.errors`: the errors a user sees.
 
 It builds on :mod:`pdl_server` (the engine launcher :mod:`pdl_server.clusters`, the

@@ -30,8 +30,8 @@ def _seconds(text: str) -> float:
 _whole_number.__name__ = "int"  # argparse names the type in its message: "invalid int value"
 _seconds.__name__ = "float"
 
-_OPTIONS = ("-n N, --backend {%s}, --all-output, --timeout SECONDS, --hang-timeout SECONDS, --output RANK"
-            % "|".join(BACKENDS))
+_OPTIONS = ("-n N, --backend {%s}, --balance, --no-balance, --all-output, --timeout SECONDS, "
+            "--hang-timeout SECONDS, --output RANK" % "|".join(BACKENDS))
 
 
 def _workers_options(purpose: str):
@@ -45,8 +45,9 @@ def _workers_options(purpose: str):
 
 
 #: ``%pdl`` subcommands.
-PDL_SUBCOMMANDS = ("check",)
-_PDL_USAGE = "%%pdl {%s} [-n N] [--backend {%s}]" % ("|".join(PDL_SUBCOMMANDS), "|".join(BACKENDS))
+PDL_SUBCOMMANDS = ("check", "scale")
+_PDL_USAGE = ("%%pdl check [-n N] [--backend {%s}] | %%pdl scale --loss NAME --model NAME --batch B [-n N]"
+              % "|".join(BACKENDS))
 
 
 @magics_class
@@ -80,6 +81,11 @@ class DistributedMagics(Magics):
 
     @magic_arguments()
     @_workers_options("run the cell on")
+    @argument("--balance", action="store_const", const="on", dest="balance", default="auto",
+              help="split pdl.balanced_batches' global batch to the ranks' speeds even when they "
+                   "differ by less than 10%% (default: only when they differ more)")
+    @argument("--no-balance", action="store_const", const="off", dest="balance",
+              help="split pdl.balanced_batches' global batch evenly, whatever the ranks' speeds")
     @argument("--all-output", action="store_true",
               help="after the cell, also print every other rank's output")
     @argument("--timeout", type=_seconds, default=COLLECTIVE_TIMEOUT_S, metavar="SECONDS",
@@ -95,6 +101,8 @@ class DistributedMagics(Magics):
 
         ``--backend horovod`` initialises Horovod instead of torch.distributed and
         also defines ``hvd``; it needs Horovod installed (``scripts/setup --horovod``).
+        ``--balance`` / ``--no-balance``: how :func:`pdl.balanced_batches` (and the
+        CINIC-10 recipe's ``fit``) split the global batch in this cell.
 
         Rank 0's output streams live; ``--all-output`` prints the others afterwards.
         A failing rank raises here with its remote traceback.
@@ -121,6 +129,7 @@ class DistributedMagics(Magics):
                 timeout_s=args.timeout,
                 hang_timeout_s=hang,
                 preflight=self.preflight,
+                balance=args.balance,
             )
         except DistributedUsageError as e:
             raise UsageError(str(e)) from None
@@ -129,8 +138,12 @@ class DistributedMagics(Magics):
     @magic_arguments()
     @argument("subcommand", nargs="?", default=None, metavar="SUBCOMMAND",
               help=f"{', '.join(PDL_SUBCOMMANDS)}: check every rank (GPU, versions, network "
-                   "interface) and run an all-reduce smoke test")
+                   "interface) and run an all-reduce smoke test; or predict the step for more nodes")
     @_workers_options("check")
+    @argument("--loss", default=None, metavar="NAME",
+              help="scale: a function of the engines' namespace that computes one step's loss")
+    @argument("--model", default=None, metavar="NAME", help="scale: the module (or DDP wrapper) it trains")
+    @argument("--batch", type=_whole_number, default=None, metavar="B", help="scale: images of one rank's step")
     @line_magic
     def pdl(self, line: str):
         """``%pdl check [-n N] [--backend torch|horovod]``: the preflight, as a table.
@@ -139,12 +152,34 @@ class DistributedMagics(Magics):
         network interface of its collectives, the all-reduce bandwidth it reached) and
         raises :class:`~pdl_magics.preflight.PreflightFailed`, one line per problem,
         if anything is wrong.
+
+        ``%pdl scale --loss NAME --model NAME --batch B [-n N]``: measures, on the
+        engines, the step of ``NAME()`` with communication off, the gradient's bytes and
+        the link between nodes, then predicts the step time, images per second, scaling
+        efficiency and bottleneck for 1 to 32 nodes over that link and 1, 10, 25 and 100
+        Gbit ones (:mod:`pdl_magics.scale`), with a plot where matplotlib is installed.
         """
         args = self._parse(line, self.pdl, _PDL_USAGE)
         if args.subcommand not in PDL_SUBCOMMANDS:
             what = f"unknown subcommand {args.subcommand!r}" if args.subcommand else "%pdl needs a subcommand"
             raise UsageError(f"{what}; valid: {', '.join(PDL_SUBCOMMANDS)} (usage: {_PDL_USAGE})")
+        scale_options = [o for o, v in (("--loss", args.loss), ("--model", args.model), ("--batch", args.batch))
+                         if v is not None]
         try:
+            if args.subcommand == "scale":
+                missing = [o for o in ("--loss", "--model", "--batch") if o not in scale_options]
+                if missing or args.backend != "torch":
+                    raise DistributedUsageError(
+                        f"%pdl scale needs {', '.join(missing)}" if missing else
+                        "%pdl scale measures with torch.distributed: leave --backend out")
+                report = self.session.scale(args.loss, args.model, args.batch, args.n)
+                print(report.text())
+                figure = report.plot()
+                if figure is not None:
+                    display(figure)
+                return None
+            if scale_options:
+                raise DistributedUsageError(f"{', '.join(scale_options)} are for %pdl scale (usage: {_PDL_USAGE})")
             report = self.session.check(args.n, backend=args.backend)
         except DistributedUsageError as e:
             raise UsageError(str(e)) from None

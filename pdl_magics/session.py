@@ -39,6 +39,8 @@ Contract of :meth:`DistributedSession.run`:
 
 from __future__ import annotations
 
+import ast
+import io
 import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -47,10 +49,11 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
+from pdl.balance.plan import MODES as BALANCE_MODES
 from pdl_server import clusters, status_file
 from pdl_server.world import CellResult, Rank
 
-from . import horovod_driver, preflight
+from . import horovod_driver, preflight, scale
 from .cell_watch import STOP_TIMEOUT_S, CellWatch
 from .engines import Engines
 from .errors import DistributedUsageError
@@ -67,9 +70,11 @@ COLLECTIVE_TIMEOUT_S = 1800.0
 
 
 def check_options(backend: str = "torch", timeout_s: float = COLLECTIVE_TIMEOUT_S,
-                  hang_timeout_s: float = HANG_TIMEOUT_S) -> None:
-    """Raise DistributedUsageError (one line, naming what is valid) for a bad backend
-    or timeout; the magics and the Python API both pass through here."""
+                  hang_timeout_s: float = HANG_TIMEOUT_S, balance: str = "auto") -> None:
+    """Raise DistributedUsageError (one line, naming what is valid) for a bad backend,
+    timeout or balance mode; the magics and the Python API both pass through here."""
+    if balance not in BALANCE_MODES:
+        raise DistributedUsageError(f"balance must be one of {', '.join(BALANCE_MODES)}, got {balance!r}")
     if backend not in BACKENDS:
         raise DistributedUsageError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
@@ -145,22 +150,25 @@ class DistributedSession:
         out: TextIO | None = None,
         err: TextIO | None = None,
         preflight: bool = True,
+        balance: str = "auto",
     ) -> CellResult:
         """Run ``code`` on ``n`` ranks (default: every available engine). See module doc.
 
         ``timeout_s``: how long a collective may wait for its peers (seconds);
         ``hang_timeout_s``: the hang watchdog's period without progress (seconds, 0: off);
-        ``preflight=False`` (or the session's) skips the preflight before the first cell.
+        ``preflight=False`` (or the session's) skips the preflight before the first cell;
+        ``balance``: the cell's mode of balanced batches, "auto", "on" or "off"
+        (:func:`pdl.balanced_batches`).
         """
         out = out or sys.stdout
         err = err or sys.stderr
-        check_options(backend, timeout_s, hang_timeout_s)
+        check_options(backend, timeout_s, hang_timeout_s, balance)
         world = self.world(n)
         if preflight and self.preflight:
             self._preflight_once(world, backend, timeout_s)  # raises PreflightFailed: nothing runs
         self.group.ensure(world, backend, timeout_s)
         self._cell_number += 1
-        ars = [self.engines.call_async(r.engine_id, "run_cell", code, self._cell_number) for r in world]
+        ars = [self.engines.call_async(r.engine_id, "run_cell", code, self._cell_number, balance) for r in world]
         self.last_world = world
         self.publish_status(running=True, force=True)
         outcome = CellWatch(self.engines, world, ars, out, err, hang_timeout_s,
@@ -183,6 +191,21 @@ class DistributedSession:
         if all_output:
             self.show_output(range(1, len(world)), out)
         return outcome.finish()
+
+    def scale(self, loss: str, model: str, images: int, n: int | None = None,
+              err: TextIO | None = None) -> scale.ScaleReport:
+        """``%pdl scale``: measure the step of ``loss()`` training ``model`` (names in the
+        engines' namespace, ``images`` a rank) on the first ``n`` ranks (default: all), with
+        torch.distributed, and predict it for more nodes and other links
+        (:mod:`pdl_magics.scale`). DistributedUsageError (one line) for bad arguments.
+        What the measuring cell prints is not shown (its value is the ranks' raw
+        measurements); a rank's error goes to ``err`` as any cell's does."""
+        if not (isinstance(images, int) and not isinstance(images, bool) and images >= 1):
+            raise DistributedUsageError(f"--batch must be the images of one rank's step, a whole number >= 1, "
+                                        f"got {images!r}")
+        code = scale.measure_cell(loss, model)
+        result = self.run(code, n, backend="torch", out=io.StringIO(), err=err)
+        return scale.report([ast.literal_eval(value) for value in result.values], images)
 
     def check(self, n: int | None = None, backend: str = "torch",
               timeout_s: float = COLLECTIVE_TIMEOUT_S) -> preflight.PreflightReport:

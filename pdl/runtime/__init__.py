@@ -9,6 +9,8 @@ controller), never in the hub or the notebook's kernel.
 - :mod:`pdl.runtime.horovod_group`: joining a Horovod world the kernel set up.
 - :mod:`pdl.runtime.preflight`: what this rank runs on, and the all-reduce smoke test.
 - :mod:`pdl.runtime.stacks`: this rank's Python stack on request (the hang watchdog).
+- :mod:`pdl.runtime.scale_probe`: what ``%pdl scale`` measures on a rank (the step
+  without communication, the gradient's bytes, an all-reduce sweep between nodes).
 - :mod:`pdl.runtime.boot`: the engine and controller process entry point (pinned to
   its slot, dies with its parent, no new privileges).
 - :mod:`pdl.runtime.swarm_boot`: ``pdl-engine``, an engine in a Docker Swarm task.

@@ -328,8 +328,9 @@ def _compile_cell(shell, code: str, cell_number: int):
     return compile(tree, filename, "exec"), last
 
 
-def run_cell(code: str, cell_number: int) -> dict:
-    """Run one notebook cell in this engine's namespace.
+def run_cell(code: str, cell_number: int, balance: str = "auto") -> dict:
+    """Run one notebook cell in this engine's namespace, with ``balance`` the cell's mode
+    of balanced batches (:func:`pdl.balance.plan.set_mode`).
 
     Returns ``{"status": "ok", "value": repr-or-None}`` or, for any exception
     (KeyboardInterrupt included), ``{"status": "error" | "interrupted", "ename",
@@ -341,8 +342,10 @@ def run_cell(code: str, cell_number: int) -> dict:
     from ipyparallel.datapub import publish_data
 
     from pdl import metrics
+    from pdl.balance.plan import set_mode
     from pdl.runtime import stacks
 
+    set_mode(balance)
     stacks.install()  # the hang watchdog can then ask for this rank's stack
     metrics.begin_cell(publish_data)
     try:

@@ -273,6 +273,51 @@ def test_a_checkpoint_saves_and_resumes_on_the_gpu(tmp_path):
     assert state["exp_avg"].device.type == "cuda"
 
 
+def test_balanced_batches_find_the_gpus_memory_limit_and_run_a_larger_share_in_micro_batches():
+    """pdl.balance on a GPU: the probe's peak memory at two sizes gives the images one
+    pass fits in 90 % of the GPU (pdl/balance/helper.py), and a pass of that many images
+    runs; a rank's share past a limit runs as micro-batches whose summed, weighted
+    gradient is the whole share's."""
+    from pdl.balance.batches import BalancedBatches
+    from pdl.balance.helper import measure
+    from pdl.balance.plan import Plan
+
+    device = torch.device("cuda", 0)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).to(device)
+    x = torch.randn(256, 3, 64, 64, device=device)
+    y = torch.randint(0, 10, (256,), device=device)
+
+    def probe(b: int) -> None:
+        idx = torch.arange(b, device=device) % len(x)
+        nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        model.zero_grad(set_to_none=True)
+
+    fit, limit = measure(probe, 64, device)
+    assert fit.per_image_s > 0 and limit is not None and limit > 64, (fit, limit)
+    torch.cuda.reset_peak_memory_stats(device)
+    probe(limit)  # fits: no OutOfMemoryError
+    total = torch.cuda.get_device_properties(device).total_memory
+    assert torch.cuda.max_memory_allocated(device) <= 0.95 * total, (limit, torch.cuda.max_memory_allocated(device))
+
+    batches = BalancedBatches(64, Plan(64, (64,), (16,)), rank=0, rebalance_every=0, device=device)
+    step = next(iter(batches.epoch(0)))
+    parts = list(step.parts(model))
+    assert [len(p.indices) for p in parts] == [16, 16, 16, 16]
+    for part in parts:
+        idx = part.indices.to(device)
+        part.scaled(nn.functional.cross_entropy(model(x[idx]), y[idx])).backward()
+    micro = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    idx = step.indices.to(device)
+    nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+    for got, want in zip(micro, (p.grad for p in model.parameters())):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
 def test_after_ctrl_c_the_engines_gpu_memory_is_reused_not_leaked(session, gpus):
     """Each rank's reserved GPU memory (torch's caching allocator): interrupting a loop
     that holds a 512 MiB buffer leaves at least that much more than before it (the loop

@@ -15,7 +15,7 @@ from IPython.utils.capture import capture_output
 
 from engines_harness import strip_ansi
 from pdl.slots import default_pool
-from pdl_magics import DistributedSession
+from pdl_magics import DistributedSession, DistributedUsageError
 from pdl_magics.magics import DistributedMagics
 
 pytestmark = pytest.mark.integration
@@ -137,6 +137,20 @@ def test_bad_arguments_are_a_one_line_usage_error_and_run_nothing(ip, marker, li
     assert_usage_error_and_nothing_ran(ip, marker, line, *fragments)
 
 
+def test_balance_and_no_balance_set_every_ranks_mode_for_the_cell_only(ip):
+    cell = "from pdl.balance.plan import current_mode\nprint(f'mode {current_mode()}')"
+    for line, mode in (("-n 3 --balance", "on"), ("-n 3 --no-balance", "off"), ("-n 3", "auto")):
+        with capture_output() as cap:
+            ip.run_cell_magic("distributed", line + " --all-output", cell)
+        assert strip_ansi(cap.stdout).count(f"mode {mode}") == 3, cap.stdout
+
+
+def test_a_bad_balance_mode_through_the_python_api_is_one_line_naming_the_modes(pdl_session, marker):
+    with pytest.raises(DistributedUsageError, match=r"^balance must be one of auto, on, off, got 'yes'$"):
+        pdl_session.run(marker_cell(marker), 2, balance="yes")
+    assert not marker.exists()
+
+
 def test_horovod_backend_without_horovod_is_a_one_line_usage_error(ip, marker, monkeypatch):
     monkeypatch.setitem(sys.modules, "horovod", None)  # as if it were not installed
     assert_usage_error_and_nothing_ran(
@@ -256,3 +270,50 @@ def test_fuzz_code_in_option_values_runs_nothing(ip, marker, option, text):
         return
     assert_usage_error_and_nothing_ran(ip, marker, line)
     assert not os.path.exists("/tmp/pdl-pwned")
+
+
+SCALE_SETUP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+net = torch.nn.parallel.DistributedDataParallel(model)
+xs, ys = torch.randn(32, 32), torch.randint(0, 10, (32,))
+def step():
+    return torch.nn.functional.cross_entropy(net(xs), ys)
+step().backward()  # a gradient the user holds, which measuring must leave as it was
+before = ({k: v.clone() for k, v in model.state_dict().items()}, [p.grad.clone() for p in model.parameters()])
+"""
+
+
+def test_pdl_scale_predicts_the_step_for_more_nodes_from_what_the_engines_measured(ip):
+    with capture_output():
+        ip.run_cell_magic("distributed", "-n 3", SCALE_SETUP)
+    with capture_output() as cap:
+        ip.run_line_magic("pdl", "scale --loss step --model net --batch 32 -n 3")
+    text = strip_ansi(cap.stdout)
+    params = 32 * 64 + 64 + 64 * 2 + 64 * 10 + 10
+    assert f"gradient {params * 4 / 2**20:.1f} MiB, 32 images a rank" in text, text
+    assert "your engines are on one node: no link to measure" in text
+    assert "forward_s" not in text  # the ranks' raw measurements are not shown
+    with capture_output() as cap:
+        ip.run_cell_magic("distributed", "-n 3 --all-output", (
+            "print('kept', all(torch.equal(v, model.state_dict()[k]) for k, v in before[0].items()) "
+            "and all(torch.equal(g, p.grad) for g, p in zip(before[1], model.parameters())))"))
+    assert cap.stdout.count("kept True") == 3, cap.stdout  # weights, BatchNorm statistics, gradients
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["1"], ["100"])]
+    assert {(r[0], r[2]) for r in rows} == {(g, str(n)) for g in ("1", "100") for n in (1, 2, 4, 8, 16, 32)}
+    one_node = [r for r in rows if r[2] == "1"]
+    assert all(float(r[5]) == 1.0 and r[6] == "compute" for r in one_node)  # efficiency 1.00 on one node
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("scale --model net --batch 8", "%pdl scale needs --loss"),
+    ("scale --loss step --model 'net; import os' --batch 8", "--model must name a variable"),
+    ("scale --loss step --model net --batch 0", "--batch must be the images of one rank's step"),
+    ("scale --loss step --model net --batch 8 --backend horovod", "measures with torch.distributed"),
+    ("check --batch 8", "--batch are for %pdl scale"),
+])
+def test_pdl_scale_refuses_bad_arguments_in_one_line(ip, line, fragment):
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("pdl", line)
+    assert fragment in str(info.value) and "\n" not in str(info.value)

@@ -392,7 +392,7 @@ def test_check_names_the_rank_and_host_of_a_planted_fault(ip, pdl_session, fault
     ("", ["needs a subcommand", "valid: check"]),
     ("check -n 9", ["-n 9", "1..3"]),
     ("check --backend mpi", ["'mpi'", "torch, horovod"]),
-    ("check --bogus", ["--bogus", "%pdl {check}"]),
+    ("check --bogus", ["--bogus", "%pdl check [-n N]", "%pdl scale --loss NAME"]),
 ])
 def test_bad_pdl_lines_are_a_one_line_usage_error(ip, line, fragments):
     with pytest.raises(UsageError) as info:

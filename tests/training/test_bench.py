@@ -120,3 +120,22 @@ def test_cpu_workers_bench_compares_workers_with_one_threaded_process(tmp_path):
     rows = TABLE_ROW.findall(out)
     assert any("PDL: 2 workers" in r for r in rows) and any("one process, 2 threads" in r for r in rows), out
     assert ratio(out, "PDL 2 workers / one process 2 threads") > 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0, reason="CPU quotas need root")
+def test_mixed_workers_bench_runs_the_notebook_even_and_balanced_on_unequal_quotas(tmp_path):
+    out = run_bench(tmp_path, "mixed_workers.py", "--epochs", "1", "--width", "8")
+    rows = TABLE_ROW.findall(out)
+    assert [r.split("|")[1].strip() for r in rows[2:]] == ["equal", "even split", "balanced"], out
+    assert "| even split | 0.60, 0.30, 0.15 | even |" in out, out
+    assert ratio(out, "even split / balanced") > 0 and "accuracy balanced - equal:" in out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0, reason="simulated nodes need root")
+def test_scale_prediction_bench_prints_predicted_and_measured_steps(tmp_path):
+    out = run_bench(tmp_path, "scale_prediction.py", "--mbit", "200", "--steps", "2", "--width", "8", "--batch", "8")
+    rows = TABLE_ROW.findall(out)
+    assert len(rows) == 3 and rows[2].startswith("| 200 Mbit/s |"), out
+    assert ratio(out, "predicted / measured step") > 0

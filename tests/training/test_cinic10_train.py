@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from pdl_cinic10.data import load_split
 from pdl_cinic10.model import ResNet18
 from pdl_cinic10.sample import make_sample
-from pdl_cinic10.train import MEAN, Hyper, augment, evaluate, fit, lr_factor, normalize
+from pdl_cinic10.train import MEAN, Hyper, augment, evaluate, fit, lr_factor, merge_batchnorm_statistics, normalize
 
 
 @pytest.fixture(scope="module")
@@ -160,4 +160,38 @@ def test_two_gloo_ranks_end_identical_and_learn(sample, tmp_path, monkeypatch):
     for name, tensor in rank0["state"].items():
         assert torch.equal(tensor, rank1["state"][name]), name
     assert rank0["test_acc"] == rank1["test_acc"] >= 0.5  # chance is 0.1
-    assert len(rank0["lines"]) == 4 and rank1["lines"] == []
+    epochs = [line for line in rank0["lines"] if line.startswith("epoch ")]
+    balancing = [line for line in rank0["lines"] if line.startswith("pdl: ")]  # only if one rank was slower
+    assert len(epochs) == 4 and len(rank0["lines"]) == 4 + len(balancing) and rank1["lines"] == []
+
+
+def _merge_rank(rank: int, world: int, port: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        from pdl.collectives import for_backend
+
+        data = torch.arange(40, dtype=torch.float64).view(20, 2) ** 1.5  # rank 0 saw 5 rows, rank 1 15
+        mine = data[:5] if rank == 0 else data[5:]
+        layer = torch.nn.BatchNorm1d(2).double()
+        layer.running_mean.copy_(mine.mean(0))
+        layer.running_var.copy_(mine.var(0, unbiased=False))
+        layer.num_batches_tracked.fill_(7 + rank)
+        merge_batchnorm_statistics(for_backend("torch"), layer, share=len(mine) / len(data))
+        torch.save(layer.state_dict(), Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_batchnorm_statistics_after_an_epoch_are_all_the_ranks_images_weighted_by_their_share(tmp_path, monkeypatch):
+    """Ranks that trained on batches of unequal size end the epoch holding the
+    statistics of every rank's images together, not the smallest rank's."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_merge_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+
+    data = torch.arange(40, dtype=torch.float64).view(20, 2) ** 1.5
+    for rank in range(2):
+        state = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.allclose(state["running_mean"], data.mean(0), rtol=0, atol=1e-10)
+        assert torch.allclose(state["running_var"], data.var(0, unbiased=False), rtol=0, atol=1e-9)
+        assert state["num_batches_tracked"].item() == 7  # rank 0's

@@ -1,9 +1,9 @@
-"""The few collectives the training loop needs, from torch.distributed or Horovod.
+"""The few collectives training loops need, from torch.distributed or Horovod.
 
-:func:`fit` and :func:`evaluate` in :mod:`pdl_cinic10.train` call only these,
-so the same loop trains with ``%%distributed --backend torch`` (DDP) or
-``--backend horovod`` (``hvd.DistributedOptimizer``). Horovod is imported only
-when it is the backend.
+:func:`~pdl_cinic10.train.fit`, :func:`~pdl_cinic10.train.evaluate` and the balanced
+batches (:mod:`pdl.balance`) call only these, so the same loop trains with
+``%%distributed --backend torch`` (DDP) or ``--backend horovod``
+(``hvd.DistributedOptimizer``). Horovod is imported only when it is the backend.
 """
 
 from __future__ import annotations
@@ -44,6 +44,18 @@ class Collectives:
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
         """Replace ``tensor`` by rank ``src``'s."""
 
+    def all_gather_floats(self, values: list[float]) -> list[list[float]]:
+        """Every rank's ``values`` (the same length on each), in rank order (float64)."""
+        table = torch.zeros(self.world, len(values), dtype=torch.float64, device=self.tensor_device)
+        table[self.rank] = torch.tensor(values, dtype=torch.float64)
+        self.all_reduce_(table)
+        return table.tolist()
+
+    @property
+    def tensor_device(self) -> torch.device:
+        """Where this backend's collectives take tensors (NCCL: this rank's GPU)."""
+        return torch.device("cpu")
+
     def distribute(self, module: nn.Module, optimizer: torch.optim.Optimizer):
         """Make every rank start from rank 0's weights and average gradients.
 
@@ -63,6 +75,12 @@ class TorchCollectives(Collectives):
 
     def all_reduce_(self, tensor, op="sum"):
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+
+    @property
+    def tensor_device(self):
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def broadcast_(self, tensor, src=0):
         dist.broadcast(tensor, src=src)

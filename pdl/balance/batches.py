@@ -1,0 +1,202 @@
+"""Balanced batches: each rank's share of every step's global batch, sized to its speed.
+
+Every rank walks the same shared-seed permutation of the data each epoch, cut into
+``ceil(n / B)`` consecutive chunks of as equal sizes as whole images allow (``B``, or a
+few images fewer when ``B`` does not divide ``n``): step ``s`` takes chunk ``s`` and cuts
+it into the ranks' slices, of the sizes the :class:`~pdl.balance.plan.Plan` gives for
+it, so every rank runs the same number of steps and every image is seen once an epoch. A rank whose slice is more than its memory
+holds runs it in micro-batches, under DDP's ``no_sync`` (Horovod: as that many
+backward passes) but the last. Each micro-batch's mean loss is weighted by
+``images * world / B`` (:meth:`Part.scaled`), so that the gradient DDP or Horovod
+averages is the mean over the global batch, as on one process.
+
+While training, each rank times its forward passes (from a part's start to
+:meth:`Part.scaled`: its own compute, no collective in between); every
+``rebalance_every`` steps the ranks share those times and what the plan predicted for
+them, and when the ratios stray more than :data:`~pdl.balance.plan.IMBALANCE` apart, the
+speeds are refitted and the split planned again (the same on every rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from pdl.balance.plan import IMBALANCE, Plan, SpeedFit, even_split, imbalance, plan_split
+from pdl.collectives import Collectives
+
+
+def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The epoch's order of ``n`` images, the same on every rank: a function of (seed, epoch)."""
+    mixed = int(np.random.SeedSequence([seed, epoch, 0]).generate_state(1, np.uint64)[0])
+    return torch.randperm(n, generator=torch.Generator().manual_seed(mixed))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One micro-batch of a rank's step: its images and its loss weight."""
+
+    indices: torch.Tensor
+    #: the factor of the micro-batch's mean loss: ``images * world / global batch``
+    weight: float
+    batches: "BalancedBatches"
+    started: float
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` (the mean over this part's images) times :attr:`weight`; call it once,
+        after the forward pass: the time since the part began is this rank's forward time."""
+        self.batches.forward_done(self)
+        return loss * self.weight
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of an epoch on this rank: ``indices`` of its images, in ``plan``'s split."""
+
+    number: int
+    plan: Plan
+    indices: torch.Tensor
+    batches: "BalancedBatches"
+
+    def parts(self, model: torch.nn.Module | None = None,
+              optimizer: torch.optim.Optimizer | None = None) -> Iterator[Part]:
+        """This step's micro-batches (one unless the rank's memory limit splits it).
+        With a DDP ``model``, every part but the last runs under ``model.no_sync()``; with
+        Horovod's ``optimizer``, it is told how many backward passes make the step."""
+        sizes = self.plan.micro_batches(self.batches.rank)
+        if optimizer is not None and hasattr(optimizer, "set_backward_passes_per_step"):
+            optimizer.set_backward_passes_per_step(max(1, len(sizes)))
+        self.batches.warn_batchnorm(model, self.plan)
+        start = 0
+        for i, size in enumerate(sizes):
+            last = i == len(sizes) - 1
+            quiet = model.no_sync() if not last and hasattr(model, "no_sync") else contextlib.nullcontext()
+            with quiet:
+                yield Part(self.indices[start:start + size], self.plan.loss_weight(size), self.batches,
+                           self.batches.clock())
+            start += size
+        self.batches.step_done(self)
+
+
+class BalancedBatches:
+    """The steps of each epoch on this rank (see the module docstring). Build it on every
+    rank with the same arguments: :func:`pdl.balance.balanced_batches` does."""
+
+    def __init__(self, n_images: int, plan: Plan, *, rank: int, seed: int = 0, comm: Collectives | None = None,
+                 rebalance_every: int = 20, device: torch.device | str = "cpu",
+                 log: Callable[[str], object] | None = None):
+        if n_images < 1:
+            raise ValueError(f"need at least 1 image, got {n_images}")
+        self.n_images, self.plan, self.rank, self.seed = n_images, plan, rank, seed
+        self.comm = comm or Collectives()
+        self.rebalance_every = rebalance_every
+        self.device = torch.device(device)
+        self.log = log
+        self._forward_s = self._predicted_s = 0.0
+        self._steps_timed = 0
+        self._warned_batchnorm = False
+        self._plans: dict[int, Plan] = {}
+
+    # -- the data ---------------------------------------------------------------------
+
+    def steps_per_epoch(self) -> int:
+        return -(-self.n_images // self.plan.global_batch)
+
+    def epoch(self, epoch: int) -> Iterator[Step]:
+        """The epoch's steps (see the module docstring). A chunk smaller than the ranks
+        (fewer images than ranks) is filled from the epoch's first images."""
+        order = permutation(self.n_images, self.seed, epoch)
+        world = self.plan.world
+        for number, chunk in enumerate(order.tensor_split(self.steps_per_epoch())):
+            if len(chunk) < world:
+                chunk = torch.cat([chunk, order[:world - len(chunk)]])
+            plan = self.plan_for(len(chunk))
+            lo = plan.offset(self.rank)
+            yield Step(number, plan, chunk[lo:lo + plan.batches[self.rank]], self)
+
+    def plan_for(self, images: int) -> Plan:
+        """The current plan, for a step of ``images`` (at least 2 a rank where there are enough)."""
+        if images == self.plan.global_batch:
+            return self.plan
+        if images not in self._plans:
+            self._plans[images] = self.plan.for_batch(images, min_batch=min(2, images // self.plan.world))
+        return self._plans[images]
+
+    # -- timing and rebalancing -------------------------------------------------------
+
+    def clock(self) -> float:
+        """Now, in seconds, with this rank's queued GPU work done."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def forward_done(self, part: Part) -> None:
+        self._forward_s += self.clock() - part.started
+
+    def step_done(self, step: Step) -> None:
+        """Count a step; every ``rebalance_every`` steps, compare the ranks' forward times
+        with the plan's (a collective: every rank calls it at the same step)."""
+        b, limit = step.plan.batches[self.rank], step.plan.limits[self.rank]
+        fit = self.plan.fits[self.rank] if self.plan.fits else SpeedFit(0.0, 1.0)
+        self._predicted_s += fit.step_s(b, limit)
+        self._steps_timed += 1
+        if self.rebalance_every and self._steps_timed >= self.rebalance_every:
+            self.rebalance(self._forward_s, self._predicted_s)
+            self._forward_s = self._predicted_s = 0.0
+            self._steps_timed = 0
+
+    def rebalance(self, forward_s: float, predicted_s: float) -> bool:
+        """Share this rank's forward seconds and what the plan predicted for its steps
+        (in the fits' units); plan again (True) when the ranks' ratios of the two stray
+        more than :data:`IMBALANCE` apart."""
+        rows = self.comm.all_gather_floats([forward_s, predicted_s])
+        if any(measured <= 0 or predicted <= 0 for measured, predicted in rows):
+            return False
+        ratios = [measured / predicted for measured, predicted in rows]
+        if max(ratios) / min(ratios) <= 1 + IMBALANCE:
+            return False
+        plan = self.plan
+        fits = plan.fits or (SpeedFit(0.0, 1.0),) * plan.world
+        mean = sum(ratios) / len(ratios)
+        refitted = tuple(SpeedFit(f.overhead_s * r / mean, f.per_image_s * r / mean) for f, r in zip(fits, ratios))
+        self.plan = plan_split(plan.global_batch, refitted, plan.limits, min_batch=min(2, min(plan.batches)))
+        self._plans.clear()
+        if self.log is not None and self.rank == 0:
+            self.log(f"pdl: the ranks' speeds changed; batches now {', '.join(map(str, self.plan.batches))} "
+                     f"of {plan.global_batch}")
+        return True
+
+    def warn_batchnorm(self, model: torch.nn.Module | None, plan: Plan) -> None:
+        """Warn once when BatchNorm (not SyncBatchNorm) normalises batches of unequal sizes."""
+        if self._warned_batchnorm or model is None or len(set(plan.batches)) == 1:
+            return
+        batchnorm = (torch.nn.modules.batchnorm._BatchNorm,)  # noqa: SLF001 - torch's base of every BatchNorm
+        if any(isinstance(m, batchnorm) and not isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()):
+            self._warned_batchnorm = True
+            warnings.warn("BatchNorm normalises each rank's batch, and the balanced batches differ in size "
+                          f"({', '.join(map(str, plan.batches))}): convert the model with "
+                          "torch.nn.SyncBatchNorm.convert_sync_batchnorm for statistics over the global batch",
+                          stacklevel=3)
+
+
+def initial_plan(global_batch: int, fits: list[SpeedFit] | None, limits: list[int | None], *,
+                 mode: str = "auto") -> tuple[Plan, str | None]:
+    """The first plan and the line that says so (None when there is nothing to say):
+    ``mode`` "on" balances to the fits, "off" splits evenly, "auto" balances when the
+    ranks' times for an even share differ by more than :data:`IMBALANCE`."""
+    world = len(limits)
+    even = even_split(global_batch, world, limits)
+    if fits is None or mode == "off":
+        return even, None
+    spread = imbalance(fits, max(1, global_batch // world))
+    if mode == "auto" and spread <= IMBALANCE:
+        return replace(even, fits=tuple(fits)), None
+    plan = plan_split(global_batch, fits, limits, min_batch=min(2, global_batch // world))
+    return plan, (f"pdl: the slowest rank takes {1 + spread:.1f}x the fastest's time: balancing the batch of "
+                  f"{global_batch} as {', '.join(map(str, plan.batches))}")

@@ -1,0 +1,122 @@
+"""What ``%pdl scale`` measures on each rank (:func:`measure`): the step's forward and
+backward time with communication off, the gradient's bytes, and, among ranks on
+different nodes, an all-reduce sweep that :func:`pdl.scaling.fit_link` turns into the
+link's latency and bandwidth. Runs in a ``%%distributed`` cell's torch group."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from pdl.runtime.identity import describe
+
+#: Timed forward and backward passes, after one untimed warm-up pass.
+REPEATS = 3
+#: Timed all-reduces of each size of the sweep, after one untimed: a shared link's
+#: rate wavers more than a step's computation does.
+SWEEP_REPEATS = 9
+#: Bytes of the all-reduces of the sweep.
+SWEEP_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+#: Once an all-reduce of the sweep takes this long (seconds), larger ones are left out:
+#: on a slow link the sizes measured so far tell its bandwidth already.
+SWEEP_ENOUGH_S = 0.5
+
+
+def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device: torch.device | str = "cpu") -> dict:
+    """This rank's step and, on the first rank of each node (by the engine's host name,
+    :func:`pdl.runtime.identity.describe`), the sweep:
+    ``{"forward_s", "backward_s", "grad_bytes", "ready": [[fraction, bytes], ...], "host",
+    "nodes", "sweep": [[bytes, s], ...]}`` (medians; ``ready``: each gradient, in the
+    order the backward pass makes them, with the fraction of that pass done when it is
+    ready, from one more pass that notes each; ``sweep`` empty with fewer than two
+    nodes). ``loss_fn()`` computes one step's loss (the forward pass); ``model`` is the
+    module it trains (a DDP wrapper's gradient sync is turned off while timing). The
+    model's state (weights, BatchNorm statistics) and gradients are as they were
+    afterwards. Every rank of the group must call it."""
+    device = torch.device(device)
+    quiet = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+    forward, backward = [], []
+    kept_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    kept_grads = {p: p.grad for p in model.parameters()}
+    model.zero_grad(set_to_none=True)  # else the first backward pass adds to the user's gradients
+    with quiet:
+        for i in range(REPEATS + 1):
+            started = _now(device)
+            loss = loss_fn()
+            between = _now(device)
+            loss.backward()
+            ended = _now(device)
+            model.zero_grad(set_to_none=True)
+            if i:
+                forward.append(between - started)
+                backward.append(ended - between)
+        ready = _gradients_ready(loss_fn, model, device)
+    model.load_state_dict(kept_state)
+    for param, grad in kept_grads.items():
+        param.grad = grad
+    params = [p for p in model.parameters() if p.requires_grad]
+    host = describe()["host"]
+    nodes, sweep = _sweep_across_nodes(host, device)
+    return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
+            "grad_bytes": sum(p.numel() * p.element_size() for p in params), "ready": ready, "host": host,
+            "nodes": nodes, "sweep": sweep}
+
+
+def _gradients_ready(loss_fn, model: torch.nn.Module, device: torch.device) -> list[list[float]]:
+    """One backward pass, noting when each parameter's gradient is whole:
+    ``[[fraction of the pass, bytes], ...]`` in the order they became ready (the order
+    DDP fills its buckets in after its first step)."""
+    noted: list[tuple[float, int]] = []
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: noted.append((_now(device), p.numel() * p.element_size())))
+             for p in model.parameters() if p.requires_grad]
+    try:
+        loss = loss_fn()
+        started = _now(device)
+        loss.backward()
+        ended = _now(device)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.zero_grad(set_to_none=True)
+    span = max(ended - started, 1e-12)
+    return [[min(1.0, max(0.0, (at - started) / span)), float(size)] for at, size in noted]
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _sweep_across_nodes(host: str, device: torch.device) -> tuple[int, list[list[float]]]:
+    """(how many nodes the group spans, this rank's sweep: [bytes, seconds] medians, or
+    [] unless it is the first rank of its node and there are two nodes or more)."""
+    if not dist.is_initialized():
+        return 1, []
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, host)
+    leaders = sorted({h: r for r, h in reversed(list(enumerate(hosts)))}.values())
+    group = dist.new_group(leaders)  # every rank takes part in making it
+    if len(leaders) < 2 or dist.get_rank() not in leaders:
+        return len(leaders), []
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    sweep = []
+    for size in SWEEP_BYTES:
+        tensor = torch.zeros(size // 4, dtype=torch.float32, device=on)
+        dist.all_reduce(tensor, group=group)  # warm-up: connections made, buffers sized
+        times = []
+        for _ in range(SWEEP_REPEATS):
+            started = _now(on)
+            dist.all_reduce(tensor, group=group)
+            times.append(_now(on) - started)
+        sweep.append([float(size), statistics.median(times)])
+        slowest = torch.tensor([sweep[-1][1]], dtype=torch.float64, device=on)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # every leader decides alike
+        if len(sweep) >= 2 and slowest.item() >= SWEEP_ENOUGH_S:
+            break
+    return len(leaders), sweep
