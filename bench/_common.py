@@ -86,3 +86,34 @@ def median_table(header: tuple[str, str], labels: dict[str, str], runs: dict[str
     first, second = (medians[key] for key in labels)
     print(f"\nratio {ratio}: {first / second:.{digits}f}")
     return first / second
+
+
+def simulation(name: str, script: str):
+    """The tests' harness module ``name`` (``tests/harness/<name>.py``, the one place
+    that makes simulated nodes and CPU quotas), once its ``problem()`` says it can run
+    here; else SystemExit naming ``script`` and why (one line)."""
+    import importlib
+    import sys
+
+    folder = str(Path(__file__).resolve().parent.parent / "tests" / "harness")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module = importlib.import_module(name)
+    problem = module.problem()
+    if problem:
+        raise SystemExit(f"{script}: {problem}")
+    return module
+
+
+def positive_numbers(text: str) -> list[float]:
+    """``text`` as comma-separated numbers > 0 (an argparse ``type``: a bad value is the
+    one-line usage error ``argparse.ArgumentTypeError`` makes)."""
+    import argparse
+
+    try:
+        numbers = [float(x) for x in text.split(",")]
+    except ValueError:
+        numbers = []
+    if not numbers or not all(x > 0 for x in numbers):
+        raise argparse.ArgumentTypeError(f"comma-separated numbers > 0 are valid, got {text!r}")
+    return numbers

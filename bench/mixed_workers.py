@@ -27,16 +27,13 @@ import io
 import os
 import re
 import statistics
-import sys
 from pathlib import Path
 
 import nbformat
 
-from _common import machine, real_images_root
+from _common import machine, positive_numbers, real_images_root, simulation
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "harness"))
-import cpu_quota  # noqa: E402  (the tests' cgroup quotas, the one place that sets them)
 
 NOTEBOOK = REPO / "notebooks" / "cinic10_distributed.ipynb"
 RESULT = "(result['test_acc'], [h['seconds'] for h in result['history']])"
@@ -55,7 +52,7 @@ def run_notebook(session, quotas: list[float], balance: str) -> dict:
     ranks = {r.rank: r.engine_id for r in session.world(3)}
     pids = session.engines.pids()
     log = io.StringIO()
-    with cpu_quota.quotas({pids[ranks[rank]]: share for rank, share in enumerate(quotas)}, name="pdl-bench-quota"):
+    with simulation("cpu_quota", "mixed_workers").quotas({pids[ranks[rank]]: share for rank, share in enumerate(quotas)}, name="pdl-bench-quota"):
         for cell in training_cells():
             session.run(cell, 3, out=log, err=io.StringIO(), balance=balance, preflight=False)
         result = session.run(RESULT, 3, out=io.StringIO(), err=io.StringIO(), preflight=False)
@@ -66,12 +63,10 @@ def run_notebook(session, quotas: list[float], balance: str) -> dict:
 
 def main(argv=None) -> float:
     args = parse(argv)
-    problem = cpu_quota.problem()
-    if problem:
-        raise SystemExit(f"mixed_workers: {problem}")
-    quotas = [float(q) for q in args.quotas.split(",")]
+    simulation("cpu_quota", "mixed_workers")  # exits here, in one line, where quotas cannot be set
+    quotas = args.quotas
     if len(quotas) != 3 or not all(0 < q <= 1 for q in quotas):
-        raise SystemExit(f"--quotas: three fractions of a core in (0, 1], got {args.quotas!r}")
+        raise SystemExit(f"--quotas: three fractions of a core in (0, 1] are valid, got {args.quotas!r}")
     root = real_images_root(args.data)
     os.environ.update(CINIC10_DIR=str(root), CINIC10_EPOCHS=str(args.epochs), CINIC10_WIDTH=str(args.width))
     from pdl_magics import DistributedSession
@@ -100,7 +95,7 @@ def main(argv=None) -> float:
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quotas", default="0.6,0.3,0.15", help="each engine's share of a core, by rank")
+    p.add_argument("--quotas", type=positive_numbers, default="0.6,0.3,0.15", help="each engine's share of a core, by rank")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--width", type=int, default=16, help="the ResNet-18's width")
     p.add_argument("--data", help="real images in CINIC-10's layout (default: $CINIC10_DIR, else the digits)")

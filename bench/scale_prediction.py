@@ -22,14 +22,9 @@ import ast
 import io
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from _common import machine
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "harness"))
-import linked_nodes  # noqa: E402  (the tests' simulated nodes, the one place that makes them)
+from _common import machine, positive_numbers, simulation
 
 SETUP = """
 import time, torch
@@ -57,10 +52,8 @@ times[1:]
 
 def main(argv=None) -> float:
     args = parse(argv)
-    problem = linked_nodes.problem()
-    if problem:
-        raise SystemExit(f"scale_prediction: {problem}")
-    rates = [float(r) for r in args.mbit.split(",")]
+    linked_nodes = simulation("linked_nodes", "scale_prediction")
+    rates = args.mbit
     from pdl_magics import DistributedSession
 
     print(f"# scale prediction: {machine()}")
@@ -97,7 +90,7 @@ def main(argv=None) -> float:
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mbit", default="50,100,200", help="the links' rates, Mbit/s")
+    p.add_argument("--mbit", type=positive_numbers, default="50,100,200", help="the links' rates, Mbit/s")
     p.add_argument("--width", type=int, default=16, help="the ResNet-18's width")
     p.add_argument("--batch", type=int, default=64, help="images a rank a step")
     p.add_argument("--steps", type=int, default=15, help="timed DDP steps a rate")

@@ -139,3 +139,14 @@ def test_scale_prediction_bench_prints_predicted_and_measured_steps(tmp_path):
     rows = TABLE_ROW.findall(out)
     assert len(rows) == 3 and rows[2].startswith("| 200 Mbit/s |"), out
     assert ratio(out, "predicted / measured step") > 0
+
+
+@pytest.mark.parametrize("script,option", [("scale_prediction.py", "--mbit"), ("mixed_workers.py", "--quotas")])
+def test_a_bad_list_of_numbers_is_one_line_naming_what_is_valid(tmp_path, script, option):
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(REPO / "bench" / script), option, "50,fast"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        f"argument {option}: comma-separated numbers > 0 are valid, got '50,fast'"), done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,90 @@
+"""``%pdl scale``'s prediction against the step DDP really takes, on two simulated
+nodes whose link is shaped with ``tc`` to three rates (``tests/harness/linked_nodes.py``).
+
+The model is a multilayer perceptron of about a million weights (a 4 MiB gradient, in
+DDP's 1 MiB first bucket and one more), large enough that the link, not the computation,
+decides the step at the slowest rate. For each rate, ``session.scale`` measures the step
+without communication and the link, and predicts the step on two nodes; then real DDP
+steps (forward, backward with the all-reduce, optimizer step) are timed on the same
+engines, and the slowest rank's median step is the measured one. The issue's bounds:
+the step within 15 %, the scaling efficiency (the step without communication over the
+measured step) within 0.10.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import statistics
+
+import pytest
+
+import linked_nodes
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(linked_nodes.problem() is not None, reason=str(linked_nodes.problem()))]
+
+#: The links' rates (Mbit/s): the all-reduce from most to least of the step.
+RATES_MBIT = (100, 200, 400)
+#: Images a rank a step.
+BATCH = 1024
+#: Timed DDP steps a rate; the median is compared.
+STEPS = 15
+
+SETUP = f"""
+import time, torch
+torch.manual_seed(0)
+torch.set_num_threads(1)
+net = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+    torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512), torch.nn.ReLU(),
+    torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)))
+opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+xs, ys = torch.rand({BATCH}, 256), torch.randint(0, 10, ({BATCH},))
+def step():
+    return torch.nn.functional.cross_entropy(net(xs), ys)
+"""
+
+TIME_STEPS = f"""
+times = []
+for i in range({STEPS} + 1):
+    started = time.perf_counter()
+    opt.zero_grad()
+    step().backward()
+    opt.step()
+    times.append(time.perf_counter() - started)
+times[1:]
+"""
+
+
+@pytest.fixture(scope="module")
+def linked_session(tmp_path_factory):
+    from pdl_magics import DistributedSession
+
+    with pytest.MonkeyPatch.context() as env, linked_nodes.linked_engines(
+            2, str(tmp_path_factory.mktemp("linked-profile"))) as (cluster, nodes):
+        env.setenv("PDL_WORKERS", "2")
+        env.delenv("PDL_CLUSTER_DIR", raising=False)
+        session = DistributedSession(cluster_file=cluster.cluster_file, preflight=False)
+        try:
+            session.run(SETUP, 2, out=io.StringIO(), err=io.StringIO(), preflight=False)
+            yield session, nodes
+        finally:
+            session.close()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mbit", RATES_MBIT)
+def test_predicted_step_is_within_15_percent_of_the_measured_one(linked_session, mbit):
+    session, nodes = linked_session
+    linked_nodes.shape(nodes, mbit)
+    report = session.scale("step", "net", BATCH, 2)
+    [predicted] = [r for r in report.rows if r["link"] == "measured" and r["nodes"] == 2]
+    result = session.run(TIME_STEPS, 2, out=io.StringIO(), err=io.StringIO(), preflight=False)
+    measured = statistics.median(max(ranks) for ranks in zip(*(ast.literal_eval(v) for v in result.values)))
+    compute = report.profile.forward_s + report.profile.backward_s
+    link_mbit = report.measured.bandwidth_bytes_s * 8 / 1e6
+    said = (f"at {mbit} Mbit/s (measured {link_mbit:.0f}): predicted {predicted['step_s'] * 1e3:.0f} ms, "
+            f"measured {measured * 1e3:.0f} ms; compute {compute * 1e3:.0f} ms")
+    print(said)
+    assert abs(predicted["step_s"] / measured - 1) <= 0.15, said
+    assert abs(predicted["efficiency"] - compute / measured) <= 0.10, said
