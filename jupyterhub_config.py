@@ -44,7 +44,7 @@ Environment variables tune it without editing this file:
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
   stops a whole server (default 86400; 0: never);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
-  (default: every GPU, else 4 CPU slots);
+  (default: every GPU, else one CPU slot per core);
 - ``PDL_PREFLIGHT_SKIP``: preflight checks to skip on every user's engines, e.g. ``gpu``
   on a test cluster whose declared GPUs torch cannot see (docs/admin.md, "Preflight").
 
@@ -66,6 +66,15 @@ lowercase letter then at most 19 of ``a-z0-9_-``. Wrong passwords lock a name:
 
 ``PDL_MAX_REQUEST_BYTES``: the largest request body the hub reads (default 1 MiB); a
 larger one is refused with 400 before it is read.
+
+Ports: ``PDL_ADMIN_VIEW_PORT`` (the admin view on 127.0.0.1, default 8002) and
+``PDL_PORT_RANGE``, the users' servers' ports (``LOW-HIGH``, default ``20000-32000``).
+
+Any other setting (``c.PDLSlurmSpawner.time_limit = 480``, ...) goes in the admin's own
+config file, ``/etc/pdl/hub_config.py`` or ``PDL_LOCAL_CONFIG``, which this file loads
+when it exists (its settings win), if only root or the hub's user can change it: else
+the hub does not start and says why. docs/admin.md, "Every setting, in one place",
+lists every variable with its default.
 """
 
 import getpass
@@ -75,6 +84,7 @@ from pathlib import Path
 
 from pdl_spawner.core.accounts import TEMPLATE_DIR, name_problem
 from pdl_spawner.core.credentials import SignupCodes
+from pdl_spawner.core.hub_settings import local_config_problem, port_range
 from pdl_spawner.core.public_url import default_public_url, public_url_problem
 from pdl_spawner.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, limit_request_bodies
 
@@ -169,6 +179,12 @@ if os.environ.get("PDL_HOMES_ROOT"):
     c.HostServer.homes_root = os.environ["PDL_HOMES_ROOT"]
 if os.environ.get("PDL_ACCOUNT_PREFIX"):  # hub user ann runs as <prefix>ann (default pdl-)
     c.HostServer.account_prefix = os.environ["PDL_ACCOUNT_PREFIX"]
+# the ports the users' servers get, one each (and on Swarm their controllers' too)
+if os.environ.get("PDL_PORT_RANGE"):
+    try:
+        c.HostServer.port_range = c.PDLSwarmSpawner.port_range = port_range(os.environ["PDL_PORT_RANGE"])
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 c.PDLLocalSpawner.default_workers = 3
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 120
@@ -261,6 +277,21 @@ if _cull_idle_s:
         "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
         "services": ["idle-culler"],
     })
+
+# -- The admin's own settings ----------------------------------------------------------
+# Any c.* setting, in a file of the admin's own (default /etc/pdl/hub_config.py; another:
+# PDL_LOCAL_CONFIG), loaded when it exists: after everything above, so that its settings
+# win, and before the admin view, which passes the final ones on. The hub runs it as its
+# own code (as root): it must be a file only root, or the hub's user, can change.
+_local_config = os.environ.get("PDL_LOCAL_CONFIG", "").strip() or "/etc/pdl/hub_config.py"
+if os.path.lexists(_local_config):
+    _local_config_problem = local_config_problem(_local_config)
+    if _local_config_problem:
+        raise SystemExit(f"PDL_LOCAL_CONFIG: not loaded, since the hub runs it as its own code: {_local_config_problem}")
+    load_subconfig(os.path.abspath(_local_config))  # noqa: F821 - provided by the config loader
+elif os.environ.get("PDL_LOCAL_CONFIG", "").strip():
+    raise SystemExit(f"PDL_LOCAL_CONFIG names {_local_config}, which does not exist: name the admin's config "
+                     "file (c.* settings), or unset it for the default /etc/pdl/hub_config.py (loaded when present)")
 
 # -- Admin view (pdl_spawner/admin_view.py) ---------------------------------------------
 # A JupyterHub managed service at /services/pdl-admin/ (and .../api/status as JSON): who

@@ -17,11 +17,17 @@
 
 Every handler requires an authenticated user (a Jupyter token or the login
 cookie, plus the XSRF token for cookie-authenticated POSTs).
+
+The hub looks at the lease about once a second: :func:`quiet_lease_polls` (installed by
+:func:`setup_handlers`) logs those successful ``GET``s at debug level, so the server's log
+(and the hub's, where a server writes to it) has no line per look unless debug is on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
@@ -96,9 +102,49 @@ class LeaseHandler(APIHandler):
         self.finish(json.dumps({"ok": True}))
 
 
+#: An access-log line: ``"<status> <METHOD> <uri>..."`` (JupyterHub's and jupyter_server's).
+_ACCESS_LINE = re.compile(r"(\d{3}) ([A-Z]+) (\S+)")
+
+
+class LeasePollsAtDebug(logging.Filter):
+    """On the ``tornado.access`` logger: a successful (status < 400) ``GET`` of
+    ``lease_path`` becomes a DEBUG record, dropped unless that logger shows DEBUG; every
+    other record passes unchanged."""
+
+    def __init__(self, lease_path: str, logger: logging.Logger):
+        super().__init__()
+        self.lease_path = lease_path
+        self.logger = logger
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG:
+            return True
+        line = _ACCESS_LINE.match(record.getMessage())
+        if not line or line[2] != "GET" or int(line[1]) >= 400 or line[3].split("?")[0] != self.lease_path:
+            return True
+        if not self.logger.isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+def quiet_lease_polls(lease_path: str) -> LeasePollsAtDebug:
+    """Install :class:`LeasePollsAtDebug` for ``lease_path`` (the URL path, base URL
+    included) on the ``tornado.access`` logger, once: a second call returns the filter
+    already there."""
+    logger = logging.getLogger("tornado.access")
+    for present in logger.filters:
+        if isinstance(present, LeasePollsAtDebug) and present.lease_path == lease_path:
+            return present
+    installed = LeasePollsAtDebug(lease_path, logger)
+    logger.addFilter(installed)
+    return installed
+
+
 def setup_handlers(web_app, monitor: ClusterMonitor) -> None:
     web_app.settings[SETTINGS_KEY] = monitor
     base = url_path_join(web_app.settings["base_url"], "pdl", "api")
+    quiet_lease_polls(url_path_join(base, "lease"))
     web_app.add_handlers(".*$", [
         (url_path_join(base, "cluster"), ClusterHandler),
         (url_path_join(base, "stop"), StopHandler),

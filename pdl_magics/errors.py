@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class DistributedUsageError(ValueError):
     """Bad input to a distributed run (a count, a backend); nothing was run."""
@@ -10,12 +12,23 @@ class DistributedUsageError(ValueError):
 #: ``ename`` of a rank whose engine process died during the cell.
 ENGINE_DIED = "EngineDied"
 
+#: An ANSI escape sequence (the colours of an engine's traceback).
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of ``text``, without ANSI escape codes ("" when none)."""
+    return next((line.strip() for line in _ANSI.sub("", str(text)).splitlines() if line.strip()), "")
+
 
 class RankFailed(Exception):
     """One rank raised, or its engine died; carries that rank's remote traceback.
 
     IPython shows :meth:`_render_traceback_`: a header naming the rank and its
-    host, then the traceback exactly as the engine formatted it.
+    host, then the traceback exactly as the engine formatted it. ``str()`` is one
+    line, ``rank R on HOST raised NAME: <the first line of the remote value>`` (or
+    ``... died: <why>``), without colours: what a log or a kernel reply's ``evalue``
+    shows once beside the traceback.
     """
 
     def __init__(self, rank: int, host: str, failure: dict, note: str = ""):
@@ -26,7 +39,7 @@ class RankFailed(Exception):
         self.remote_traceback = list(failure.get("traceback") or [])
         self.note = note
         what = "died" if self.ename == ENGINE_DIED else f"raised {self.ename}"
-        super().__init__(f"rank {rank} on {host} {what}: {self.evalue}")
+        super().__init__(f"rank {rank} on {host} {what}: {first_line(self.evalue)}")
 
     @property
     def engine_died(self) -> bool:
@@ -42,12 +55,6 @@ class RankFailed(Exception):
         if self.note:
             lines.append(self.note)
         return lines
-
-    def __str__(self) -> str:
-        text = super().__str__()
-        if self.remote_traceback:
-            text += "\n" + "\n".join(self.remote_traceback)
-        return text + (f"\n{self.note}" if self.note else "")
 
 
 class RanksInterrupted(KeyboardInterrupt):

@@ -19,7 +19,9 @@
   tracking; :mod:`pdl_spawner.core.port_filter`: which ports of the hub's range a
   server may bind (its own); :mod:`pdl_spawner.core.bpf`: eBPF programs on cgroups,
   by the bpf() syscall (for the two above).
-- :mod:`pdl_spawner.core.request_limits`: the largest request body the hub reads.
+- :mod:`pdl_spawner.core.request_limits`: the largest request body the hub reads;
+  :mod:`pdl_spawner.core.hub_settings`: the users' port range (``PDL_PORT_RANGE``) and
+  whether the admin's local config file is safe to load.
 - :mod:`pdl_spawner.core.public_url`: the hub's public URL, each user's server an
   origin of its own.
 - :mod:`pdl_spawner.core.admin_frame`: the admin view's page and handlers, over a

@@ -126,6 +126,14 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        # PDL applies user_options itself (requested_workers, when it reserves): a hook
+        # that does nothing, so JupyterHub does not log "Received unhandled user_options"
+        # for the workers each spawn names. An admin's own c.Spawner.apply_user_options
+        # still wins over this default.
+        return lambda spawner, user_options: None
+
     # -- the spawn form ---------------------------------------------------------------
 
     @default("options_form")

@@ -226,6 +226,14 @@ c.JupyterHub.log_level = "INFO"
         except OSError:
             return ""
 
+    #: Lines an admin should not find in the hub's log (issue 31): a line per look at a
+    #: server's engine lease (debug lines), a warning about the options PDL applies itself.
+    LOG_NOISE = re.compile(r".*(GET \S*/pdl/api/lease|unhandled user_options).*")
+
+    def log_noise(self) -> list[str]:
+        """The lines of the hub's log (servers' output included) that match :attr:`LOG_NOISE`."""
+        return [m[0] for m in self.LOG_NOISE.finditer(self.log_path.read_text(errors="replace"))]
+
     def server_logs(self, tail: int = 40) -> dict[str, str]:
         """The last ``tail`` lines of each log the users' servers keep apart from the hub's:
         their controller's and engines' (ipyparallel's, in the cluster folder's profile),

@@ -83,6 +83,11 @@ def test_notebook_trains_on_three_engines_and_recovers_from_failures(clean):
 
     check_notebook(hub, "alice")
 
+    # the hub's log, which holds the servers' too, as an admin reads it: no warning about
+    # the workers each spawn named, no line per look at a lease (watched here only with
+    # PDL_ENGINE_IDLE_TIMEOUT: tests/hub/test_hub_reclaim.py sees the looks)
+    assert hub.log_noise() == []
+
 
 def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):
     hub = clean

@@ -148,6 +148,23 @@ def test_a_default_above_the_pool_asks_for_the_whole_pool_not_a_refusal(tmp_path
         spawner.requested_workers()
 
 
+def test_a_spawn_that_names_workers_logs_no_unhandled_user_options_warning(tmp_path, caplog):
+    """JupyterHub warns "Received unhandled user_options" when a spawner has no
+    apply_user_options hook; PDL applies ``workers`` and ``queue`` itself."""
+    import logging
+
+    from pdl_spawner.local.spawner import PDLLocalSpawner
+
+    log = logging.getLogger("pdl-test-spawner")
+    spawner = PDLLocalSpawner(user=_fake_user("ann"), pool=POOL, reservations_db=str(tmp_path / "r.sqlite"), log=log)
+    spawner.user_options = {"workers": 2, "queue": True}
+    with caplog.at_level(logging.DEBUG, logger=log.name):
+        asyncio.run(spawner._run_apply_user_options(spawner.user_options))  # as JupyterHub's spawn does
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [m for m in warned if "user_options" in m or "user option" in m.lower()] == [], warned
+    assert spawner.requested_workers() == 2  # and the options still mean what they did
+
+
 def test_local_spawner_refuses_an_image_before_reserving_or_starting(tmp_path):
     from pdl_spawner.local.spawner import PDLLocalSpawner
 
