@@ -25,6 +25,8 @@ Shared by the hub side, the notebook side and the engines:
 - :mod:`pdl.atomic_file`: write a file that readers see whole or not at all.
 - :mod:`pdl.line_fit`: the least-squares line through measured points (a rank's
   speed, a link's).
+- :mod:`pdl.limits`: the line that tells a user their limit and what they hold (the
+  spawn form and the Cluster panel).
 - :mod:`pdl.contract`: the server contract, everything a spawner tells a user's
   server (and the server its kernels), built and parsed in one place.
 - :mod:`pdl.engine_contract`: the engine contract, everything an engine is told

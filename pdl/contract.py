@@ -25,6 +25,11 @@ variable                    field                  meaning
                                                    engines are its steps (``srun``)
 ``PDL_CONTROLLER_IP``       ``controller_ip``      where the controller listens for
                                                    engines on other nodes (Slurm)
+``PDL_WORKERS_LIMIT``       ``workers_limit``      the most workers this user may hold
+                                                   (the admin's limit within the
+                                                   scheduler's; 0: not told)
+``PDL_LIMITS_NOTE``         ``limits_note``        the scheduler's own limits on the
+                                                   user, one line (Slurm: the QOS)
 =========================== ====================== =====================================
 
 The hub writes these into the server's environment; nothing a user writes reaches
@@ -53,6 +58,8 @@ VARIABLES = {
     "cluster_file": "PDL_CLUSTER_FILE",
     "slurm_job": "PDL_SLURM_JOB",
     "controller_ip": "PDL_CONTROLLER_IP",
+    "workers_limit": "PDL_WORKERS_LIMIT",
+    "limits_note": "PDL_LIMITS_NOTE",
 }
 
 
@@ -81,6 +88,10 @@ class ServerContract:
     slurm_job: int = 0
     #: the address the controller listens on for engines on other nodes ("" : 127.0.0.1)
     controller_ip: str = ""
+    #: the most workers this user may hold (the admin's limit within the scheduler's); 0: not told
+    workers_limit: int = 0
+    #: the scheduler's own limits on the user, one line ("" : none told)
+    limits_note: str = ""
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -93,6 +104,8 @@ class ServerContract:
             "cluster_file": self.cluster_file,
             "slurm_job": str(self.slurm_job) if self.slurm_job else "",
             "controller_ip": self.controller_ip,
+            "workers_limit": str(self.workers_limit) if self.workers_limit else "",
+            "limits_note": self.limits_note,
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -123,6 +136,8 @@ class ServerContract:
             cluster_file=env.get(VARIABLES["cluster_file"], ""),
             slurm_job=number("slurm_job", int),
             controller_ip=env.get(VARIABLES["controller_ip"], ""),
+            workers_limit=number("workers_limit", int),
+            limits_note=env.get(VARIABLES["limits_note"], ""),
         )
 
     @property

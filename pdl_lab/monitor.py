@@ -32,7 +32,9 @@ from pathlib import Path
 
 import ipyparallel as ipp
 
+from pdl.contract import ServerContract
 from pdl.lease import LeaseFiles, Release
+from pdl.limits import holding_line
 from pdl_server import clusters
 from pdl_server.status_file import pid_alive, read_status
 from pdl_server.world import rank_order
@@ -285,6 +287,16 @@ class ClusterMonitor:
             "updated": status.get("updated"), "ranks": ranks,
         }
 
+    def limits_line(self, holding: bool) -> str | None:
+        """The user's limit and what this server holds (:func:`pdl.limits.holding_line`;
+        none while its engines are released), from what the hub told the server; None
+        when it told none."""
+        contract = ServerContract.from_env()
+        if not contract.workers_limit:
+            return None
+        held = clusters.hub_workers() if holding else 0
+        return holding_line(contract.workers_limit, held, contract.limits_note)
+
     def snapshot_sync(self) -> dict:
         """The panel's model (see docs/cluster-panel.md for the fields)."""
         mode, cluster_file, status = self._target()
@@ -309,6 +321,7 @@ class ClusterMonitor:
             "mode": mode,
             "connected": self._client is not None,
             "message": message,
+            "limits": self.limits_line(released is None) if mode == "hub" else None,
             "cluster_file": cluster_file,
             "slots": slots,
             "nodes": sorted({r["host"] for r in rows if r["host"]}),

@@ -55,6 +55,8 @@ export interface ICluster {
   mode: 'hub' | 'local' | 'none';
   connected: boolean;
   message: string | null;
+  /** Under the hub: "You may hold N workers; you hold M." and the scheduler's limits. */
+  limits: string | null;
   cluster_file: string | null;
   slots: string[];
   nodes: string[];

@@ -200,6 +200,9 @@ export class ClusterPanel extends Widget {
         el('div', 'pdl-slots', `${where}: ${model.slots.length} ${kinds}${model.slots.length ? ' (' + model.slots.join(', ') + ')' : ''}`)
       );
     }
+    if (model.limits) {
+      this._summary.appendChild(el('div', 'pdl-limits', model.limits));
+    }
     if (model.nodes.length) {
       this._summary.appendChild(el('div', 'pdl-nodes', `Node${model.nodes.length > 1 ? 's' : ''}: ${model.nodes.join(', ')}`));
     }

@@ -35,10 +35,11 @@ from tornado import web
 from traitlets import Integer, default
 
 from pdl.lease import Grant, Refusal
+from pdl.limits import holding_line
 from pdl_spawner.core import form
 from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
 from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
-from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
+from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
 
 
 class SpawnerCore(QueueingSpawner, IdleEngines):
@@ -57,6 +58,10 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
 
     #: What one worker is, in the spawn form: "gpu" or "cpu".
     worker_kind = "gpu"
+
+    #: What this server was told of its user's limits when it started (:meth:`user_limits`):
+    #: the most workers they may hold, and the scheduler's own limits in one line.
+    told_limits: tuple[int, str] = (0, "")
 
     #: Serialises takes within the hub process: (the loop it belongs to, the lock).
     _take_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
@@ -84,6 +89,16 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         grant for the user's server. HTTPError (one line) when they cannot be had."""
         raise NotImplementedError
 
+    async def scheduler_limits(self) -> SchedulerLimits:
+        """What the cluster's own scheduler lets this user hold; none by default (the
+        Slurm spawner reads the user's QOS)."""
+        return SchedulerLimits()
+
+    @property
+    def holder_name(self) -> str:
+        """This user's name among :meth:`worker_usage`'s holders (the hub user's name by default)."""
+        return self.user.name
+
     def more_user_options(self) -> dict[str, str]:
         """Options besides ``workers`` and ``queue`` that this spawner lets users set,
         each with what is valid for it (for the refusal's one line); the spawner checks
@@ -101,6 +116,14 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
     def workers_default(self) -> int:
         """``default_workers``, within :attr:`workers_limit` (and at least 1)."""
         return max(1, min(self.default_workers, self.workers_limit))
+
+    async def user_limits(self) -> tuple[int, str]:
+        """(the most workers this user may hold: :attr:`workers_limit` within the
+        scheduler's cap; the scheduler's limits in one line, "" for none), for the spawn
+        form and the user's server (:attr:`told_limits`)."""
+        limits = await self.scheduler_limits()
+        cap = self.workers_limit if limits.workers is None else min(self.workers_limit, limits.workers)
+        return cap, limits.note
 
     async def read_capacity(self) -> None:
         """Learn what :attr:`worker_capacity` needs, off the event loop, before a count
@@ -142,12 +165,16 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
 
     async def render_options_form(self, spawner=None) -> str:
         """The spawn form: how many workers, what is free, who holds the rest (names
-        only to admins), and the queue when it is on."""
+        only to admins), the user's own limit and holding, and the queue when it is on."""
         usage = await self.worker_usage()
+        may_hold, note = await self.user_limits()
+        holds = usage.holders.get(self.holder_name, 0)
+        others = {who: k for who, k in usage.holders.items() if who != self.holder_name}
         return form.render_form(
             waiting=await self.waiting(), kind=self.worker_kind, pool_size=usage.total, free=usage.free,
-            holders=usage.holders, default=self.workers_default,
+            holders=others, default=self.workers_default,
             maximum=max(1, min(self.workers_limit, usage.total)), show_names=bool(self.user.admin),
+            limits=holding_line(may_hold, holds, note),
         )
 
     def options_from_form(self, formdata):
@@ -203,6 +230,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
 
     async def claim_workers(self) -> Any:
         """The spawn's workers: waiting in the queue when it asked to, else at once."""
+        self.told_limits = await self.user_limits()
         return await (self.wait_for_workers() if self.wants_queue else self.reserve_workers())
 
     # -- the engine lease ------------------------------------------------------------------

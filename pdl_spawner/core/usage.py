@@ -31,3 +31,14 @@ class NotEnoughWorkers(RuntimeError):
     def __init__(self, wanted: int, usage: WorkerUsage):
         self.wanted, self.usage = wanted, usage
         super().__init__(f"{wanted} worker(s) requested, {usage.free} of {usage.total} free")
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """What a cluster's own scheduler lets one user hold: at most ``workers`` at once
+    (None: no cap of its own), and ``note``, one line naming its limits for the user
+    ("" : none to name)."""
+
+    workers: int | None = None
+    note: str = ""
+

@@ -7,7 +7,8 @@ Slurm holds the reservations: no ledger.
   :mod:`pdl_spawner.slurm.jobs`: their arguments and JSON read into jobs and nodes
   (pure); :mod:`pdl_spawner.slurm.choices`: the partition and time limit a user may
   choose (settings, checks), with :mod:`pdl_spawner.slurm.form`, their form fields (pure);
-  :mod:`pdl_spawner.slurm.placement`: where the server runs (the login node, or a step
+  :mod:`pdl_spawner.slurm.qos`: the QOS that applies to a user's jobs and its limits
+  (pure); :mod:`pdl_spawner.slurm.placement`: where the server runs (the login node, or a step
   of its own job).
 - :mod:`pdl_spawner.slurm.admin_source`: the admin view's source (Slurm's jobs and
   nodes, through its commands).

@@ -15,6 +15,7 @@ import os
 import pwd
 
 from pdl_spawner.slurm import jobs as slurm_jobs
+from pdl_spawner.slurm import qos as slurm_qos
 from pdl_spawner.slurm.jobs import SlurmJob, SlurmNode
 
 #: Seconds one Slurm command may take before the hub gives up on it.
@@ -119,6 +120,19 @@ class SlurmCommands:
     async def submit(self, argv: list[str], *, account: str) -> int:
         """Submit ``sbatch`` ``argv`` as ``account``; the new job's id."""
         return slurm_jobs.parse_job_id(await self.run(argv, account=account))
+
+    async def qos_limits(self, user: str, sbatch_args: list[str], account: str = "") -> slurm_qos.QosLimits:
+        """The limits of the QOS that ``user``'s PDL jobs run under (:func:`pdl_spawner.slurm.qos.qos_of`),
+        from ``sacctmgr``; SlurmError (one line) when Slurm does not answer or knows no such QOS."""
+        associations = await self.run(["sacctmgr", "--noheader", "--parsable2", "list", "associations",
+                                       f"users={user}", f"format={','.join(slurm_qos.ASSOCIATION_FIELDS)}"])
+        name = slurm_qos.qos_of(sbatch_args, associations, account)
+        output = await self.run(["sacctmgr", "--noheader", "--parsable2", "list", "qos", name,
+                                 f"format={','.join(slurm_qos.QOS_FIELDS)}"])
+        try:
+            return slurm_qos.parse_qos(name, output)
+        except ValueError as e:
+            raise SlurmError("sacctmgr", str(e)) from None
 
     async def ensure_association(self, user: str, account: str) -> bool:
         """Make Unix user ``user`` a member of Slurm account ``account`` (``sacctmgr``, as

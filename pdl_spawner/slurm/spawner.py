@@ -55,7 +55,7 @@ from pdl.lease import Grant
 from pdl_spawner.core import unix_accounts
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.spawner import SpawnerCore
-from pdl_spawner.core.usage import WorkerUsage
+from pdl_spawner.core.usage import SchedulerLimits, WorkerUsage
 from pdl_spawner.slurm.choices import SlurmChoices
 from pdl_spawner.slurm import jobs as slurm_jobs
 from pdl_spawner.slurm import placement as slurm_placement
@@ -132,6 +132,8 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
 
     #: GPUs of each partition, as last read from Slurm: partition ("": the default) -> count.
     _capacity: dict[str, int] = {}
+    #: Whether this hub process has logged that Slurm's QOS cannot be read (once is enough).
+    _qos_unreadable_logged = False
 
     # -- Slurm ------------------------------------------------------------------------
 
@@ -172,6 +174,23 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
                 raise web.HTTPError(503, str(e), reason=str(e)) from None
             PDLSlurmSpawner._capacity[partition] = gpus
 
+    @property
+    def holder_name(self) -> str:
+        """Slurm names a job's holder by its Unix account."""
+        return self.account
+
+    async def scheduler_limits(self) -> SchedulerLimits:
+        """The limits of the QOS the user's jobs run under (:mod:`pdl_spawner.slurm.qos`);
+        none when Slurm cannot say (no accounting: logged once per hub process)."""
+        try:
+            qos = await self.slurm.qos_limits(self.account, list(self.sbatch_args), self.slurm_account)
+        except SlurmError as e:
+            if not PDLSlurmSpawner._qos_unreadable_logged:
+                PDLSlurmSpawner._qos_unreadable_logged = True
+                self.log.warning("Slurm's QOS limits cannot be shown to users: %s", e)
+            return SchedulerLimits()
+        return SchedulerLimits(workers=qos.gpu_cap, note=qos.note())
+
     async def worker_usage(self) -> WorkerUsage:
         nodes, jobs, default_part = await asyncio.gather(self.slurm.nodes(), self.slurm.jobs(),
                                                          self.slurm.default_partition())
@@ -211,6 +230,7 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
             except SlurmError as e:
                 message = f"Could not add you to Slurm account {self.slurm_account}: {e}"
                 raise web.HTTPError(503, message, reason=message) from None
+        self.told_limits = await self.user_limits()
         return await self.take_workers(n, wait=self.wants_queue)
 
     async def take_workers(self, n: int, *, wait: bool = False) -> list[str]:

@@ -203,7 +203,9 @@ class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmTea
         env = super().get_env()
         for name in swarm_specs.SECRET_ENV:
             env.pop(name, None)
-        env.update(ServerContract(idle_timeout_s=self.engine_idle_timeout).env())
+        workers_limit, limits_note = self.told_limits
+        env.update(ServerContract(idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit,
+                                  limits_note=limits_note).env())
         return env
 
     def user_environment(self) -> dict[str, str]:

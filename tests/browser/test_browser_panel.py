@@ -89,6 +89,7 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
     page.fill("#password_input", hub.password("ada"))
     page.click("#login_submit")
     page.wait_for_url("**/hub/spawn**", timeout=30_000)
+    assert page.inner_text("form .pdl-limits") == "You may hold 3 workers; you hold 0."
     page.fill("input[name=workers]", "3")
     page.click("form [type=submit]")
     page.wait_for_url("**/user/ada/lab**", timeout=90_000)
@@ -102,6 +103,7 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
     wait_for(page, lambda: all(t[4:-1].isdigit() for t in page.locator(f"{PANEL} .pdl-cpu").all_inner_texts()),
              10, "each engine's CPU%")
     assert "Reserved: 3 slots (cpu:0, cpu:1, cpu:2)" in page.inner_text(PANEL)
+    assert page.inner_text(f"{PANEL} .pdl-limits") == "You may hold 3 workers; you hold 3."
     assert page.is_disabled(f"{PANEL} button.pdl-stop")
     page.locator(PANEL).screenshot(path=str(SCREENSHOTS / "panel.png"))
 

@@ -57,6 +57,7 @@ def test_spawn_form_shows_free_slots_and_names_only_to_admins(clean):
     assert 'name="workers"' in alice_page
     assert "4 of 6 CPU workers free" in alice_page
     assert "2 held by other users" in alice_page and "bob" not in alice_page
+    assert "You may hold 6 workers; you hold 0." in alice_page
     admin_page = hub.login("admin").get(f"{hub.url}/hub/spawn").text
     assert "bob (2)" in admin_page
 

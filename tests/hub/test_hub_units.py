@@ -69,6 +69,13 @@ def test_form_names_holders_only_to_admins():
     assert "1 of 3 GPUs free" in user_view and 'max="3"' in user_view
 
 
+def test_form_shows_the_users_own_limit_and_holding():
+    kwargs = dict(kind="gpu", pool_size=3, free=1, holders={"bob": 2}, default=3, maximum=3, show_names=False)
+    page = form.render_form(**kwargs, limits="You may hold 2 workers; you hold 0. <Slurm QOS & more>")
+    assert '<p class="help-block pdl-limits">You may hold 2 workers; you hold 0. &lt;Slurm QOS &amp; more&gt;</p>' in page
+    assert "pdl-limits" not in form.render_form(**kwargs)
+
+
 def test_not_enough_message_is_one_line_with_what_is_free():
     msg = form.not_enough_message(3, 1, 4, {"alice": 2, "bob": 1}, show_names=False)
     assert "\n" not in msg

@@ -161,3 +161,16 @@ def test_the_hubs_lease_polls_are_debug_lines_and_every_other_request_is_kept(ac
     access_log.setLevel(logging.DEBUG)  # --debug: the polls are shown, as debug lines
     poll = _access_record(f"200 GET {lease}?t=1 (ann@127.0.0.1) 1.52ms")
     assert access_log.filter(poll) and (poll.levelno, poll.levelname) == (logging.DEBUG, "DEBUG")
+
+
+def test_the_panels_limits_line_says_what_the_hub_allows_and_what_is_held(monkeypatch):
+    monkeypatch.setenv("PDL_WORKERS", "2")
+    monkeypatch.setenv("PDL_CLUSTER_DIR", "/nonexistent/pdl-cluster")
+    monitor = ClusterMonitor(hub_cluster_file="", hub_slots=[])
+    monkeypatch.delenv("PDL_WORKERS_LIMIT", raising=False)
+    assert monitor.limits_line(True) is None  # a hub that told nothing: no line
+    monkeypatch.setenv("PDL_WORKERS_LIMIT", "4")
+    assert monitor.limits_line(True) == "You may hold 4 workers; you hold 2."
+    assert monitor.limits_line(False) == "You may hold 4 workers; you hold 0."  # released for idleness
+    monkeypatch.setenv("PDL_LIMITS_NOTE", "Slurm QOS lab: at most 4 GPUs per user.")
+    assert monitor.limits_line(True) == "You may hold 4 workers; you hold 2. Slurm QOS lab: at most 4 GPUs per user."

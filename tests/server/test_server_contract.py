@@ -55,3 +55,12 @@ def test_a_malformed_value_is_one_line_naming_the_variable(env, words):
     with pytest.raises(ValueError) as info:
         ServerContract.from_env(env)
     assert all(w in str(info.value) for w in words) and "\n" not in str(info.value), info.value
+
+
+def test_the_users_limits_travel_to_the_server_and_back():
+    contract = ServerContract(workers=2, workers_limit=4, limits_note="Slurm QOS lab: at most 4 GPUs per user.")
+    env = contract.env()
+    assert env["PDL_WORKERS_LIMIT"] == "4" and env["PDL_LIMITS_NOTE"] == "Slurm QOS lab: at most 4 GPUs per user."
+    assert ServerContract.from_env(env) == contract
+    with pytest.raises(ValueError, match="PDL_WORKERS_LIMIT='many' is not valid"):
+        ServerContract.from_env({"PDL_WORKERS_LIMIT": "many"})

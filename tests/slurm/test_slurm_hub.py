@@ -255,6 +255,7 @@ def test_the_form_offers_the_admins_partitions_and_time_limits_and_refuses_other
     nothing is submitted."""
     page = hub.login("ann").get(f"{hub.url}/hub/spawn").text
     assert "3 of 3 GPUs free" in page
+    assert "You may hold 3 workers; you hold 0." in page
     assert 'name="partition"' in page and '<option value="gpu">' in page and '<option value="short">' in page
     assert 'name="time_limit"' in page and 'max="30"' in page
     for options, refusal in (({"workers": 1, "partition": "secret"}, "partition must be one of 'gpu', 'short'"),

@@ -31,6 +31,9 @@ def refusal(r) -> str:
 
 
 def test_a_qos_per_user_limit_counts_pdl_and_other_jobs_of_the_person_and_nobody_else(hub, slurm):
+    # the form says what Slurm allows her before she asks: the QOS's 2 within PDL's 3
+    qos_line = f"Slurm QOS {slurm_harness.TWO_GPU_QOS}: at most 2 GPUs per user."
+    assert f"You may hold 2 workers; you hold 0. {qos_line}" in hub.login("ann").get(f"{hub.url}/hub/spawn").text
     # more than the QOS allows one person: refused at once in Slurm's words, no job left
     message = refusal(hub.spawn("ann", 3))
     assert "reason QOSMaxGRESPerUser" in message, message
@@ -64,6 +67,7 @@ def test_a_qos_per_user_limit_counts_pdl_and_other_jobs_of_the_person_and_nobody
                what=lambda: f"ann's own job to run: {slurm.jobs()}")
     message = refusal(hub.spawn("ann", 2))
     assert "reason QOSMaxGRESPerUser" in message, message
+    assert f"You may hold 2 workers; you hold 1. {qos_line}" in hub.login("ann").get(f"{hub.url}/hub/spawn").text
 
     # ...while the limit is per person: ben gets 2 of the GPUs left at once
     r = hub.spawn("ben", 2)

@@ -47,7 +47,9 @@ def test_the_queue_serves_gpus_in_order_and_skips_who_left(hub, swarm):
     assert r.status_code == 409 and "3 users are waiting in the queue" in r.json()["message"], r.text
     assert time.monotonic() - started < 10
     assert [q["user"] for q in admin_status(hub)["queue"]] == ["bob", "carol", "dave"]
-    assert "Queue: bob (2), carol (1), dave (1)." in hub.login("admin").get(f"{hub.url}/hub/spawn").text
+    admin_page = hub.login("admin").get(f"{hub.url}/hub/spawn").text
+    assert "Queue: bob (2), carol (1), dave (1)." in admin_page
+    assert "You may hold 3 workers; you hold 0." in admin_page
 
     # carol leaves (cancels her pending spawn): dave moves up, and she never gets a GPU
     assert hub.api("DELETE", "/users/carol/server").status_code in (202, 204)
