@@ -30,6 +30,8 @@ variable                    field                  meaning
                                                    scheduler's; 0: not told)
 ``PDL_LIMITS_NOTE``         ``limits_note``        the scheduler's own limits on the
                                                    user, one line (Slurm: the QOS)
+``PDL_SESSION_WARN_S``      ``session_warn_s``     seconds before the session's end that
+                                                   the user is warned (0: the default)
 =========================== ====================== =====================================
 
 The hub writes these into the server's environment; nothing a user writes reaches
@@ -60,6 +62,7 @@ VARIABLES = {
     "controller_ip": "PDL_CONTROLLER_IP",
     "workers_limit": "PDL_WORKERS_LIMIT",
     "limits_note": "PDL_LIMITS_NOTE",
+    "session_warn_s": "PDL_SESSION_WARN_S",
 }
 
 
@@ -92,6 +95,8 @@ class ServerContract:
     workers_limit: int = 0
     #: the scheduler's own limits on the user, one line ("" : none told)
     limits_note: str = ""
+    #: seconds before the session's end that the user is warned; 0: the server's default
+    session_warn_s: float = 0.0
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -106,6 +111,7 @@ class ServerContract:
             "controller_ip": self.controller_ip,
             "workers_limit": str(self.workers_limit) if self.workers_limit else "",
             "limits_note": self.limits_note,
+            "session_warn_s": f"{self.session_warn_s:g}" if self.session_warn_s else "",
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -138,6 +144,7 @@ class ServerContract:
             controller_ip=env.get(VARIABLES["controller_ip"], ""),
             workers_limit=number("workers_limit", int),
             limits_note=env.get(VARIABLES["limits_note"], ""),
+            session_warn_s=number("session_warn_s", float),
         )
 
     @property

@@ -36,6 +36,7 @@ from pdl.contract import ServerContract
 from pdl.lease import LeaseFiles, Release
 from pdl.limits import holding_line
 from pdl_server import clusters
+from pdl_server.session_clock import duration, session_end
 from pdl_server.status_file import pid_alive, read_status
 from pdl_server.world import rank_order
 
@@ -287,6 +288,17 @@ class ClusterMonitor:
             "updated": status.get("updated"), "ranks": ranks,
         }
 
+    def session(self) -> dict | None:
+        """The session's end (:mod:`pdl_server.session_clock`): ``{"ends_at" (epoch s),
+        "left_s", "why", "text" ("Time left: 9 min (why)"), "warning" (one line, or None)}``,
+        or None without one."""
+        end = session_end(lease=self.lease)
+        if end is None:
+            return None
+        left = end.left_s()
+        return {"ends_at": end.ends_at, "left_s": left, "why": end.why,
+                "text": f"Time left: {duration(left)} ({end.why})", "warning": end.warning()}
+
     def limits_line(self, holding: bool) -> str | None:
         """The user's limit and what this server holds (:func:`pdl.limits.holding_line`;
         none while its engines are released), from what the hub told the server; None
@@ -322,6 +334,7 @@ class ClusterMonitor:
             "connected": self._client is not None,
             "message": message,
             "limits": self.limits_line(released is None) if mode == "hub" else None,
+            "session": self.session() if mode == "hub" else None,
             "cluster_file": cluster_file,
             "slots": slots,
             "nodes": sorted({r["host"] for r in rows if r["host"]}),

@@ -18,6 +18,7 @@ import ipyparallel as ipp
 
 from pdl.metrics import DATA_KEY
 from pdl.runtime import stacks
+from pdl_server.session_clock import session_end
 from pdl_server.world import CellResult, Rank
 
 from .engines import Engines
@@ -259,5 +260,9 @@ class CellWatch:
         if others:
             note = f"(ranks {', '.join(map(str, others))} were stopped as a result"
             note += "; the process group is rebuilt at the next cell)" if self.aborted else ")"
+        if failures[rank]["ename"] == ENGINE_DIED and self.engines.is_hub:
+            end = session_end()
+            if end is not None and end.ending():  # not a crash: the session's time is up
+                note = f"Your session ended ({end.ended_reason()}): the next cell asks for workers again."
         host = self.world[rank].host
         raise RankFailed(rank, host, failures[rank], note=note)

@@ -30,6 +30,7 @@ import ipyparallel as ipp
 from pdl.lease import LeaseFiles, Refusal, Want
 from pdl.slots import default_pool
 from pdl_server import clusters, status_file
+from pdl_server.session_clock import END_MARGIN_S, session_end
 from pdl_server.world import Rank, call_engine, rank_order
 
 from .errors import DistributedUsageError, RanksStuck
@@ -38,6 +39,8 @@ from .errors import DistributedUsageError, RanksStuck
 SIGNAL_REPLY_S = 2.0
 #: Seconds a cell waits for the hub to grant slots again after an idle release.
 LEASE_WAIT_S = 120.0
+#: Seconds the server may take to record a release it is due to make (its supervision period, twice).
+RELEASE_SEEN_S = 4.0
 
 
 @contextlib.contextmanager
@@ -173,6 +176,8 @@ class Engines:
         """Under the hub: if the engines were stopped for idleness, ask for slots again and
         wait until they run (:mod:`pdl.lease`); DistributedUsageError if none are free."""
         lease = LeaseFiles.of_this_server()
+        if lease is not None:
+            self._mind_session_end(lease)
         released = lease.released() if lease is not None else None
         if released is None:
             return
@@ -190,6 +195,21 @@ class Engines:
                     f"your engines were stopped ({released.reason}) and cannot come back now: {why}")
             time.sleep(0.2)
         self._info.clear()  # every engine is new
+
+    @staticmethod
+    def _mind_session_end(lease: LeaseFiles) -> None:
+        """In the session's last minutes, warn in one line; in its last seconds, wait for
+        the server to release the engines (:mod:`pdl_server.session_clock`) rather than
+        start a cell on engines about to be killed: the cell then asks for workers again."""
+        end = session_end(lease=lease)
+        if end is None:
+            return
+        if end.ending():
+            deadline = time.monotonic() + END_MARGIN_S + RELEASE_SEEN_S
+            while lease.released() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        elif end.warning():
+            print(end.warning(), file=sys.stderr, flush=True)
 
     def _restart_dead_local(self) -> None:
         """Start a fresh engine on the slot of each local engine whose process died

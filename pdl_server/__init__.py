@@ -3,6 +3,8 @@
 - :mod:`pdl_server.singleuser`: ``pdl-singleuser``, the server supervisor: the
   Jupyter server, the ipyparallel controller and the engines, kept running and
   released when idle (the engine lease, :mod:`pdl.lease`).
+- :mod:`pdl_server.session_clock`: the end of the server's session (Slurm: its job's
+  time limit), the warning before it and the release just before it.
 - :mod:`pdl_server.engine_hosts`: one engine host per cluster kind (this machine's
   slots, a Slurm job's steps, Docker Swarm services), chosen once from the contract.
 - :mod:`pdl_server.step_guard`: the task of a Slurm step that runs a server inside

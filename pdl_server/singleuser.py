@@ -40,6 +40,7 @@ from pdl.contract import ServerContract
 from pdl.lease import Grant, LeaseFiles
 from pdl_server import clusters
 from pdl_server.engine_hosts import EngineHost, host_for, log
+from pdl_server.session_clock import session_end
 
 #: Seconds between checks that every slot's engine is alive.
 SUPERVISE_PERIOD_S = 2.0
@@ -81,8 +82,10 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
     With a ``tracker``, an ``idle_timeout_s`` and a ``lease``: once no engine has had a
     task for that long, release them (the host stops them, or the hub does) and record
     the :class:`~pdl.lease.Release`; once the hub grants them again, bring them back as
-    the grant says. Engines lost for good (a Slurm job that ended) are a release too;
-    without a lease, supervision then ends with one line saying so.
+    the grant says. Engines lost for good (a Slurm job that ended) are a release too,
+    and so is the session's end (:mod:`pdl_server.session_clock`: released a few
+    seconds before its job's time limit, so that no cell starts on engines about to be
+    killed); without a lease, supervision then ends with one line saying so.
     """
     def release(reason: str) -> None:
         lease.write(host.release(reason))
@@ -101,6 +104,13 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
             continue
         if tracker is not None and lease is not None and tracker.idle_s() >= idle_timeout_s:
             release(f"engines idle for {idle_timeout_s:g} s")
+            released = True
+            continue
+        end = session_end(lease=lease) if lease is not None else None
+        if end is not None and end.ending():
+            end = session_end(lease=lease, fresh=True)  # an extension may have moved it since the last read
+        if end is not None and end.ending():
+            release(end.ended_reason())
             released = True
             continue
         lost = host.tend(stop)

@@ -51,12 +51,24 @@ export interface ICell {
   ranks: IRankProgress[];
 }
 
+export interface ISession {
+  ends_at: number;
+  left_s: number;
+  why: string;
+  /** "Time left: 9 min (why)" */
+  text: string;
+  /** One line once less than the warning time is left, else null. */
+  warning: string | null;
+}
+
 export interface ICluster {
   mode: 'hub' | 'local' | 'none';
   connected: boolean;
   message: string | null;
   /** Under the hub: "You may hold N workers; you hold M." and the scheduler's limits. */
   limits: string | null;
+  /** Under the hub, where the session has an end (Slurm: its job's time limit). */
+  session: ISession | null;
   cluster_file: string | null;
   slots: string[];
   nodes: string[];

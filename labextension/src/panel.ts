@@ -203,6 +203,12 @@ export class ClusterPanel extends Widget {
     if (model.limits) {
       this._summary.appendChild(el('div', 'pdl-limits', model.limits));
     }
+    if (model.session) {
+      this._summary.appendChild(el('div', 'pdl-time-left', model.session.text));
+      if (model.session.warning) {
+        this._summary.appendChild(el('div', 'pdl-session-warning pdl-mod-error', model.session.warning));
+      }
+    }
     if (model.nodes.length) {
       this._summary.appendChild(el('div', 'pdl-nodes', `Node${model.nodes.length > 1 ? 's' : ''}: ${model.nodes.join(', ')}`));
     }

@@ -355,7 +355,7 @@ class HostServer(LoggingConfigurable):
         workers_limit, limits_note = self.told_limits
         return ServerContract(slots=tuple(self.slots), workers=len(self.slots), cluster_dir=str(self.cluster_dir),
                               idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit,
-                              limits_note=limits_note)
+                              limits_note=limits_note, session_warn_s=self.session_warning_s)
 
     def get_env(self):
         env = super().get_env()

@@ -32,7 +32,7 @@ import asyncio
 from typing import Any
 
 from tornado import web
-from traitlets import Integer, default
+from traitlets import Float, Integer, default
 
 from pdl.lease import Grant, Refusal
 from pdl.limits import holding_line
@@ -54,6 +54,12 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
     max_workers = Integer(
         0, config=True,
         help="Most workers (GPUs, or CPU slots) one user may reserve; 0 means as many as there are.",
+    )
+
+    session_warning_s = Float(
+        600.0, config=True,
+        help="Seconds before a server's session ends (on Slurm: its job's time limit) from which its user is "
+        "warned, in the Cluster panel and by each %%distributed cell.",
     )
 
     #: What one worker is, in the spawn form: "gpu" or "cpu".

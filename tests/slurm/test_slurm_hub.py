@@ -328,3 +328,44 @@ def test_a_job_that_ends_under_its_engines_is_a_release_and_the_next_cell_gets_a
         kernel.close()
         hub.api("DELETE", "/users/ann/server")
     wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+
+
+def elapsed_s(slurm, job_id: str) -> int:
+    """Seconds job ``job_id`` has run (squeue's ``%M``: ``M:SS``, ``H:MM:SS``)."""
+    text = slurm.run("squeue", "-h", "-j", job_id, "-o", "%M", check=True).stdout.strip()
+    seconds = 0
+    for part in text.split("-")[-1].split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds
+
+
+def test_a_jobs_time_limit_is_shown_warned_of_and_ends_in_a_release_the_next_cell_explains(hub, slurm):
+    """Guards pdl_server/session_clock.py and its uses: the panel shows the time left of
+    the job holding the GPUs and the warning, cells warn in one line, and the server
+    releases the engines just before the limit, so the next cell says why in one line
+    and gets a new job (not "rank died" from engines Slurm killed under it)."""
+    first, kernel = spawn_and_sum(hub, "ann", 2)
+    why = f"Slurm job {first['id']}'s time limit"
+    try:
+        # the job's limit, set by an admin: 60 to 120 s from now
+        minutes = elapsed_s(slurm, first["id"]) // 60 + 2
+        slurm.run("scontrol", "update", f"JobId={first['id']}", f"TimeLimit={minutes}", check=True)
+        session = wait_until(lambda: hub.server_api("ann", "/pdl/api/cluster")["session"], 30,
+                             what="the panel to show the job's time left")
+        assert session["text"].startswith("Time left: ") and session["text"].endswith(f" ({why})"), session
+        assert 0 < session["left_s"] <= 120 and session["warning"].startswith("Your session ends in "), session
+        out = kernel.execute_ok(magic(SUM, 2), timeout=120)
+        assert f"({why}): save your work, or extend it." in out["stderr"] and "sum 2" in out["stdout"], out
+
+        released = f"Engines released ({why} reached at "
+        wait_until(lambda: (hub.server_api("ann", "/pdl/api/cluster")["message"] or "").startswith(released), 150,
+                   what=lambda: f"the panel to say: {released}...; jobs {slurm.jobs()}")
+        out = kernel.execute_ok(magic(SUM, 2), timeout=180)
+        assert f"Your engines were stopped ({why} reached at " in out["stderr"] and "sum 2" in out["stdout"], out
+        assert "died" not in out["stderr"], out
+        [second] = hub.pdl_jobs("ann")
+        assert second["id"] != first["id"] and second["state"] == "RUNNING"
+    finally:
+        kernel.close()
+        hub.api("DELETE", "/users/ann/server")
+    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")

@@ -1,0 +1,115 @@
+"""How long a user's server keeps its workers: the end of its session, the warning
+before it, and the release just before it, so that no cell starts on engines about to
+be killed.
+
+On Slurm the end is the time limit of the job that holds the GPUs (``squeue``'s
+EndTime, which an extension moves; read at most every :data:`READ_EVERY_S` seconds).
+The supervisor (:mod:`pdl_server.singleuser`) releases the engines
+:data:`END_MARGIN_S` seconds before it, as an idle release does, with a reason that
+says why; the kernel (:mod:`pdl_magics.engines`) waits for that release instead of
+sending a cell in the last seconds, and the next cell asks for workers again. The
+Cluster panel (:mod:`pdl_lab.monitor`) shows the time left and the warning, and every
+``%%distributed`` cell warns in one line once less than the warning time is left.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from pdl.contract import ServerContract
+from pdl.lease import LeaseFiles
+
+#: Seconds before the end that the engines are released (and cells wait for that).
+END_MARGIN_S = 5.0
+#: Seconds before the end from which the user is warned, unless the hub says otherwise
+#: (``PDL_SESSION_WARN_S``).
+WARN_BEFORE_S = 600.0
+#: Seconds a reading of Slurm's end time is reused.
+READ_EVERY_S = 15.0
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """The end of a server's session: ``ends_at`` (epoch seconds), ``why`` (what ends it,
+    e.g. "Slurm job 42's time limit"), and the warning time (seconds before it)."""
+
+    ends_at: float
+    why: str
+    warn_before_s: float = WARN_BEFORE_S
+
+    def left_s(self, now: float | None = None) -> float:
+        """Seconds left (0 once it has ended)."""
+        return max(0.0, self.ends_at - (time.time() if now is None else now))
+
+    def ending(self, now: float | None = None) -> bool:
+        """True from :data:`END_MARGIN_S` before the end: the engines are released then."""
+        return self.left_s(now) <= END_MARGIN_S
+
+    def warning(self, now: float | None = None) -> str | None:
+        """One line while less than the warning time is left (None before, and once ended)."""
+        left = self.left_s(now)
+        if not 0 < left <= self.warn_before_s:
+            return None
+        return f"Your session ends in {duration(left)} ({self.why}): save your work, or extend it."
+
+    def ended_reason(self) -> str:
+        """The release's reason at the end (one line, as the next cell shows it)."""
+        return f"{self.why} reached at {time.strftime('%H:%M UTC', time.gmtime(self.ends_at))}"
+
+
+def duration(seconds: float) -> str:
+    """``"1 h 05 min"``, ``"9 min"``, ``"40 s"``: a time left, rounded down."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
+
+
+def slurm_job_end(job: int) -> float | None:
+    """The end time of Slurm job ``job`` (epoch seconds, from ``squeue``'s EndTime in this
+    machine's time zone), or None when Slurm cannot say (no such job, no limit, no answer)."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%e"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return end_time(done.stdout) if done.returncode == 0 else None
+
+
+def end_time(text: str) -> float | None:
+    """``squeue -o %e``'s EndTime (``2026-11-26T23:59:00``, this machine's time zone) in
+    epoch seconds; None for none (``Unknown``, ``N/A``, nothing)."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+_cache: dict[int, tuple[float, float | None]] = {}
+_cache_lock = threading.Lock()
+
+
+def session_end(contract: ServerContract | None = None, lease: LeaseFiles | None = None, *,
+                fresh: bool = False) -> SessionEnd | None:
+    """This server's session end, or None without one. On Slurm: the time limit of the
+    job holding the workers (the one of the grant the engines came back on, else the
+    spawn's), read at most every :data:`READ_EVERY_S` s in this process (``fresh``: now)."""
+    contract = contract or ServerContract.from_env()
+    lease = lease if lease is not None else LeaseFiles.of_this_server()
+    held = lease.held() if lease is not None else None
+    job = held.slurm_job if held is not None and held.slurm_job else contract.slurm_job
+    if not job:
+        return None
+    with _cache_lock:
+        read_at, ends_at = _cache.get(job, (0.0, None))
+        if fresh or time.monotonic() - read_at > READ_EVERY_S:
+            ends_at = slurm_job_end(job)
+            _cache[job] = (time.monotonic(), ends_at)
+    if ends_at is None:
+        return None
+    return SessionEnd(ends_at=ends_at, why=f"Slurm job {job}'s time limit",
+                      warn_before_s=contract.session_warn_s or WARN_BEFORE_S)

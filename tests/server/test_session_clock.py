@@ -1,0 +1,38 @@
+"""The end of a server's session (pdl_server/session_clock.py): the time left, the
+warning before the end, and the release a few seconds before it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pdl_server.session_clock import END_MARGIN_S, SessionEnd, duration, end_time
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize("seconds,text", [(40.9, "40 s"), (60, "1 min"), (599, "9 min"), (3600, "1 h 00 min"),
+                                          (3900, "1 h 05 min"), (90061, "25 h 01 min")])
+def test_a_time_left_reads_in_hours_and_minutes_rounded_down(seconds, text):
+    assert duration(seconds) == text
+
+
+def test_the_user_is_warned_in_the_last_minutes_and_the_engines_released_in_the_last_seconds():
+    end = SessionEnd(ends_at=NOW + 3600, why="Slurm job 42's time limit", warn_before_s=600)
+    assert end.left_s(NOW) == 3600 and end.warning(NOW) is None and not end.ending(NOW)
+    assert end.warning(NOW + 3600 - 480) == ("Your session ends in 8 min (Slurm job 42's time limit): "
+                                             "save your work, or extend it.")
+    assert not end.ending(NOW + 3600 - END_MARGIN_S - 1)
+    assert end.ending(NOW + 3600 - END_MARGIN_S) and end.ending(NOW + 4000)
+    assert end.left_s(NOW + 4000) == 0 and end.warning(NOW + 4000) is None  # ended: the release says so
+    assert end.ended_reason() == "Slurm job 42's time limit reached at " + time.strftime(
+        "%H:%M UTC", time.gmtime(NOW + 3600))
+
+
+def test_squeues_end_time_is_read_in_this_machines_time_zone_and_unknown_is_none():
+    assert end_time("2026-11-26T23:59:00\n") == time.mktime((2026, 11, 26, 23, 59, 0, 0, 0, -1))
+    for none in ("Unknown", "N/A", "", "NONE"):
+        assert end_time(none) is None
