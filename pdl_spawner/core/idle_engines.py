@@ -33,8 +33,10 @@ LEASE_HTTP_TIMEOUT_S = 10.0
 
 
 def idle_reason(idle_timeout_s: int) -> str:
-    """The hub's own words for a reclaim of idle engines (never the user's text)."""
-    return f"engines idle for {idle_timeout_s} s"
+    """The hub's own words for a reclaim of released engines (never the user's text):
+    idle ones where idle reclaim is on (``idle_timeout_s`` > 0), else given back (at a
+    session's end)."""
+    return f"engines idle for {idle_timeout_s} s" if idle_timeout_s > 0 else "engines given back by their server"
 
 
 class IdleEngines(HasTraits):

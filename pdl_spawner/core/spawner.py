@@ -123,13 +123,15 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         """``default_workers``, within :attr:`workers_limit` (and at least 1)."""
         return max(1, min(self.default_workers, self.workers_limit))
 
-    async def user_limits(self) -> tuple[int, str]:
+    async def user_limits(self, usage: WorkerUsage | None = None) -> tuple[int, str]:
         """(the most workers this user may hold: :attr:`workers_limit` within the
-        scheduler's cap; the scheduler's limits in one line, "" for none), for the spawn
-        form and the user's server (:attr:`told_limits`)."""
+        scheduler's cap and the cluster's size, ``usage.total``, read when not given;
+        the scheduler's limits in one line, "" for none), for the spawn form and the
+        user's server (:attr:`told_limits`)."""
         limits = await self.scheduler_limits()
-        cap = self.workers_limit if limits.workers is None else min(self.workers_limit, limits.workers)
-        return cap, limits.note
+        usage = usage if usage is not None else await self.worker_usage()
+        caps = [self.workers_limit, usage.total] + ([] if limits.workers is None else [limits.workers])
+        return min(caps), limits.note
 
     async def read_capacity(self) -> None:
         """Learn what :attr:`worker_capacity` needs, off the event loop, before a count
@@ -173,7 +175,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         """The spawn form: how many workers, what is free, who holds the rest (names
         only to admins), the user's own limit and holding, and the queue when it is on."""
         usage = await self.worker_usage()
-        may_hold, note = await self.user_limits()
+        may_hold, note = await self.user_limits(usage)
         holds = usage.holders.get(self.holder_name, 0)
         others = {who: k for who, k in usage.holders.items() if who != self.holder_name}
         return form.render_form(

@@ -526,13 +526,27 @@ class Kernel:
             r.raise_for_status()
             kernel_id = r.json()["id"]
         self.id = kernel_id
+        self.session = uuid.uuid4().hex
+        self.ws = None
+        self._connect()
+
+    #: Seconds the websocket may go unread before :meth:`send` opens a new one: the server
+    #: pings every 30 s and closes a connection whose pings go unanswered, and this
+    #: client answers them only while it reads (a browser answers them all the time).
+    UNREAD_S = 20.0
+
+    def _connect(self) -> None:
+        if self.ws is not None:
+            self.ws.close()
         ws_url = f"{self.base}/kernels/{self.id}/channels".replace("http://", "ws://")
         self.ws = websocket.create_connection(ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()], timeout=5)
-        self.session = uuid.uuid4().hex
+        self._read_at = time.monotonic()
 
     def send(self, code: str) -> str:
         """Ask the kernel to run ``code`` without waiting for it; returns the request's id
         (the ``msg_id`` its output messages name as their parent)."""
+        if time.monotonic() - self._read_at > self.UNREAD_S:
+            self._connect()
         msg_id = uuid.uuid4().hex
         self.ws.send(json.dumps({
             "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": self.session,
@@ -556,6 +570,8 @@ class Kernel:
                 msg = json.loads(self.ws.recv())
             except websocket.WebSocketTimeoutException:
                 continue
+            finally:
+                self._read_at = time.monotonic()
             if msg.get("parent_header", {}).get("msg_id") != msg_id or msg["channel"] != "iopub":
                 continue
             kind, content = msg["msg_type"], msg["content"]

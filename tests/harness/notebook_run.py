@@ -20,10 +20,17 @@ NOTEBOOK = REPO / "notebooks" / "cinic10_distributed.ipynb"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+#: Epochs of the small run. Measured on 3 CPU ranks (1000 sample images, batch 3 x 32):
+#: after 6 epochs (66 steps) the test accuracy ranged from 49 % to 93 % with the seed and
+#: the balanced split, a coin toss against the 50 % bound; after 12 it was 87 % to 92 %.
+SMALL_RUN_EPOCHS = 12
+
+
 def small_run_env(missing_dir: str) -> dict[str, str]:
     """Spawner environment for a small, fast run of the notebook: a width-16 ResNet-18
     on the generated sample (``missing_dir``: a CINIC10_DIR that does not exist)."""
-    return {"CINIC10_DIR": missing_dir, "CINIC10_EPOCHS": "6", "CINIC10_WIDTH": "16", "CINIC10_BATCH": "32"}
+    return {"CINIC10_DIR": missing_dir, "CINIC10_EPOCHS": str(SMALL_RUN_EPOCHS), "CINIC10_WIDTH": "16",
+            "CINIC10_BATCH": "32"}
 
 
 def notebook_cells() -> list[str]:
@@ -42,7 +49,7 @@ def run_notebook(kernel, ranks: int = 3) -> str:
         outputs.append(out["stdout"])
     log = "".join(outputs)
     assert "synthetic sample" in log and f"{ranks} ranks on cpu" in log, log
-    assert re.search(r"epoch\s+6/6", log), log
+    assert re.search(rf"epoch\s+{SMALL_RUN_EPOCHS}/{SMALL_RUN_EPOCHS}", log), log
     accuracy = float(re.search(r"test accuracy: ([\d.]+)%", log).group(1))
     assert accuracy >= 50.0, f"the model did not learn (chance is 10%): {log}"
     return log

@@ -285,8 +285,9 @@ def _lease_spawner(tmp_path, lease: dict, **traits):
     from pdl_spawner.local.spawner import PDLLocalSpawner
 
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1", "cpu:2"], system_users=False,
-                              reservations_db=str(tmp_path / "r.sqlite"), engine_idle_timeout=9,
-                              home_dir_template=str(tmp_path / "home" / "{username}"), **traits)
+                              reservations_db=str(tmp_path / "r.sqlite"),
+                              home_dir_template=str(tmp_path / "home" / "{username}"),
+                              **{"engine_idle_timeout": 9, **traits})
     spawner.fetch_lease = _LeaseDouble(lease)
     return spawner
 
@@ -328,6 +329,16 @@ def test_a_reclaim_is_logged_in_the_hubs_words_not_the_users(tmp_path):
     asyncio.run(spawner.tend_lease())
     [reclaim] = SlotLedger(spawner.reservations_db).reclaims()
     assert reclaim.reason == "engines idle for 9 s" and reclaim.slots == ["cpu:0", "cpu:1"]
+
+
+def test_without_idle_reclaim_a_release_is_not_logged_as_idleness(tmp_path):
+    """Guards ``idle_reason(0)``: a server released at its session's end, on a hub with no
+    idle timeout, is not logged as "engines idle for 0 s"."""
+    spawner = _lease_spawner(tmp_path, RELEASED, engine_idle_timeout=0)
+    SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
+    asyncio.run(spawner.tend_lease())
+    [reclaim] = SlotLedger(spawner.reservations_db).reclaims()
+    assert reclaim.reason == "engines given back by their server"
 
 
 def test_a_granted_request_gets_slots_from_the_ledger(tmp_path):

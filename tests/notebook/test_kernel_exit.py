@@ -29,6 +29,7 @@ KERNEL = textwrap.dedent(
     ip.run_line_magic("load_ext", "pdl_magics")
     ip.run_cell_magic("distributed", "-n 2", "import torch.distributed as dist; print('ranks', dist.get_world_size())")
     print("READY", flush=True)
+    sys.stdin.readline()  # the test has counted this kernel's processes
     if sys.argv[1] == "wait":
         time.sleep(600)
     """
@@ -61,7 +62,7 @@ def test_local_cluster_stops_when_the_kernel_goes(tmp_path, how):
     env.pop("PDL_CLUSTER_FILE", None)
     kernel = subprocess.Popen(
         [sys.executable, "-c", KERNEL, "wait" if how == "sigkill" else "exit"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         lines = []
@@ -72,6 +73,8 @@ def test_local_cluster_stops_when_the_kernel_goes(tmp_path, how):
         assert "ranks 2\n" in lines, "".join(lines)
         started = descendants(kernel.pid)
         assert len(started) >= 3, f"expected a controller and 2 engines, found {started}"
+        kernel.stdin.write("go\n")
+        kernel.stdin.flush()
         if how == "sigkill":
             os.kill(kernel.pid, signal.SIGKILL)
         kernel.wait(timeout=60)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import slurm_harness
+from pdl_server.session_clock import READ_EVERY_S
 from pdl_spawner.core import device_cgroup
 from hub_harness import Kernel, Progress, origin_answers, queue_up, release_ports, squat_ports
 from fault_cells import SUM, magic
@@ -354,6 +355,7 @@ def test_a_jobs_time_limit_is_shown_warned_of_and_ends_in_a_release_the_next_cel
                              what="the panel to show the job's time left")
         assert session["text"].startswith("Time left: ") and session["text"].endswith(f" ({why})"), session
         assert 0 < session["left_s"] <= 120 and session["warning"].startswith("Your session ends in "), session
+        time.sleep(READ_EVERY_S)  # the kernel's reading of the end, from its first cell, is due again
         out = kernel.execute_ok(magic(SUM, 2), timeout=120)
         assert f"({why}): save your work, or extend it." in out["stderr"] and "sum 2" in out["stdout"], out
 
