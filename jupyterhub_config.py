@@ -41,6 +41,10 @@ Environment variables tune it without editing this file:
   ``SLURM_CONF`` as the login node has them (docs/admin.md, "A Slurm cluster");
 - ``PDL_ENGINE_IDLE_TIMEOUT``: seconds without a task after which a user's engines
   are stopped and their slots or GPUs released (default 0: never); the server and its files stay;
+- ``PDL_SESSION_LIMIT_S``: the longest session in seconds, on the embedded default and
+  Docker Swarm (default 0: none; on Slurm the job's time limit is the session's): then
+  the engines are released as idle ones are and the next cell asks for workers again;
+  ``PDL_SESSION_WARN_S``: how long before a session's end its user is warned (default 600);
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
   stops a whole server (default 86400; 0: never);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
@@ -84,7 +88,7 @@ from pathlib import Path
 
 from pdl_spawner.core.accounts import TEMPLATE_DIR, name_problem
 from pdl_spawner.core.credentials import SignupCodes
-from pdl_spawner.core.hub_settings import local_config_problem, port_range
+from pdl_spawner.core.hub_settings import local_config_problem, port_range, seconds
 from pdl_spawner.core.public_url import default_public_url, public_url_problem
 from pdl_spawner.core.request_limits import DEFAULT_MAX_REQUEST_BYTES, limit_request_bodies
 
@@ -191,6 +195,15 @@ c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 # idle engines give their slots back after this many seconds (0: never); the server stays
 c.PDLLocalSpawner.engine_idle_timeout = int(os.environ.get("PDL_ENGINE_IDLE_TIMEOUT", "0"))
+# the longest session, one grant of workers, in seconds (0: none; on Slurm the job's time
+# limit is the session's), and how long before any session's end its user is warned
+try:
+    _session_limit_s = seconds(os.environ.get("PDL_SESSION_LIMIT_S", "0"), "PDL_SESSION_LIMIT_S")
+    _session_warn_s = seconds(os.environ.get("PDL_SESSION_WARN_S", "600"), "PDL_SESSION_WARN_S")
+except ValueError as e:
+    raise SystemExit(f"jupyterhub_config.py: {e}") from None
+c.PDLLocalSpawner.session_limit_s = _session_limit_s
+c.PDLLocalSpawner.session_warning_s = _session_warn_s
 if os.environ.get("PDL_POOL"):
     c.PDLLocalSpawner.pool = [s.strip() for s in os.environ["PDL_POOL"].split(",") if s.strip()]
 
@@ -221,6 +234,8 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLSwarmSpawner.default_workers = int(os.environ.get("PDL_DEFAULT_WORKERS", os.environ.get("PDL_DEFAULT_GPUS", "1")))
     c.PDLSwarmSpawner.state_db = str(state_dir / "swarm.sqlite")  # the queue and the reclaim log
     c.PDLSwarmSpawner.engine_idle_timeout = c.PDLLocalSpawner.engine_idle_timeout
+    c.PDLSwarmSpawner.session_limit_s = _session_limit_s
+    c.PDLSwarmSpawner.session_warning_s = _session_warn_s
     c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]
     c.PDLSwarmSpawner.home_storage = os.environ.get("PDL_HOME_STORAGE", "volume")
     if os.environ.get("PDL_HOME_PATH"):
@@ -249,6 +264,7 @@ elif os.environ.get("PDL_SPAWNER", "local") == "slurm":
     c.PDLSlurmSpawner.slurm_account = os.environ.get("PDL_SLURM_ACCOUNT", "")
     c.PDLSlurmSpawner.default_workers = int(os.environ.get("PDL_DEFAULT_WORKERS", "1"))
     c.PDLSlurmSpawner.engine_idle_timeout = c.PDLLocalSpawner.engine_idle_timeout
+    c.PDLSlurmSpawner.session_warning_s = _session_warn_s  # the session is the job's time limit
     # where each server runs: "login" (here) or "allocation" (a step of the user's job)
     _server_placement = os.environ.get("PDL_SLURM_SERVER", "login")
     if _server_placement not in ("login", "allocation"):

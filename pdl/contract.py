@@ -32,6 +32,10 @@ variable                    field                  meaning
                                                    user, one line (Slurm: the QOS)
 ``PDL_SESSION_WARN_S``      ``session_warn_s``     seconds before the session's end that
                                                    the user is warned (0: the default)
+``PDL_SESSION_LIMIT_S``     ``session_limit_s``    the hub's session limit in seconds
+                                                   (embedded, Swarm; 0: none)
+``PDL_SESSION_ENDS_AT``     ``session_ends_at``    when the spawn's session ends (epoch
+                                                   seconds; 0: no limit)
 =========================== ====================== =====================================
 
 The hub writes these into the server's environment; nothing a user writes reaches
@@ -63,6 +67,8 @@ VARIABLES = {
     "workers_limit": "PDL_WORKERS_LIMIT",
     "limits_note": "PDL_LIMITS_NOTE",
     "session_warn_s": "PDL_SESSION_WARN_S",
+    "session_limit_s": "PDL_SESSION_LIMIT_S",
+    "session_ends_at": "PDL_SESSION_ENDS_AT",
 }
 
 
@@ -97,6 +103,10 @@ class ServerContract:
     limits_note: str = ""
     #: seconds before the session's end that the user is warned; 0: the server's default
     session_warn_s: float = 0.0
+    #: the hub's longest session, seconds (embedded default, Swarm); 0: none
+    session_limit_s: float = 0.0
+    #: when the spawn's session ends, epoch seconds (a grant again tells its own); 0: no limit
+    session_ends_at: float = 0.0
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -112,6 +122,8 @@ class ServerContract:
             "workers_limit": str(self.workers_limit) if self.workers_limit else "",
             "limits_note": self.limits_note,
             "session_warn_s": f"{self.session_warn_s:g}" if self.session_warn_s else "",
+            "session_limit_s": f"{self.session_limit_s:g}" if self.session_limit_s else "",
+            "session_ends_at": f"{self.session_ends_at:.3f}" if self.session_ends_at else "",
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -145,6 +157,8 @@ class ServerContract:
             workers_limit=number("workers_limit", int),
             limits_note=env.get(VARIABLES["limits_note"], ""),
             session_warn_s=number("session_warn_s", float),
+            session_limit_s=number("session_limit_s", float),
+            session_ends_at=number("session_ends_at", float),
         )
 
     @property

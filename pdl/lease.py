@@ -68,6 +68,8 @@ class Grant:
     slots: tuple[str, ...] = ()
     #: the Slurm job the engines come back in as steps; 0 outside Slurm
     slurm_job: int = 0
+    #: when the session this grant starts ends (epoch seconds; the hub's session limit); 0: none
+    ends_at: float = 0.0
 
     @property
     def started_by_hub(self) -> bool:
@@ -87,7 +89,7 @@ Answer = Union[Grant, Refusal]
 
 #: What :func:`encode` writes and :func:`decode` reads, in one line (for refusals of bad bodies).
 SHAPES = ('{"reason": "why", "workers": n, "slots": [...]} (a release), {"workers": n} (a want), '
-          '{"workers": n, "slots": [...], "slurm_job": n} (a grant), {"refused": "why"} (a refusal)')
+          '{"workers": n, "slots": [...], "slurm_job": n, "ends_at": t} (a grant), {"refused": "why"} (a refusal)')
 
 
 def encode(message: Message) -> dict:
@@ -97,7 +99,8 @@ def encode(message: Message) -> dict:
     if isinstance(message, Want):
         return {"workers": message.workers}
     if isinstance(message, Grant):
-        return {"workers": message.workers, "slots": list(message.slots), "slurm_job": message.slurm_job}
+        return {"workers": message.workers, "slots": list(message.slots), "slurm_job": message.slurm_job,
+                "ends_at": message.ends_at}
     if isinstance(message, Refusal):
         return {"refused": message.reason}
     raise TypeError(f"not a lease message: {message!r}")
@@ -108,6 +111,13 @@ def _count(data: dict, key: str, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise LeaseFormatError(f"{key} must be a whole number >= {least}, got {value!r}")
     return value
+
+
+def _time(data: dict, key: str) -> float:
+    value = data.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise LeaseFormatError(f"{key} must be a time in epoch seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def _text(data: dict, key: str) -> str:
@@ -141,7 +151,8 @@ def decode(kind: type, data: Any) -> Message:
             return Want(workers=data.get("workers"))
         if kind is Grant:
             grant = Grant(workers=_count(data, "workers", 1), slots=_slots(data),
-                          slurm_job=_count({"slurm_job": data.get("slurm_job", 0)}, "slurm_job", 0))
+                          slurm_job=_count({"slurm_job": data.get("slurm_job", 0)}, "slurm_job", 0),
+                          ends_at=_time(data, "ends_at"))
             if grant.slots and len(grant.slots) != grant.workers:
                 raise LeaseFormatError(f"a grant of {grant.workers} worker(s) names {len(grant.slots)} slot(s)")
             return grant

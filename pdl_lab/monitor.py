@@ -36,7 +36,8 @@ from pdl.contract import ServerContract
 from pdl.lease import LeaseFiles, Release
 from pdl.limits import holding_line
 from pdl_server import clusters
-from pdl_server.session_clock import duration, session_end
+from pdl.limits import duration
+from pdl_server.session_clock import session_end
 from pdl_server.status_file import pid_alive, read_status
 from pdl_server.world import rank_order
 

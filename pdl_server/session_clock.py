@@ -4,6 +4,10 @@ be killed.
 
 On Slurm the end is the time limit of the job that holds the GPUs (``squeue``'s
 EndTime, which an extension moves; read at most every :data:`READ_EVERY_S` seconds).
+On the embedded default and Docker Swarm it is the hub's session limit, where the admin
+set one: the hub tells the end at the spawn (``PDL_SESSION_ENDS_AT``) and in each grant
+of workers again (:attr:`pdl.lease.Grant.ends_at`), and takes the workers back itself
+shortly after it (:mod:`pdl_spawner.core.session_limit`) should the server not release them.
 The supervisor (:mod:`pdl_server.singleuser`) releases the engines
 :data:`END_MARGIN_S` seconds before it, as an idle release does, with a reason that
 says why; the kernel (:mod:`pdl_magics.engines`) waits for that release instead of
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 
 from pdl.contract import ServerContract
 from pdl.lease import LeaseFiles
+from pdl.limits import duration, session_limit_why
 
 #: Seconds before the end that the engines are released (and cells wait for that).
 END_MARGIN_S = 5.0
@@ -60,15 +65,6 @@ class SessionEnd:
         return f"{self.why} reached at {time.strftime('%H:%M UTC', time.gmtime(self.ends_at))}"
 
 
-def duration(seconds: float) -> str:
-    """``"1 h 05 min"``, ``"9 min"``, ``"40 s"``: a time left, rounded down."""
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    hours, minutes = divmod(seconds // 60, 60)
-    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
-
-
 def slurm_job_end(job: int) -> float | None:
     """The end time of Slurm job ``job`` (epoch seconds, from ``squeue``'s EndTime in this
     machine's time zone), or None when Slurm cannot say (no such job, no limit, no answer)."""
@@ -95,12 +91,18 @@ _cache_lock = threading.Lock()
 
 def session_end(contract: ServerContract | None = None, lease: LeaseFiles | None = None, *,
                 fresh: bool = False) -> SessionEnd | None:
-    """This server's session end, or None without one. On Slurm: the time limit of the
-    job holding the workers (the one of the grant the engines came back on, else the
-    spawn's), read at most every :data:`READ_EVERY_S` s in this process (``fresh``: now)."""
+    """This server's session end, or None without one. Under a hub's session limit: the
+    end of the grant the engines came back on, else the spawn's. On Slurm: the time
+    limit of the job holding the workers (the grant's, else the spawn's), read at most
+    every :data:`READ_EVERY_S` s in this process (``fresh``: now)."""
     contract = contract or ServerContract.from_env()
     lease = lease if lease is not None else LeaseFiles.of_this_server()
     held = lease.held() if lease is not None else None
+    warn_before_s = contract.session_warn_s or WARN_BEFORE_S
+    if contract.session_limit_s:
+        ends_at = held.ends_at if held is not None and held.ends_at else contract.session_ends_at
+        return SessionEnd(ends_at=ends_at, why=session_limit_why(contract.session_limit_s),
+                          warn_before_s=warn_before_s) if ends_at else None
     job = held.slurm_job if held is not None and held.slurm_job else contract.slurm_job
     if not job:
         return None
@@ -111,5 +113,4 @@ def session_end(contract: ServerContract | None = None, lease: LeaseFiles | None
             _cache[job] = (time.monotonic(), ends_at)
     if ends_at is None:
         return None
-    return SessionEnd(ends_at=ends_at, why=f"Slurm job {job}'s time limit",
-                      warn_before_s=contract.session_warn_s or WARN_BEFORE_S)
+    return SessionEnd(ends_at=ends_at, why=f"Slurm job {job}'s time limit", warn_before_s=warn_before_s)

@@ -8,7 +8,7 @@
 - :mod:`pdl_spawner.core.form`: the spawn form and its messages (pure functions).
 - :mod:`pdl_spawner.core.queueing` and :mod:`pdl_spawner.core.wait_queue`: the fair
   queue for busy workers; :mod:`pdl_spawner.core.idle_engines`: idle engines giving
-  them back.
+  them back; :mod:`pdl_spawner.core.session_limit`: the longest session, enforced.
 - :mod:`pdl_spawner.core.reservations`: the persistent slot ledger of one machine, and
   the reclaim log.
 - :mod:`pdl_spawner.core.accounts`: each user's own login (jupyterhub-nativeauthenticator),

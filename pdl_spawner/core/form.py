@@ -29,17 +29,20 @@ def not_enough_message(
 
 def render_form(
     *, kind: str, pool_size: int, free: int, holders: dict[str, int], default: int, maximum: int, show_names: bool,
-    waiting: list[tuple[str, int]] | None = None, limits: str = "",
+    waiting: list[tuple[str, int]] | None = None, limits: str = "", session: str = "",
 ) -> str:
     """HTML for the spawn page: how many workers, with what is free and who holds the
     rest, the user's own limit (``limits``, one line: :func:`pdl.limits.holding_line`),
-    and (where the spawner has a queue, ``waiting`` not None) the choice to wait
+    how long a session lasts (``session``, one line, "" for no limit), and (where the spawner has a queue, ``waiting`` not None) the choice to wait
     in it. ``waiting``: (user, workers) in queue order, shown by name to admins and as
     a count to everyone else."""
     unit = "GPU" if kind == "gpu" else "CPU worker"
     value = max(1, min(default, maximum))
     mine = f"""
   <p class="help-block pdl-limits">{escape(limits)}</p>""" if limits else ""
+    if session:
+        mine += f"""
+  <p class="help-block pdl-session">{escape(session)}</p>"""
     queue = "" if waiting is None else f"""
   <p class="help-block pdl-queue">{escape(describe_queue(waiting, show_names=show_names))}</p>
   <label><input type="checkbox" name="queue" id="pdl-queue"> If they are busy, wait in the queue

@@ -352,10 +352,8 @@ class HostServer(LoggingConfigurable):
     def server_contract(self) -> ServerContract:
         """What the user's server is told (:mod:`pdl.contract`): its slots and workers, its
         cluster folder, the idle timeout, the user's limits; a kind adds its own fields to it."""
-        workers_limit, limits_note = self.told_limits
         return ServerContract(slots=tuple(self.slots), workers=len(self.slots), cluster_dir=str(self.cluster_dir),
-                              idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit,
-                              limits_note=limits_note, session_warn_s=self.session_warning_s)
+                              **self.told_contract())
 
     def get_env(self):
         env = super().get_env()

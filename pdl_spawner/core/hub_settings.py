@@ -1,6 +1,8 @@
 """The hub's own settings that ``jupyterhub_config.py`` reads besides traitlets: the
-users' servers' port range, and whether the admin's local config file is safe to run.
+users' servers' port range, times in seconds, and whether the admin's local config file
+is safe to run.
 
+- :func:`seconds`: a time setting such as ``PDL_SESSION_LIMIT_S`` as a number >= 0.
 - :func:`port_range`: ``PDL_PORT_RANGE``'s ``LOW-HIGH`` as the ``(low, high)`` that
   ``port_range`` traits take (inclusive TCP ports).
 - :func:`local_config_problem`: why a local config file (``PDL_LOCAL_CONFIG``) must not
@@ -32,6 +34,18 @@ def port_range(text: str, name: str = "PDL_PORT_RANGE") -> tuple[int, int]:
             return low_port, high_port
     raise ValueError(f"{name} must be LOW-HIGH with {LOWEST_PORT} <= LOW < HIGH <= {HIGHEST_PORT} "
                      f"(e.g. 20000-32000), got {str(text)[:40]!r}")
+
+
+def seconds(text: str, name: str) -> float:
+    """``text`` (e.g. ``"28800"``, ``"0.5"``) as seconds >= 0; ValueError, one line naming
+    the setting (``name``) and what is valid, otherwise."""
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds >= 0 (e.g. 28800 for 8 h; 0: off), got {str(text)[:40]!r}")
+    return value
 
 
 def _trusted_owner(uid: int) -> bool:

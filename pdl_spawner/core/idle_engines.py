@@ -113,10 +113,13 @@ class IdleEngines(HasTraits):
     #: by other ways (a Slurm job's time limit), and the next cell asks for them again.
     always_watch_lease = False
 
+    def lease_needs_watch(self) -> bool:
+        """True when the lease is watched: idle reclaim is on, or :attr:`always_watch_lease`."""
+        return bool(self.engine_idle_timeout or self.always_watch_lease)
+
     def watch_lease(self) -> None:
-        """Start the watch (once) when idle reclaim is on, or :attr:`always_watch_lease`."""
-        if (self.engine_idle_timeout or self.always_watch_lease) and (
-                self._lease_task is None or self._lease_task.done()):
+        """Start the watch (once) when :meth:`lease_needs_watch`."""
+        if self.lease_needs_watch() and (self._lease_task is None or self._lease_task.done()):
             self._lease_task = asyncio.ensure_future(self._lease_loop())
 
     def unwatch_lease(self) -> None:

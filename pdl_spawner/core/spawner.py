@@ -29,6 +29,7 @@ more than are free; takes are serialised within the hub process.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from tornado import web
@@ -39,10 +40,11 @@ from pdl.limits import holding_line
 from pdl_spawner.core import form
 from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
 from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
+from pdl_spawner.core.session_limit import SessionLimit
 from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
 
 
-class SpawnerCore(QueueingSpawner, IdleEngines):
+class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
     """Mixin: the worker rules every PDL spawner shares (see the module docstring)."""
 
     default_workers = Integer(
@@ -133,6 +135,15 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         caps = [self.workers_limit, usage.total] + ([] if limits.workers is None else [limits.workers])
         return min(caps), limits.note
 
+    def told_contract(self) -> dict[str, Any]:
+        """The :class:`~pdl.contract.ServerContract` fields every kind tells its server: the
+        idle timeout, the user's limits (:attr:`told_limits`), and the session's warning,
+        limit and end (the limit only with an end: Slurm's session is its job's)."""
+        workers_limit, limits_note = self.told_limits
+        return dict(idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit, limits_note=limits_note,
+                    session_warn_s=self.session_warning_s, session_ends_at=self.session_ends_at,
+                    session_limit_s=self.session_limit_s if self.session_ends_at else 0.0)
+
     async def read_capacity(self) -> None:
         """Learn what :attr:`worker_capacity` needs, off the event loop, before a count
         is checked; nothing by default (a spawner that asks its cluster overrides it)."""
@@ -182,7 +193,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
             waiting=await self.waiting(), kind=self.worker_kind, pool_size=usage.total, free=usage.free,
             holders=others, default=self.workers_default,
             maximum=max(1, min(self.workers_limit, usage.total)), show_names=bool(self.user.admin),
-            limits=holding_line(may_hold, holds, note),
+            limits=holding_line(may_hold, holds, note), session=self.session_form_line(),
         )
 
     def options_from_form(self, formdata):
@@ -239,17 +250,34 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
     async def claim_workers(self) -> Any:
         """The spawn's workers: waiting in the queue when it asked to, else at once."""
         self.told_limits = await self.user_limits()
-        return await (self.wait_for_workers() if self.wants_queue else self.reserve_workers())
+        taken = await (self.wait_for_workers() if self.wants_queue else self.reserve_workers())
+        self.start_session()
+        return taken
 
     # -- the engine lease ------------------------------------------------------------------
 
+    def lease_needs_watch(self) -> bool:
+        return super().lease_needs_watch() or self.session_limit_s > 0
+
+    def reclaim_reason(self) -> str:
+        """The hub's words for a release it reclaims: the session's end near it, else idleness."""
+        return self.session_reason() if self.session_ending() else idle_reason(self.engine_idle_timeout)
+
     async def tend_lease(self) -> None:
-        """One look at the server's lease: reclaim the workers of engines released for
-        idleness, then answer a request to have them again (its count checked like a
-        spawn's). While an answer waits for the server to take it up, nothing: the
-        release it still shows is the one the answer ends, and reclaiming then would
-        take back the workers just granted. Nothing of the lease's text reaches the hub's log."""
+        """One look at the server's lease: past the session's end, take back workers the
+        server still holds; reclaim the workers of engines released (idle, or at the
+        session's end), then answer a request to have them again (its count checked like
+        a spawn's; a grant starts a new session). While an answer waits for the server to
+        take it up, nothing: the release it still shows is the one the answer ends, and
+        reclaiming then would take back the workers just granted. Nothing of the lease's
+        text reaches the hub's log."""
         lease = await self.read_lease()
+        if self.session_over() and (lease is None or lease.released is None):
+            taken = await self.take_back_workers()
+            self.stop_session()
+            self.log.info("Took back %s from %s: %s; its server had not released them",
+                          ",".join(taken) or "nothing", self.owner_key, self.session_reason())
+            return
         if lease is None or lease.released is None:
             return
         if lease.answer is not None:  # answered; until the server takes the grant up, its release is old news
@@ -258,13 +286,15 @@ class SpawnerCore(QueueingSpawner, IdleEngines):
         if reclaimed is None:  # kept: a GPU is still in use; no grant either until it is freed
             return
         if reclaimed:
-            self.log.info("Reclaimed %s from %s: %s", ",".join(reclaimed), self.owner_key,
-                          idle_reason(self.engine_idle_timeout))
+            self.log.info("Reclaimed %s from %s: %s", ",".join(reclaimed), self.owner_key, self.reclaim_reason())
+        self.stop_session()
         if lease.want is None:
             return
         try:
             await self.read_capacity()
             answer = await self.grant_workers_again(self.checked_workers(lease.want.workers))
+            self.start_session()
+            answer = dataclasses.replace(answer, ends_at=self.session_ends_at)
         except web.HTTPError as e:
             answer = Refusal(e.reason or e.log_message or str(e))
         await self.answer_lease(answer)

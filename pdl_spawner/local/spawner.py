@@ -35,7 +35,9 @@ Contract, on top of :class:`~pdl_spawner.core.host_server.HostServer` (JupyterHu
 from __future__ import annotations
 
 import contextlib
+import os
 import pwd
+import signal
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
@@ -46,7 +48,6 @@ from pdl.slots import cpu_count, default_pool, parse_slot
 from pdl_spawner.core import device_cgroup
 from pdl_spawner.core.db_thread import off_loop
 from pdl_spawner.core.host_server import HostServer
-from pdl_spawner.core.idle_engines import idle_reason
 from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
@@ -207,7 +208,21 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
             self._kept_for = kept
             return None
         self._kept_for = ""
-        return await off_loop(self.ledger.reclaim, self.owner, idle_reason(self.engine_idle_timeout))
+        return await off_loop(self.ledger.reclaim, self.owner, self.reclaim_reason())
+
+    async def take_back_workers(self) -> list[str]:
+        """The session's end, enforced: the device cgroup closes every GPU to this server's
+        processes, those that hold one of its GPUs open anyway are killed, and its slots
+        are freed (logged as a reclaim)."""
+        held = await off_loop(self.ledger.held_by, self.owner)
+        if not held:
+            return []
+        self.restrict_devices([])
+        for pid in await off_loop(self.gpu_holders, held):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.slots = []
+        return await off_loop(self.ledger.reclaim, self.owner, self.session_reason())
 
     #: The holders last logged by :meth:`reclaim_idle_workers` ("" none): logged once, not every look.
     _kept_for = ""

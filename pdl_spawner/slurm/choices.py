@@ -8,6 +8,7 @@ from __future__ import annotations
 from tornado import web
 from traitlets import HasTraits, Integer, List, Unicode
 
+from pdl.limits import duration
 from pdl_spawner.slurm import form as slurm_form
 
 
@@ -67,6 +68,14 @@ class SlurmChoices(HasTraits):
         """The time limit (minutes) of this spawn: the user's choice up to `max_time_limit`, else `time_limit`."""
         chosen = self.chosen_option("time_limit", slurm_form.check_time_limit, self.max_time_limit)
         return chosen or self.time_limit
+
+    def session_form_line(self) -> str:
+        """The spawn form's line about the session: the job's time limit where the admin
+        set one and offers no choice (a choice is the form's own field); else ""."""
+        if self.time_limit and not self.max_time_limit:
+            return (f"Your job's time limit is {duration(self.time_limit * 60)}: your engines are then released, "
+                    f"your notebook keeps its state, and the next cell asks for GPUs again.")
+        return ""
 
     async def render_options_form(self, spawner=None) -> str:
         return await super().render_options_form(spawner) + slurm_form.render_fields(

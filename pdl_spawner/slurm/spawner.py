@@ -129,6 +129,8 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
     #: A job can end under a running server (its time limit, scancel): the server then
     #: records a release, and the next cell asks for a new job through the lease.
     always_watch_lease = True
+    #: The job's time limit is the session's (PDL_SESSION_LIMIT_S does not apply).
+    applies_session_limit = False
 
     #: GPUs of each partition, as last read from Slurm: partition ("": the default) -> count.
     _capacity: dict[str, int] = {}

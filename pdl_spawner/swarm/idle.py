@@ -18,7 +18,6 @@ from traitlets import HasTraits
 
 from pdl.lease import Grant
 from pdl_spawner.core.db_thread import off_loop
-from pdl_spawner.core.idle_engines import idle_reason
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.swarm.gpus import gpu_holdings
 from pdl_spawner.swarm.specs import LABEL_PREFIX
@@ -63,8 +62,12 @@ class SwarmIdleEngines(HasTraits):
         gpus = [f"{h.node}/{h.gpu}" for h in gpu_holdings(await self.docker("nodes"), running, tasks,
                                                            self.gpu_resource)] or [f"{len(running)} GPU(s)"]
         await self.scale_engines(running, 0)
-        await off_loop(self.reclaim_log.log_reclaim, self.owner.key, gpus, idle_reason(self.engine_idle_timeout))
+        await off_loop(self.reclaim_log.log_reclaim, self.owner.key, gpus, self.reclaim_reason())
         return gpus
+
+    async def take_back_workers(self) -> list[str]:
+        """The session's end, enforced: the engine services scaled to 0 (as for idle engines)."""
+        return await self.reclaim_idle_workers()
 
     async def grant_workers_again(self, n: int) -> Grant:
         """Every engine service of this server back to one task (the hub starts them: no slots)."""

@@ -203,9 +203,7 @@ class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmTea
         env = super().get_env()
         for name in swarm_specs.SECRET_ENV:
             env.pop(name, None)
-        workers_limit, limits_note = self.told_limits
-        env.update(ServerContract(idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit,
-                                  limits_note=limits_note, session_warn_s=self.session_warning_s).env())
+        env.update(ServerContract(**self.told_contract()).env())
         return env
 
     def user_environment(self) -> dict[str, str]:

@@ -127,6 +127,8 @@ services = c.JupyterHub.services.get_value([])  # appended to: a LazyConfigValue
 admin_view = next(s for s in services if s["name"] == "pdl-admin")
 print(json.dumps({"port": c.JupyterHub.port, "time_limit": c.PDLSlurmSpawner.get("time_limit"),
                   "host_ports": c.HostServer.get("port_range"), "swarm_ports": c.PDLSwarmSpawner.get("port_range"),
+                  "session_limit_s": c.PDLLocalSpawner.get("session_limit_s"),
+                  "session_warning_s": c.PDLLocalSpawner.get("session_warning_s"),
                   "services": [s["name"] for s in services],
                   "admin_view_pool": admin_view["environment"].get("PDL_POOL")}))
 """
@@ -182,6 +184,15 @@ def test_pdl_port_range_sets_the_servers_ports_or_stops_in_one_line(tmp_path):
     assert settings(load_config(tmp_path))["host_ports"] is None  # the traits' default, 20000-32000
     line = refusal(load_config(tmp_path, PDL_PORT_RANGE="80-90"))
     assert line == "PDL_PORT_RANGE must be LOW-HIGH with 1024 <= LOW < HIGH <= 65535 (e.g. 20000-32000), got '80-90'"
+
+
+def test_pdl_session_limit_s_sets_the_longest_session_or_stops_in_one_line(tmp_path):
+    got = settings(load_config(tmp_path, PDL_SESSION_LIMIT_S="28800", PDL_SESSION_WARN_S="300"))
+    assert (got["session_limit_s"], got["session_warning_s"]) == (28800, 300)
+    assert settings(load_config(tmp_path))["session_limit_s"] == 0  # off by default
+    line = refusal(load_config(tmp_path, PDL_SESSION_LIMIT_S="8h"))
+    assert line == ("jupyterhub_config.py: PDL_SESSION_LIMIT_S must be a number of seconds >= 0 "
+                    "(e.g. 28800 for 8 h; 0: off), got '8h'")
 
 
 # -- docs/admin.md's table ----------------------------------------------------------------

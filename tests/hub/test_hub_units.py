@@ -7,13 +7,14 @@ import asyncio
 import multiprocessing
 import os
 from importlib.metadata import entry_points
-from types import SimpleNamespace
 
 import pytest
 from tornado import web
 
-from pdl.lease import Answer, Grant, Refusal, decode
+from pdl.lease import Grant, Refusal
 from pdl.slots import cpus_for_slot, engine_env, parse_slot
+from lease_double import fake_user as _fake_user
+from lease_double import lease_spawner as _lease_spawner
 from pdl_spawner.core import form
 from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 
@@ -133,11 +134,6 @@ def test_user_options_give_workers_or_the_default():
             form.requested_workers(bad, default=1, maximum=6)
     with pytest.raises(ValueError, match="must be a JSON object; the options are 'workers'"):
         form.requested_workers(["workers"], default=1, maximum=6)
-
-
-def _fake_user(name: str):
-    return SimpleNamespace(name=name, admin=False, url=f"/user/{name}/", escaped_name=name, id=1,
-                           server=None, spawners={}, settings={}, orm_user=None)
 
 
 def test_a_default_above_the_pool_asks_for_the_whole_pool_not_a_refusal(tmp_path):
@@ -264,32 +260,6 @@ def test_the_queue_on_the_spawn_form_names_waiters_only_to_admins():
     assert form.queue_first_message(1, "GPUs", spawning=False) == (
         "Not enough free GPUs for you now: 1 user is waiting in the queue, first come, first served. "
         "Run the cell again once they have been served.")
-
-
-class _LeaseDouble:
-    """The server's lease API (``/pdl/api/lease``) as a spawner sees it: what the user's
-    server says (JSON), and the hub's answers, read back as lease messages. The one seam
-    a lease test replaces (``IdleEngines.fetch_lease``)."""
-
-    def __init__(self, lease: dict):
-        self.lease, self.answers = lease, []
-
-    async def __call__(self, body=None):
-        if body is None:
-            return self.lease
-        self.answers.append(decode(Answer, body))
-        return {"ok": True}
-
-
-def _lease_spawner(tmp_path, lease: dict, **traits):
-    from pdl_spawner.local.spawner import PDLLocalSpawner
-
-    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["cpu:0", "cpu:1", "cpu:2"], system_users=False,
-                              reservations_db=str(tmp_path / "r.sqlite"),
-                              home_dir_template=str(tmp_path / "home" / "{username}"),
-                              **{"engine_idle_timeout": 9, **traits})
-    spawner.fetch_lease = _LeaseDouble(lease)
-    return spawner
 
 
 RELEASED = {"released": {"reason": "engines idle for 9 s", "workers": 2, "slots": ["cpu:0", "cpu:1"]},

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from pdl_server.session_clock import END_MARGIN_S, SessionEnd, duration, end_time
+from pdl.limits import duration
+from pdl_server.session_clock import END_MARGIN_S, SessionEnd, end_time, session_end
 
 pytestmark = pytest.mark.unit
 
@@ -36,3 +37,16 @@ def test_squeues_end_time_is_read_in_this_machines_time_zone_and_unknown_is_none
     assert end_time("2026-11-26T23:59:00\n") == time.mktime((2026, 11, 26, 23, 59, 0, 0, 0, -1))
     for none in ("Unknown", "N/A", "", "NONE"):
         assert end_time(none) is None
+
+
+def test_under_a_hubs_limit_the_end_is_the_spawns_then_each_grants(tmp_path):
+    from pdl.contract import ServerContract
+    from pdl.lease import Grant, LeaseFiles
+
+    contract = ServerContract(session_limit_s=3600, session_ends_at=NOW, session_warn_s=300)
+    lease = LeaseFiles(tmp_path)
+    assert session_end(contract, lease) == SessionEnd(ends_at=NOW, why="the hub's session limit of 1 h 00 min",
+                                                      warn_before_s=300)
+    lease.keep_held(Grant(workers=1, slots=("cpu:0",), ends_at=NOW + 4000))
+    assert session_end(contract, lease).ends_at == NOW + 4000
+    assert session_end(ServerContract(), lease) is None  # no limit, no Slurm job: no end

@@ -1,0 +1,103 @@
+"""The hub's session limit (the embedded default and Docker Swarm; on Slurm a job's time
+limit is the session's): how long one grant of workers lasts, and the hub taking them
+back should the user's server not give them up at the end.
+
+A session starts when workers are granted (the spawn's, and each grant again after a
+release) and ends ``session_limit_s`` seconds later. The hub tells the end to the
+server (``PDL_SESSION_ENDS_AT`` at the spawn, :attr:`pdl.lease.Grant.ends_at` after),
+whose supervisor releases the engines a few seconds before it
+(:mod:`pdl_server.session_clock`), as an idle release does: the kernel keeps its state
+and the next cell asks for workers again, behind whoever waits in the queue. The server
+is the user's, so the hub relies on none of that: from :data:`ENFORCE_AFTER_S` after
+the end, a server that still holds its workers has them taken back by the hub
+(:meth:`SessionLimit.take_back_workers`, the spawner's own: the local spawner closes
+the GPUs to the user's processes and ends those that hold one open, the Swarm spawner
+scales the engine services to 0). The end survives a hub restart (the spawner's state).
+"""
+
+from __future__ import annotations
+
+import time
+
+from traitlets import Float, HasTraits
+
+from pdl.limits import duration, session_limit_why
+
+#: Seconds after a session's end from which the hub takes the workers back itself.
+ENFORCE_AFTER_S = 10.0
+#: A release this many seconds before a session's end, or later, is the session's end
+#: (the server releases :data:`pdl_server.session_clock.END_MARGIN_S` before it).
+RELEASE_WINDOW_S = 30.0
+
+
+class SessionLimit(HasTraits):
+    """Mixin of :class:`~pdl_spawner.core.spawner.SpawnerCore`: the session's end, kept
+    in the spawner's state, started by each grant of workers (see the module docstring)."""
+
+    session_limit_s = Float(
+        0.0, config=True,
+        help="""Seconds one grant of workers lasts at most (the embedded default and Docker Swarm;
+        on Slurm the job's time limit is the session's); 0: no limit. At the end the engines are
+        released as by an idle release: the notebook keeps its state, and the next %%distributed
+        cell asks for workers again, behind whoever waits in the queue. Users are warned
+        session_warning_s before.""",
+    )
+
+    #: When this server's session ends (epoch seconds); 0: no limit, or no workers held.
+    session_ends_at = 0.0
+
+    #: False where the scheduler's own limit is the session's (Slurm: the job's time limit).
+    applies_session_limit = True
+
+    def start_session(self, now: float | None = None) -> None:
+        """Workers were just granted: their session ends ``session_limit_s`` from now."""
+        limited = self.applies_session_limit and self.session_limit_s > 0
+        self.session_ends_at = (time.time() if now is None else now) + self.session_limit_s if limited else 0.0
+
+    def stop_session(self) -> None:
+        """The workers were given back: no session runs."""
+        self.session_ends_at = 0.0
+
+    def session_over(self, now: float | None = None) -> bool:
+        """True from :data:`ENFORCE_AFTER_S` after the end: time for the hub to take back
+        what the server still holds."""
+        now = time.time() if now is None else now
+        return bool(self.session_ends_at) and now >= self.session_ends_at + ENFORCE_AFTER_S
+
+    def session_ending(self, now: float | None = None) -> bool:
+        """True from :data:`RELEASE_WINDOW_S` before the end: a release now is the session's end."""
+        now = time.time() if now is None else now
+        return bool(self.session_ends_at) and now >= self.session_ends_at - RELEASE_WINDOW_S
+
+    def session_reason(self) -> str:
+        """The hub's words for workers given back at the session's end."""
+        return f"{session_limit_why(self.session_limit_s)} reached"
+
+    def session_form_line(self) -> str:
+        """The spawn form's line about the limit ("" without one)."""
+        if not (self.applies_session_limit and self.session_limit_s > 0):
+            return ""
+        return (f"Sessions last at most {duration(self.session_limit_s)}: your engines are then released, "
+                f"your notebook keeps its state, and the next cell asks for workers again.")
+
+    async def take_back_workers(self) -> list[str]:
+        """Take this server's workers back now, whatever its server does (the spawner's
+        own); what was taken back, for the log."""
+        raise NotImplementedError
+
+    # -- state -------------------------------------------------------------------------
+
+    def get_state(self):
+        state = super().get_state()
+        if self.session_ends_at:
+            state["session_ends_at"] = self.session_ends_at
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        ends_at = state.get("session_ends_at", 0.0)
+        self.session_ends_at = float(ends_at) if isinstance(ends_at, (int, float)) else 0.0
+
+    def clear_state(self):
+        super().clear_state()
+        self.session_ends_at = 0.0
