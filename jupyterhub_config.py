@@ -45,6 +45,8 @@ Environment variables tune it without editing this file:
   Docker Swarm (default 0: none; on Slurm the job's time limit is the session's): then
   the engines are released as idle ones are and the next cell asks for workers again;
   ``PDL_SESSION_WARN_S``: how long before a session's end its user is warned (default 600);
+  ``PDL_SESSION_MAX_S``: how long a session may be extended to from its start, by its
+  user's Extend in the Cluster panel (default 0: no extension);
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
   stops a whole server (default 86400; 0: never);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
@@ -200,9 +202,11 @@ c.PDLLocalSpawner.engine_idle_timeout = int(os.environ.get("PDL_ENGINE_IDLE_TIME
 try:
     _session_limit_s = seconds(os.environ.get("PDL_SESSION_LIMIT_S", "0"), "PDL_SESSION_LIMIT_S")
     _session_warn_s = seconds(os.environ.get("PDL_SESSION_WARN_S", "600"), "PDL_SESSION_WARN_S")
+    _session_max_s = seconds(os.environ.get("PDL_SESSION_MAX_S", "0"), "PDL_SESSION_MAX_S")
 except ValueError as e:
     raise SystemExit(f"jupyterhub_config.py: {e}") from None
 c.PDLLocalSpawner.session_limit_s = _session_limit_s
+c.PDLLocalSpawner.session_max_s = _session_max_s
 c.PDLLocalSpawner.session_warning_s = _session_warn_s
 if os.environ.get("PDL_POOL"):
     c.PDLLocalSpawner.pool = [s.strip() for s in os.environ["PDL_POOL"].split(",") if s.strip()]
@@ -235,6 +239,7 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLSwarmSpawner.state_db = str(state_dir / "swarm.sqlite")  # the queue and the reclaim log
     c.PDLSwarmSpawner.engine_idle_timeout = c.PDLLocalSpawner.engine_idle_timeout
     c.PDLSwarmSpawner.session_limit_s = _session_limit_s
+    c.PDLSwarmSpawner.session_max_s = _session_max_s
     c.PDLSwarmSpawner.session_warning_s = _session_warn_s
     c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]
     c.PDLSwarmSpawner.home_storage = os.environ.get("PDL_HOME_STORAGE", "volume")

@@ -36,6 +36,8 @@ variable                    field                  meaning
                                                    (embedded, Swarm; 0: none)
 ``PDL_SESSION_ENDS_AT``     ``session_ends_at``    when the spawn's session ends (epoch
                                                    seconds; 0: no limit)
+``PDL_SESSION_EXTENDABLE``  ``session_extendable`` ``1`` where the user may ask the hub
+                                                   for more time (the panel's Extend)
 =========================== ====================== =====================================
 
 The hub writes these into the server's environment; nothing a user writes reaches
@@ -69,6 +71,7 @@ VARIABLES = {
     "session_warn_s": "PDL_SESSION_WARN_S",
     "session_limit_s": "PDL_SESSION_LIMIT_S",
     "session_ends_at": "PDL_SESSION_ENDS_AT",
+    "session_extendable": "PDL_SESSION_EXTENDABLE",
 }
 
 
@@ -107,6 +110,8 @@ class ServerContract:
     session_limit_s: float = 0.0
     #: when the spawn's session ends, epoch seconds (a grant again tells its own); 0: no limit
     session_ends_at: float = 0.0
+    #: True where the user may ask the hub for more time (the panel's Extend)
+    session_extendable: bool = False
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -124,6 +129,7 @@ class ServerContract:
             "session_warn_s": f"{self.session_warn_s:g}" if self.session_warn_s else "",
             "session_limit_s": f"{self.session_limit_s:g}" if self.session_limit_s else "",
             "session_ends_at": f"{self.session_ends_at:.3f}" if self.session_ends_at else "",
+            "session_extendable": "1" if self.session_extendable else "",
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -159,6 +165,7 @@ class ServerContract:
             session_warn_s=number("session_warn_s", float),
             session_limit_s=number("session_limit_s", float),
             session_ends_at=number("session_ends_at", float),
+            session_extendable=number("session_extendable", int) > 0,
         )
 
     @property

@@ -84,12 +84,32 @@ class Refusal:
     reason: str
 
 
-Message = Union[Release, Want, Grant, Refusal]
+@dataclass(frozen=True)
+class ExtendWish:
+    """The user asks for more time for the session (the Cluster panel's Extend)."""
+
+    #: when they asked (epoch seconds), as written
+    asked_at: float
+
+
+@dataclass(frozen=True)
+class Extended:
+    """The hub's yes to an :class:`ExtendWish`: the session whose grant ended at ``of``
+    (epoch seconds; 0 on Slurm, where ``squeue`` tells the end) now ends at ``ends_at``."""
+
+    ends_at: float
+    of: float = 0.0
+
+
+Message = Union[Release, Want, Grant, Refusal, ExtendWish, Extended]
 Answer = Union[Grant, Refusal]
+#: The hub's answer to an :class:`ExtendWish`.
+ExtendAnswer = Union[Extended, Refusal]
 
 #: What :func:`encode` writes and :func:`decode` reads, in one line (for refusals of bad bodies).
 SHAPES = ('{"reason": "why", "workers": n, "slots": [...]} (a release), {"workers": n} (a want), '
-          '{"workers": n, "slots": [...], "slurm_job": n, "ends_at": t} (a grant), {"refused": "why"} (a refusal)')
+          '{"workers": n, "slots": [...], "slurm_job": n, "ends_at": t} (a grant), {"refused": "why"} (a refusal), '
+          '{"extend_asked_at": t} (a wish for more time), {"extended_to": t, "of": t} (more time given)')
 
 
 def encode(message: Message) -> dict:
@@ -103,6 +123,10 @@ def encode(message: Message) -> dict:
                 "ends_at": message.ends_at}
     if isinstance(message, Refusal):
         return {"refused": message.reason}
+    if isinstance(message, ExtendWish):
+        return {"extend_asked_at": message.asked_at}
+    if isinstance(message, Extended):
+        return {"extended_to": message.ends_at, "of": message.of}
     raise TypeError(f"not a lease message: {message!r}")
 
 
@@ -145,6 +169,8 @@ def decode(kind: type, data: Any) -> Message:
     try:
         if kind is Answer:
             kind = Refusal if "refused" in data else Grant
+        elif kind is ExtendAnswer:
+            kind = Refusal if "refused" in data else Extended
         if kind is Release:
             return Release(reason=_text(data, "reason"), workers=_count(data, "workers", 1), slots=_slots(data))
         if kind is Want:
@@ -158,6 +184,10 @@ def decode(kind: type, data: Any) -> Message:
             return grant
         if kind is Refusal:
             return Refusal(reason=_text(data, "refused"))
+        if kind is ExtendWish:
+            return ExtendWish(asked_at=_time(data, "extend_asked_at"))
+        if kind is Extended:
+            return Extended(ends_at=_time(data, "extended_to"), of=_time(data, "of"))
     except ValueError as e:  # parse_slot's, or ours
         raise LeaseFormatError(str(e).splitlines()[0]) from None
     raise TypeError(f"not a lease message type: {kind!r}")
@@ -170,10 +200,12 @@ class LeaseView:
     released: Release | None = None
     want: Want | None = None
     answer: Answer | None = None
+    #: a wish for more time the hub has not answered yet
+    extend: ExtendWish | None = None
 
     def to_json(self) -> dict:
-        """``{"released": ..., "want": ..., "grant": ...}``, each :func:`encode`'s object or null."""
-        parts = {"released": self.released, "want": self.want, "grant": self.answer}
+        """``{"released": ..., "want": ..., "grant": ..., "extend": ...}``, each :func:`encode`'s object or null."""
+        parts = {"released": self.released, "want": self.want, "grant": self.answer, "extend": self.extend}
         return {key: None if part is None else encode(part) for key, part in parts.items()}
 
     @classmethod
@@ -185,7 +217,8 @@ class LeaseView:
         def part(key, kind):
             return None if data.get(key) is None else decode(kind, data[key])
 
-        return cls(released=part("released", Release), want=part("want", Want), answer=part("grant", Answer))
+        return cls(released=part("released", Release), want=part("want", Want), answer=part("grant", Answer),
+                   extend=part("extend", ExtendWish))
 
 
 #: File name of each kind of message in the cluster folder.
@@ -193,6 +226,8 @@ FILES = {Release: "engines-released.json", Want: "engines-wanted.json", Grant: "
          Refusal: "engines-granted.json"}
 #: The grant the server took up: the slots its engines have now.
 HELD_FILE = "engines-held.json"
+#: The user's wish for more time, until the hub answers it; and the hub's last answer.
+EXTEND_WISH_FILE, EXTENSION_FILE = "session-extend-wish.json", "session-extended.json"
 
 
 class LeaseFiles:
@@ -237,9 +272,26 @@ class LeaseFiles:
     def held(self) -> Grant | None:
         return self._get(HELD_FILE, Grant)
 
+    def extend_wish(self) -> ExtendWish | None:
+        return self._get(EXTEND_WISH_FILE, ExtendWish)
+
+    def extension(self) -> ExtendAnswer | None:
+        """The hub's last answer to a wish for more time."""
+        return self._get(EXTENSION_FILE, ExtendAnswer)
+
+    def wish_extension(self, asked_at: float) -> None:
+        """Record the user's wish for more time (the last answer is forgotten)."""
+        self._remove(EXTENSION_FILE)
+        self._put(EXTEND_WISH_FILE, ExtendWish(asked_at=asked_at))
+
+    def answer_extension(self, answer: ExtendAnswer) -> None:
+        """Record the hub's answer to the wish, which it ends."""
+        self._put(EXTENSION_FILE, answer)
+        self._remove(EXTEND_WISH_FILE)
+
     def view(self) -> LeaseView:
         """What the lease API shows (:class:`LeaseView`)."""
-        return LeaseView(released=self.released(), want=self.want(), answer=self.answer())
+        return LeaseView(released=self.released(), want=self.want(), answer=self.answer(), extend=self.extend_wish())
 
     def end_release(self) -> None:
         """Forget the release, the want and the answer (the engines are back, or a new server starts)."""
@@ -255,8 +307,9 @@ class LeaseFiles:
         self._remove(FILES[Want], FILES[Grant])
 
     def clear(self) -> None:
-        """Forget everything, the held grant too (a new server starts on its spawn's workers)."""
-        self._remove(FILES[Release], FILES[Want], FILES[Grant], HELD_FILE)
+        """Forget everything, the held grant and the session's extension too (a new server
+        starts on its spawn's workers)."""
+        self._remove(FILES[Release], FILES[Want], FILES[Grant], HELD_FILE, EXTEND_WISH_FILE, EXTENSION_FILE)
 
     def _remove(self, *names: str) -> None:
         for name in names:

@@ -3,13 +3,17 @@
 - ``GET  /pdl/api/cluster``: the panel's model (:meth:`ClusterMonitor.snapshot_sync`);
 - ``POST /pdl/api/stop``: interrupt the running distributed cell on every rank;
 - ``POST /pdl/api/restart``: kill this cluster's engines so that they are restarted;
+- ``POST /pdl/api/extend``: ask the hub for more time for the session (the panel's
+  Extend): recorded in the lease as a :class:`~pdl.lease.ExtendWish`;
 - ``GET  /pdl/api/lease``: this server's engine lease (:class:`pdl.lease.LeaseView`):
   ``{"released": ..., "want": ..., "grant": ...}``, each a message or null;
 - ``POST /pdl/api/lease``: the hub's answer to a request for engines, a
   :class:`~pdl.lease.Grant` or a :class:`~pdl.lease.Refusal` (400, naming the valid
   shapes, for anything else); a grant of engines the hub started itself (Docker Swarm)
   also ends the release (before the answer, so that the hub's next look never finds
-  the release it just answered); 404 outside a hub server. The hub reads and answers the lease this
+  the release it just answered); 404 outside a hub server;
+- ``POST /pdl/api/lease/extension``: the hub's answer to a wish for more time, an
+  :class:`~pdl.lease.Extended` or a :class:`~pdl.lease.Refusal`, which ends the wish. The hub reads and answers the lease this
   way, with the server's own API token, and never touches the files; these calls are
   not user activity. The user may write here too: nothing here is trusted by the hub
   (a grant of slots the ledger did not give opens no GPU: the device cgroup follows
@@ -33,7 +37,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from pdl.lease import Answer, Grant, LeaseFiles, LeaseFormatError, decode
+from pdl.lease import SHAPES, Answer, ExtendAnswer, Grant, LeaseFiles, LeaseFormatError, decode
 
 from .monitor import ClusterMonitor
 
@@ -70,6 +74,12 @@ class RestartHandler(_MonitorHandler):
         self.reply(await self.monitor.restart_engines())
 
 
+class ExtendHandler(_MonitorHandler):
+    @tornado.web.authenticated
+    def post(self):
+        self.reply(self.monitor.ask_extension())
+
+
 class LeaseHandler(APIHandler):
     def update_api_activity(self):
         """The hub's looks at the lease are not the user's activity (idle culling)."""
@@ -99,6 +109,25 @@ class LeaseHandler(APIHandler):
         files.write(answer)
         if isinstance(answer, Grant) and answer.started_by_hub:
             files.release_answered()
+        self.finish(json.dumps({"ok": True}))
+
+
+class ExtensionHandler(LeaseHandler):
+    """The hub's answer to a wish for more time (``POST /pdl/api/lease/extension``)."""
+
+    @tornado.web.authenticated
+    def get(self):
+        raise tornado.web.HTTPError(405)
+
+    @tornado.web.authenticated
+    def post(self):
+        files = self._files()
+        try:
+            answer = decode(ExtendAnswer, json.loads(self.request.body))
+        except ValueError as e:  # not JSON, or LeaseFormatError
+            why = str(e).splitlines()[0] if isinstance(e, LeaseFormatError) else "not JSON"
+            raise tornado.web.HTTPError(400, f"{why}: the body must be one of {SHAPES}")
+        files.answer_extension(answer)
         self.finish(json.dumps({"ok": True}))
 
 
@@ -149,5 +178,7 @@ def setup_handlers(web_app, monitor: ClusterMonitor) -> None:
         (url_path_join(base, "cluster"), ClusterHandler),
         (url_path_join(base, "stop"), StopHandler),
         (url_path_join(base, "restart"), RestartHandler),
+        (url_path_join(base, "extend"), ExtendHandler),
         (url_path_join(base, "lease"), LeaseHandler),
+        (url_path_join(base, "lease", "extension"), ExtensionHandler),
     ])

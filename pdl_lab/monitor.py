@@ -33,10 +33,9 @@ from pathlib import Path
 import ipyparallel as ipp
 
 from pdl.contract import ServerContract
-from pdl.lease import LeaseFiles, Release
-from pdl.limits import holding_line
+from pdl.lease import Extended, LeaseFiles, Refusal, Release
+from pdl.limits import duration, holding_line
 from pdl_server import clusters
-from pdl.limits import duration
 from pdl_server.session_clock import session_end
 from pdl_server.status_file import pid_alive, read_status
 from pdl_server.world import rank_order
@@ -291,14 +290,40 @@ class ClusterMonitor:
 
     def session(self) -> dict | None:
         """The session's end (:mod:`pdl_server.session_clock`): ``{"ends_at" (epoch s),
-        "left_s", "why", "text" ("Time left: 9 min (why)"), "warning" (one line, or None)}``,
-        or None without one."""
+        "left_s", "why", "text" ("Time left: 9 min (why)"), "warning" (one line, or None),
+        "extendable" (the hub lets the user ask for more time), "extension" (one line on
+        the last wish for more time, or None)}``, or None without one."""
         end = session_end(lease=self.lease)
         if end is None:
             return None
         left = end.left_s()
+        contract = ServerContract.from_env()
         return {"ends_at": end.ends_at, "left_s": left, "why": end.why,
-                "text": f"Time left: {duration(left)} ({end.why})", "warning": end.warning()}
+                "text": f"Time left: {duration(left)} ({end.why})", "warning": end.warning(),
+                "extendable": contract.session_extendable,
+                "extension": self.extension_line()}
+
+    def extension_line(self) -> str | None:
+        """Where the last wish for more time stands, in one line; None without one."""
+        if self.lease is None:
+            return None
+        if self.lease.extend_wish() is not None:
+            return "Asking the hub for more time..."
+        answer = self.lease.extension()
+        if isinstance(answer, Extended):
+            return f"Extended: your session now ends at {time.strftime('%H:%M UTC', time.gmtime(answer.ends_at))}."
+        if isinstance(answer, Refusal):
+            return answer.reason
+        return None
+
+    def ask_extension(self) -> dict:
+        """The user's wish for more time, recorded for the hub (Extend in the panel);
+        ``{"ok": bool, "message": one line}``."""
+        session = self.session()
+        if session is None or not session["extendable"] or self.lease is None:
+            return {"ok": False, "message": "This session cannot be extended here."}
+        self.lease.wish_extension(time.time())
+        return {"ok": True, "message": "Asking the hub for more time..."}
 
     def limits_line(self, holding: bool) -> str | None:
         """The user's limit and what this server holds (:func:`pdl.limits.holding_line`;

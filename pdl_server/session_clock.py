@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from pdl.contract import ServerContract
-from pdl.lease import LeaseFiles
+from pdl.lease import Extended, LeaseFiles
 from pdl.limits import duration, session_limit_why
 
 #: Seconds before the end that the engines are released (and cells wait for that).
@@ -92,7 +92,8 @@ _cache_lock = threading.Lock()
 def session_end(contract: ServerContract | None = None, lease: LeaseFiles | None = None, *,
                 fresh: bool = False) -> SessionEnd | None:
     """This server's session end, or None without one. Under a hub's session limit: the
-    end of the grant the engines came back on, else the spawn's. On Slurm: the time
+    end of the grant the engines came back on, else the spawn's, as the hub extended it
+    (:class:`pdl.lease.Extended`). On Slurm: the time
     limit of the job holding the workers (the grant's, else the spawn's), read at most
     every :data:`READ_EVERY_S` s in this process (``fresh``: now)."""
     contract = contract or ServerContract.from_env()
@@ -101,6 +102,9 @@ def session_end(contract: ServerContract | None = None, lease: LeaseFiles | None
     warn_before_s = contract.session_warn_s or WARN_BEFORE_S
     if contract.session_limit_s:
         ends_at = held.ends_at if held is not None and held.ends_at else contract.session_ends_at
+        extension = lease.extension() if lease is not None else None
+        if isinstance(extension, Extended) and ends_at and abs(extension.of - ends_at) < 0.01:  # this session's only
+            ends_at = max(ends_at, extension.ends_at)
         return SessionEnd(ends_at=ends_at, why=session_limit_why(contract.session_limit_s),
                           warn_before_s=warn_before_s) if ends_at else None
     job = held.slurm_job if held is not None and held.slurm_job else contract.slurm_job

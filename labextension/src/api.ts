@@ -1,6 +1,6 @@
 /**
  * The server extension's API (pdl_lab.handlers): GET /pdl/api/cluster,
- * POST /pdl/api/stop, POST /pdl/api/restart. Field meanings: docs/cluster-panel.md.
+ * POST /pdl/api/stop, POST /pdl/api/restart, POST /pdl/api/extend. Field meanings: docs/cluster-panel.md.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -59,6 +59,15 @@ export interface ISession {
   text: string;
   /** One line once less than the warning time is left, else null. */
   warning: string | null;
+  /** True where the hub lets the user ask for more time (the Extend button). */
+  extendable: boolean;
+  /** Where the last wish for more time stands, one line, or null. */
+  extension: string | null;
+}
+
+export interface IExtendReply {
+  ok: boolean;
+  message: string;
 }
 
 export interface ICluster {

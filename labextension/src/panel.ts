@@ -9,6 +9,7 @@ import { Widget } from '@lumino/widgets';
 import {
   ICluster,
   IEngine,
+  IExtendReply,
   IRankProgress,
   IRestartReply,
   IStopReply,
@@ -134,6 +135,18 @@ export class ClusterPanel extends Widget {
     }
   }
 
+  /** Ask the hub for more time; its answer shows in the session's lines at the next refreshes. */
+  async extendSession(button: HTMLButtonElement): Promise<void> {
+    button.disabled = true;
+    try {
+      const reply = await requestAPI<IExtendReply>('extend', { method: 'POST' });
+      this.setNotice(reply.message, !reply.ok);
+    } catch (reason) {
+      this.setNotice(`Extend failed: ${reason}`, true);
+    }
+    await this.refresh();
+  }
+
   async stopCell(): Promise<void> {
     this._stopButton.disabled = true;
     this.setNotice('Stopping the cell on every rank…');
@@ -204,9 +217,19 @@ export class ClusterPanel extends Widget {
       this._summary.appendChild(el('div', 'pdl-limits', model.limits));
     }
     if (model.session) {
-      this._summary.appendChild(el('div', 'pdl-time-left', model.session.text));
+      const timeLeft = el('div', 'pdl-time-left', model.session.text);
+      if (model.session.extendable) {
+        const extend = el('button', 'jp-Button jp-mod-styled jp-mod-accept pdl-extend', 'Extend');
+        extend.title = 'Ask the hub for more time for this session';
+        extend.onclick = () => void this.extendSession(extend);
+        timeLeft.append(' ', extend);
+      }
+      this._summary.appendChild(timeLeft);
       if (model.session.warning) {
         this._summary.appendChild(el('div', 'pdl-session-warning pdl-mod-error', model.session.warning));
+      }
+      if (model.session.extension) {
+        this._summary.appendChild(el('div', 'pdl-extension', model.session.extension));
       }
     }
     if (model.nodes.length) {

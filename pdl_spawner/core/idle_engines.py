@@ -24,7 +24,7 @@ import json
 from tornado.httpclient import AsyncHTTPClient
 from traitlets import HasTraits, Integer
 
-from pdl.lease import Answer, LeaseFormatError, LeaseView, encode
+from pdl.lease import Answer, ExtendAnswer, LeaseFormatError, LeaseView, encode
 
 #: Seconds between the hub's looks at a server's engine lease (released, wanted).
 LEASE_TICK_S = 1.0
@@ -81,13 +81,20 @@ class IdleEngines(HasTraits):
         """Send the user's server the hub's answer to its request (a grant or a refusal)."""
         await self.fetch_lease(encode(answer))
 
-    async def fetch_lease(self, body: dict | None = None) -> dict | None:
-        """``GET .../pdl/api/lease`` of the user's server, or with ``body``, POST it there:
-        the JSON object it answers, or None when it does not answer or says no. The
-        hub's one exchange with a server about its lease (and the seam tests replace)."""
+    async def answer_extension(self, answer: ExtendAnswer) -> None:
+        """Send the user's server the hub's answer to its wish for more time."""
+        await self.fetch_lease(encode(answer), part="extension")
+
+    async def fetch_lease(self, body: dict | None = None, part: str = "") -> dict | None:
+        """``GET .../pdl/api/lease`` of the user's server, or with ``body``, POST it there
+        (``part``: to ``.../lease/<part>``): the JSON object it answers, or None when it
+        does not answer or says no. The hub's one exchange with a server about its lease
+        (and the seam tests replace)."""
         url, token = self.lease_url(), self.lease_token()
         if not url or not token:
             return None
+        if part:
+            url = f"{url}/{part}"
         try:
             response = await AsyncHTTPClient().fetch(
                 url, method="GET" if body is None else "POST", body=None if body is None else json.dumps(body),

@@ -3,7 +3,9 @@ limit is the session's): how long one grant of workers lasts, and the hub taking
 back should the user's server not give them up at the end.
 
 A session starts when workers are granted (the spawn's, and each grant again after a
-release) and ends ``session_limit_s`` seconds later. The hub tells the end to the
+release) and ends ``session_limit_s`` seconds later; its user may ask for more time
+(Extend), given in steps of ``session_limit_s`` up to ``session_max_s`` from its start
+while nobody waits in the queue (:meth:`SessionLimit.extend_session`). The hub tells the end to the
 server (``PDL_SESSION_ENDS_AT`` at the spawn, :attr:`pdl.lease.Grant.ends_at` after),
 whose supervisor releases the engines a few seconds before it
 (:mod:`pdl_server.session_clock`), as an idle release does: the kernel keeps its state
@@ -21,6 +23,7 @@ import time
 
 from traitlets import Float, HasTraits
 
+from pdl.lease import Extended, ExtendAnswer, Refusal
 from pdl.limits import duration, session_limit_why
 
 #: Seconds after a session's end from which the hub takes the workers back itself.
@@ -43,8 +46,17 @@ class SessionLimit(HasTraits):
         session_warning_s before.""",
     )
 
+    session_max_s = Float(
+        0.0, config=True,
+        help="""Seconds from a session's start up to which its user may extend it (Extend, in the
+        Cluster panel), each time by session_limit_s, and only while nobody waits in the queue;
+        0 (or at most session_limit_s): no extension. The embedded default and Docker Swarm.""",
+    )
+
     #: When this server's session ends (epoch seconds); 0: no limit, or no workers held.
     session_ends_at = 0.0
+    #: When it ended as granted, before any extension (the server's key to the extension).
+    session_granted_end = 0.0
 
     #: False where the scheduler's own limit is the session's (Slurm: the job's time limit).
     applies_session_limit = True
@@ -53,10 +65,42 @@ class SessionLimit(HasTraits):
         """Workers were just granted: their session ends ``session_limit_s`` from now."""
         limited = self.applies_session_limit and self.session_limit_s > 0
         self.session_ends_at = (time.time() if now is None else now) + self.session_limit_s if limited else 0.0
+        self.session_granted_end = self.session_ends_at
 
     def stop_session(self) -> None:
         """The workers were given back: no session runs."""
-        self.session_ends_at = 0.0
+        self.session_ends_at = self.session_granted_end = 0.0
+
+    @property
+    def session_extendable(self) -> bool:
+        """True where users may ask for more time (:attr:`session_max_s` above the limit)."""
+        return self.applies_session_limit and self.session_max_s > self.session_limit_s > 0
+
+    async def others_waiting(self) -> int:
+        """How many other users wait in the queue (the spawner's queue; 0 without one)."""
+        return 0
+
+    async def extend_session(self, now: float | None = None) -> ExtendAnswer:
+        """The answer to the user's wish for more time: the session's end moved by
+        :attr:`session_limit_s`, up to :attr:`session_max_s` from its start, or a
+        refusal in one line (no extension here, the longest session reached, others
+        waiting for workers, no session running)."""
+        now = time.time() if now is None else now
+        if not self.session_extendable:
+            return Refusal(f"Not extended: sessions here last {duration(self.session_limit_s)} and are not extended"
+                           if self.session_limit_s > 0 else "Not extended: sessions here have no time limit")
+        if not self.session_ends_at or now >= self.session_ends_at:
+            return Refusal("Not extended: no session runs (the next cell starts one)")
+        latest = self.session_granted_end - self.session_limit_s + self.session_max_s
+        if self.session_ends_at >= latest:
+            return Refusal(f"Not extended: the longest session here is {duration(self.session_max_s)}, and yours "
+                           f"has reached it")
+        waiting = await self.others_waiting()
+        if waiting:
+            return Refusal(f"Not extended: {waiting} other user{'s are' if waiting > 1 else ' is'} waiting for "
+                           f"workers")
+        self.session_ends_at = min(self.session_ends_at + self.session_limit_s, latest)
+        return Extended(ends_at=self.session_ends_at, of=self.session_granted_end)
 
     def session_over(self, now: float | None = None) -> bool:
         """True from :data:`ENFORCE_AFTER_S` after the end: time for the hub to take back
@@ -91,13 +135,19 @@ class SessionLimit(HasTraits):
         state = super().get_state()
         if self.session_ends_at:
             state["session_ends_at"] = self.session_ends_at
+            state["session_granted_end"] = self.session_granted_end
         return state
 
     def load_state(self, state):
         super().load_state(state)
-        ends_at = state.get("session_ends_at", 0.0)
-        self.session_ends_at = float(ends_at) if isinstance(ends_at, (int, float)) else 0.0
+
+        def seconds(key: str) -> float:
+            value = state.get(key, 0.0)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+        self.session_ends_at = seconds("session_ends_at")
+        self.session_granted_end = seconds("session_granted_end") or self.session_ends_at
 
     def clear_state(self):
         super().clear_state()
-        self.session_ends_at = 0.0
+        self.stop_session()

@@ -142,7 +142,8 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
         workers_limit, limits_note = self.told_limits
         return dict(idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit, limits_note=limits_note,
                     session_warn_s=self.session_warning_s, session_ends_at=self.session_ends_at,
-                    session_limit_s=self.session_limit_s if self.session_ends_at else 0.0)
+                    session_limit_s=self.session_limit_s if self.session_ends_at else 0.0,
+                    session_extendable=self.session_extendable)
 
     async def read_capacity(self) -> None:
         """Learn what :attr:`worker_capacity` needs, off the event loop, before a count
@@ -259,12 +260,18 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
     def lease_needs_watch(self) -> bool:
         return super().lease_needs_watch() or self.session_limit_s > 0
 
+    async def others_waiting(self) -> int:
+        """Users in the queue other than this one."""
+        waiting = await self.waiting() or []
+        return sum(1 for user, _ in waiting if user != self.user.name)
+
     def reclaim_reason(self) -> str:
         """The hub's words for a release it reclaims: the session's end near it, else idleness."""
         return self.session_reason() if self.session_ending() else idle_reason(self.engine_idle_timeout)
 
     async def tend_lease(self) -> None:
-        """One look at the server's lease: past the session's end, take back workers the
+        """One look at the server's lease: answer a wish for more time
+        (:meth:`~pdl_spawner.core.session_limit.SessionLimit.extend_session`); past the session's end, take back workers the
         server still holds; reclaim the workers of engines released (idle, or at the
         session's end), then answer a request to have them again (its count checked like
         a spawn's; a grant starts a new session). While an answer waits for the server to
@@ -272,6 +279,8 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
         reclaiming then would take back the workers just granted. Nothing of the lease's
         text reaches the hub's log."""
         lease = await self.read_lease()
+        if lease is not None and lease.extend is not None:  # the user asks for more time
+            await self.answer_extension(await self.extend_session())
         if self.session_over() and (lease is None or lease.released is None):
             taken = await self.take_back_workers()
             self.stop_session()

@@ -1,13 +1,15 @@
 """The Cluster panel in a real browser, through the hub.
 
-Log in through the hub's form, spawn 3 workers, open the Cluster panel and see the
-3 engines idle; run a ``%%distributed -n 3`` cell that calls ``pdl.log`` and watch
+Log in through the hub's form (which says how long sessions last), spawn 3 workers,
+open the Cluster panel and see the 3 engines idle, the time left, and "Extend" giving
+one more hour and then saying the longest session is reached; run a ``%%distributed -n 3`` cell that calls ``pdl.log`` and watch
 every rank's progress advance in the panel; press "Stop cell" and see every rank
 stop and the engines idle again. Screenshots go to docs/img/ (panel.png, training.png).
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -33,7 +35,9 @@ PANEL = "#pdl-cluster-panel"
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    yield from hub_fixture(tmp_path_factory.mktemp("panel-hub"), ["ada"], ["cpu:0", "cpu:1", "cpu:2"])
+    # sessions of 1 h, which ada may extend once, to 2 h
+    yield from hub_fixture(tmp_path_factory.mktemp("panel-hub"), ["ada"], ["cpu:0", "cpu:1", "cpu:2"],
+                           hub_env={"PDL_SESSION_LIMIT_S": "3600", "PDL_SESSION_MAX_S": "7200"})
 
 
 @pytest.fixture
@@ -90,6 +94,7 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
     page.click("#login_submit")
     page.wait_for_url("**/hub/spawn**", timeout=30_000)
     assert page.inner_text("form .pdl-limits") == "You may hold 3 workers; you hold 0."
+    assert page.inner_text("form .pdl-session").startswith("Sessions last at most 1 h 00 min: ")
     page.fill("input[name=workers]", "3")
     page.click("form [type=submit]")
     page.wait_for_url("**/user/ada/lab**", timeout=90_000)
@@ -104,6 +109,17 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
              10, "each engine's CPU%")
     assert "Reserved: 3 slots (cpu:0, cpu:1, cpu:2)" in page.inner_text(PANEL)
     assert page.inner_text(f"{PANEL} .pdl-limits") == "You may hold 3 workers; you hold 3."
+    why = "(the hub's session limit of 1 h 00 min)"
+    assert re.match(r"Time left: 5\d min " + re.escape(why), page.inner_text(f"{PANEL} .pdl-time-left"))
+    page.click(f"{PANEL} button.pdl-extend")
+    wait_for(page, lambda: re.match(r"Time left: 1 h 5\d min " + re.escape(why),
+                                    page.inner_text(f"{PANEL} .pdl-time-left")),
+             15, "the time left to grow by the hub's answer")
+    assert page.inner_text(f"{PANEL} .pdl-extension").startswith("Extended: your session now ends at ")
+    page.click(f"{PANEL} button.pdl-extend")
+    wait_for(page, lambda: page.inner_text(f"{PANEL} .pdl-extension") ==
+             "Not extended: the longest session here is 2 h 00 min, and yours has reached it", 15,
+             "the hub's refusal of a second extension")
     assert page.is_disabled(f"{PANEL} button.pdl-stop")
     page.locator(PANEL).screenshot(path=str(SCREENSHOTS / "panel.png"))
 

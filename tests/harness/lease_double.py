@@ -6,21 +6,24 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pdl.lease import Answer, decode
+from pdl.lease import Answer, ExtendAnswer, decode
 
 
 class LeaseDouble:
     """The server's lease API (``/pdl/api/lease``) as a spawner sees it: what the user's
-    server says (JSON; None: it does not answer), and the hub's answers, read back as
-    lease messages."""
+    server says (JSON; None: it does not answer), and the hub's answers (to requests for
+    workers, and to wishes for more time), read back as lease messages."""
 
     def __init__(self, lease: dict | None):
-        self.lease, self.answers = lease, []
+        self.lease, self.answers, self.extensions = lease, [], []
 
-    async def __call__(self, body=None):
+    async def __call__(self, body=None, part=""):
         if body is None:
             return self.lease
-        self.answers.append(decode(Answer, body))
+        if part == "extension":
+            self.extensions.append(decode(ExtendAnswer, body))
+        else:
+            self.answers.append(decode(Answer, body))
         return {"ok": True}
 
 

@@ -87,3 +87,39 @@ def test_the_spawn_form_and_the_servers_contract_tell_the_limit(tmp_path):
     env = spawner.server_contract().env()
     assert env["PDL_SESSION_LIMIT_S"] == "28800" and env["PDL_SESSION_ENDS_AT"] == "1800028800.000"
 
+
+
+WISH = {"released": None, "want": None, "grant": None, "extend": {"extend_asked_at": 1.0}}
+
+
+def test_extend_adds_a_session_limit_up_to_the_longest_session_and_no_further(tmp_path):
+    from pdl.lease import Extended, Refusal
+
+    spawner = lease_spawner(tmp_path, WISH, session_limit_s=3600, session_max_s=3 * 3600)
+    start = time.time()
+    spawner.start_session(now=start)
+    for _ in range(3):
+        asyncio.run(spawner.tend_lease())
+    assert spawner.fetch_lease.extensions == [
+        Extended(ends_at=start + 2 * 3600, of=start + 3600), Extended(ends_at=start + 3 * 3600, of=start + 3600),
+        Refusal("Not extended: the longest session here is 3 h 00 min, and yours has reached it")]
+    assert spawner.session_ends_at == start + 3 * 3600  # what the hub enforces
+    assert spawner.server_contract().env()["PDL_SESSION_EXTENDABLE"] == "1"
+
+
+def test_extend_is_refused_while_others_wait_and_where_the_admin_allows_none(tmp_path):
+    from pdl.lease import Refusal
+    from pdl_spawner.core.wait_queue import WaitQueue
+
+    spawner = lease_spawner(tmp_path / "queue", WISH, session_limit_s=3600, session_max_s=7200, queue_timeout=60)
+    spawner.start_session()
+    WaitQueue(spawner.reservations_db).join("bob", "bob", 1)
+    asyncio.run(spawner.tend_lease())
+    assert spawner.fetch_lease.extensions == [Refusal("Not extended: 1 other user is waiting for workers")]
+
+    spawner = lease_spawner(tmp_path / "none", WISH, session_limit_s=3600)
+    spawner.start_session()
+    asyncio.run(spawner.tend_lease())
+    assert spawner.fetch_lease.extensions == [Refusal("Not extended: sessions here last 1 h 00 min and are "
+                                                      "not extended")]
+    assert "PDL_SESSION_EXTENDABLE" not in spawner.server_contract().env()  # the panel offers no Extend

@@ -174,3 +174,29 @@ def test_the_panels_limits_line_says_what_the_hub_allows_and_what_is_held(monkey
     assert monitor.limits_line(False) == "You may hold 4 workers; you hold 0."  # released for idleness
     monkeypatch.setenv("PDL_LIMITS_NOTE", "Slurm QOS lab: at most 4 GPUs per user.")
     assert monitor.limits_line(True) == "You may hold 4 workers; you hold 2. Slurm QOS lab: at most 4 GPUs per user."
+
+
+def test_the_panels_session_offers_extend_where_the_hub_allows_it_and_says_where_the_wish_stands(
+        tmp_path, monkeypatch):
+    from pdl.lease import Extended, LeaseFiles, Refusal
+
+    ends_at = time.time() + 3600
+    monkeypatch.setenv("PDL_CLUSTER_DIR", str(tmp_path))
+    monkeypatch.setenv("PDL_SESSION_LIMIT_S", "3600")
+    monkeypatch.setenv("PDL_SESSION_ENDS_AT", f"{ends_at:.3f}")
+    monitor = ClusterMonitor(hub_cluster_file=str(tmp_path / "cluster.json"), hub_slots=["cpu:0"])
+    session = monitor.session()
+    assert session["text"].startswith("Time left: ") and session["why"] == "the hub's session limit of 1 h 00 min"
+    assert not session["extendable"] and session["extension"] is None
+    assert monitor.ask_extension() == {"ok": False, "message": "This session cannot be extended here."}
+    assert LeaseFiles(tmp_path).extend_wish() is None
+
+    monkeypatch.setenv("PDL_SESSION_EXTENDABLE", "1")
+    assert monitor.session()["extendable"]
+    assert monitor.ask_extension()["ok"] and monitor.session()["extension"] == "Asking the hub for more time..."
+    LeaseFiles(tmp_path).answer_extension(Extended(ends_at=ends_at + 3600, of=ends_at))  # the env has ms
+    extended = monitor.session()
+    assert extended["ends_at"] == ends_at + 3600 and extended["extension"] == (
+        f"Extended: your session now ends at {time.strftime('%H:%M UTC', time.gmtime(ends_at + 3600))}.")
+    LeaseFiles(tmp_path).answer_extension(Refusal("Not extended: 1 other user is waiting for workers"))
+    assert monitor.session()["extension"] == "Not extended: 1 other user is waiting for workers"

@@ -11,8 +11,8 @@ import stat
 
 import pytest
 
-from pdl.lease import (Answer, Grant, LeaseFiles, LeaseFormatError, LeaseView, Refusal, Release, Want, decode,
-                       encode)
+from pdl.lease import (Answer, ExtendAnswer, Extended, ExtendWish, Grant, LeaseFiles, LeaseFormatError, LeaseView,
+                       Refusal, Release, Want, decode, encode)
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +32,19 @@ MESSAGES = [
 def test_what_the_writer_writes_the_reader_reads_back(message):
     kind = Answer if isinstance(message, (Grant, Refusal)) else type(message)
     assert decode(kind, json.loads(json.dumps(encode(message)))) == message
+
+
+def test_a_wish_for_more_time_and_its_answers_round_trip():
+    wish, yes, no = ExtendWish(asked_at=1_800_000_000.0), Extended(ends_at=1_800_003_600.0, of=1_800_000_100.0), \
+        Refusal("Not extended: 1 other user is waiting for workers")
+    assert encode(wish) == {"extend_asked_at": 1_800_000_000.0}
+    assert encode(yes) == {"extended_to": 1_800_003_600.0, "of": 1_800_000_100.0}
+    assert decode(ExtendWish, encode(wish)) == wish
+    assert decode(ExtendAnswer, encode(yes)) == yes and decode(ExtendAnswer, encode(no)) == no
+    view = LeaseView(extend=wish)
+    assert LeaseView.from_json(json.loads(json.dumps(view.to_json()))) == view
+    with pytest.raises(LeaseFormatError):
+        decode(ExtendAnswer, {"extended_to": "later"})
 
 
 def test_the_wire_shapes_are_exactly_these():

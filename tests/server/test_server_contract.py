@@ -34,7 +34,8 @@ def test_a_swarm_servers_contract_is_exactly_these_variables():
     ServerContract(),
     ServerContract(slots=("cpu:0",), cluster_dir="/c", idle_timeout_s=2.5, cluster_file="/c/f.json"),
     ServerContract(workers=8, controller_secret="/run/secrets/x", cluster_dir="/tmp/pdl-cluster"),
-    ServerContract(slots=("cpu:1",), session_warn_s=600, session_limit_s=28800, session_ends_at=1_800_000_000.25),
+    ServerContract(slots=("cpu:1",), session_warn_s=600, session_limit_s=28800, session_ends_at=1_800_000_000.25,
+                   session_extendable=True),
 ])
 def test_what_the_builder_writes_the_parser_reads_back(contract):
     assert ServerContract.from_env(contract.env()) == contract

@@ -50,3 +50,17 @@ def test_under_a_hubs_limit_the_end_is_the_spawns_then_each_grants(tmp_path):
     lease.keep_held(Grant(workers=1, slots=("cpu:0",), ends_at=NOW + 4000))
     assert session_end(contract, lease).ends_at == NOW + 4000
     assert session_end(ServerContract(), lease) is None  # no limit, no Slurm job: no end
+
+
+def test_the_hubs_extension_moves_the_end_of_its_own_session_only(tmp_path):
+    from pdl.contract import ServerContract
+    from pdl.lease import Extended, Grant, LeaseFiles
+
+    contract = ServerContract(session_limit_s=3600, session_ends_at=NOW)
+    lease = LeaseFiles(tmp_path)
+    lease.wish_extension(NOW - 60)
+    assert lease.extend_wish() is not None and session_end(contract, lease).ends_at == NOW  # asked, not given
+    lease.answer_extension(Extended(ends_at=NOW + 3600, of=NOW))
+    assert lease.extend_wish() is None and session_end(contract, lease).ends_at == NOW + 3600
+    lease.keep_held(Grant(workers=1, slots=("cpu:0",), ends_at=NOW + 9000))  # a later grant: a new session
+    assert session_end(contract, lease).ends_at == NOW + 9000
