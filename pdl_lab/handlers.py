@@ -39,6 +39,8 @@ from jupyter_server.utils import url_path_join
 
 from pdl.lease import SHAPES, Answer, ExtendAnswer, Grant, LeaseFiles, LeaseFormatError, decode
 
+from pdl_server import session_clock
+
 from .monitor import ClusterMonitor
 
 #: Key of the ClusterMonitor in the tornado application's settings.
@@ -128,6 +130,7 @@ class ExtensionHandler(LeaseHandler):
             why = str(e).splitlines()[0] if isinstance(e, LeaseFormatError) else "not JSON"
             raise tornado.web.HTTPError(400, f"{why}: the body must be one of {SHAPES}")
         files.answer_extension(answer)
+        session_clock.forget_readings()  # on Slurm, squeue now tells the new end
         self.finish(json.dumps({"ok": True}))
 
 

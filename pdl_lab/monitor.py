@@ -301,17 +301,18 @@ class ClusterMonitor:
         return {"ends_at": end.ends_at, "left_s": left, "why": end.why,
                 "text": f"Time left: {duration(left)} ({end.why})", "warning": end.warning(),
                 "extendable": contract.session_extendable,
-                "extension": self.extension_line()}
+                "extension": self.extension_line(end.ends_at)}
 
-    def extension_line(self) -> str | None:
-        """Where the last wish for more time stands, in one line; None without one."""
+    def extension_line(self, ends_at: float) -> str | None:
+        """Where the last wish for more time stands, in one line (an extension: the
+        session's end now, ``ends_at``); None without one."""
         if self.lease is None:
             return None
         if self.lease.extend_wish() is not None:
             return "Asking the hub for more time..."
         answer = self.lease.extension()
         if isinstance(answer, Extended):
-            return f"Extended: your session now ends at {time.strftime('%H:%M UTC', time.gmtime(answer.ends_at))}."
+            return f"Extended: your session now ends at {time.strftime('%H:%M UTC', time.gmtime(ends_at))}."
         if isinstance(answer, Refusal):
             return answer.reason
         return None

@@ -89,6 +89,12 @@ _cache: dict[int, tuple[float, float | None]] = {}
 _cache_lock = threading.Lock()
 
 
+def forget_readings() -> None:
+    """Read Slurm's end times afresh (the hub just moved one)."""
+    with _cache_lock:
+        _cache.clear()
+
+
 def session_end(contract: ServerContract | None = None, lease: LeaseFiles | None = None, *,
                 fresh: bool = False) -> SessionEnd | None:
     """This server's session end, or None without one. Under a hub's session limit: the

@@ -8,7 +8,8 @@ Slurm holds the reservations: no ledger.
   (pure); :mod:`pdl_spawner.slurm.choices`: the partition and time limit a user may
   choose (settings, checks), with :mod:`pdl_spawner.slurm.form`, their form fields (pure);
   :mod:`pdl_spawner.slurm.qos`: the QOS that applies to a user's jobs and its limits
-  (pure); :mod:`pdl_spawner.slurm.placement`: where the server runs (the login node, or a step
+  (pure); :mod:`pdl_spawner.slurm.time_limits`: how far a job's time limit may be
+  extended (pure); :mod:`pdl_spawner.slurm.placement`: where the server runs (the login node, or a step
   of its own job).
 - :mod:`pdl_spawner.slurm.admin_source`: the admin view's source (Slurm's jobs and
   nodes, through its commands).

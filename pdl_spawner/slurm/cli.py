@@ -121,6 +121,19 @@ class SlurmCommands:
         """Submit ``sbatch`` ``argv`` as ``account``; the new job's id."""
         return slurm_jobs.parse_job_id(await self.run(argv, account=account))
 
+    async def job_time_limit(self, job_id: int) -> str:
+        """Job ``job_id``'s time limit as Slurm writes it (``squeue -o %l``: ``"1:00:00"``, ``"UNLIMITED"``)."""
+        return (await self.run(["squeue", "-h", "-j", str(job_id), "-o", "%l"])).strip()
+
+    async def partition_max_time(self, partition: str) -> str:
+        """The longest job ``partition`` allows, as Slurm writes it (``sinfo -o %l``)."""
+        lines = (await self.run(["sinfo", "-h", "-p", partition, "-o", "%l"])).split()
+        return lines[0] if lines else ""
+
+    async def set_time_limit(self, job_id: int, minutes: int) -> None:
+        """Set job ``job_id``'s time limit (``scontrol update``, as one of Slurm's administrators)."""
+        await self.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"])
+
     async def qos_limits(self, user: str, sbatch_args: list[str], account: str = "") -> slurm_qos.QosLimits:
         """The limits of the QOS that ``user``'s PDL jobs run under (:func:`pdl_spawner.slurm.qos.qos_of`),
         from ``sacctmgr``; SlurmError (one line) when Slurm does not answer or knows no such QOS."""

@@ -42,6 +42,7 @@ nobody else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import replace
@@ -51,7 +52,7 @@ from tornado import web
 from traitlets import Dict, Enum, Integer, List, Unicode, default
 
 from pdl.contract import ServerContract
-from pdl.lease import Grant
+from pdl.lease import ExtendAnswer, Extended, Grant, Refusal
 from pdl_spawner.core import unix_accounts
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.spawner import SpawnerCore
@@ -60,11 +61,14 @@ from pdl_spawner.slurm.choices import SlurmChoices
 from pdl_spawner.slurm import jobs as slurm_jobs
 from pdl_spawner.slurm import placement as slurm_placement
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
+from pdl_spawner.slurm import time_limits
 from pdl_spawner.slurm.jobs import SlurmJob
 
 #: Seconds a spawn that does not wait in the queue gives its job to start while Slurm
 #: has not looked at it yet (reason ``None``; its scheduler does within a few seconds).
 SETTLE_S = 15.0
+#: Minutes an extension adds to a job spawned without a time limit of its own.
+EXTEND_STEP_MIN = 60
 #: Seconds between looks at a job waiting to start.
 JOB_POLL_S = 1.0
 #: :attr:`PDLSlurmSpawner.worker_capacity` before Slurm has been asked (no bound yet).
@@ -129,8 +133,10 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
     #: A job can end under a running server (its time limit, scancel): the server then
     #: records a release, and the next cell asks for a new job through the lease.
     always_watch_lease = True
-    #: The job's time limit is the session's (PDL_SESSION_LIMIT_S does not apply).
+    #: The job's time limit is the session's (PDL_SESSION_LIMIT_S does not apply); its user
+    #: may ask for more time, within the QOS, the partition and ``max_time_limit``.
     applies_session_limit = False
+    session_extendable = True
 
     #: GPUs of each partition, as last read from Slurm: partition ("": the default) -> count.
     _capacity: dict[str, int] = {}
@@ -192,6 +198,50 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
                 self.log.warning("Slurm's QOS limits cannot be shown to users: %s", e)
             return SchedulerLimits()
         return SchedulerLimits(workers=qos.gpu_cap, note=qos.note())
+
+    async def extend_session(self, now: float | None = None) -> ExtendAnswer:
+        """More time for the job holding the GPUs: its time limit raised by the spawn's
+        (:attr:`chosen_time_limit`, else :data:`EXTEND_STEP_MIN`) minutes, up to the
+        lowest of the QOS's MaxWall, the partition's MaxTime and ``max_time_limit``, which
+        the hub holds it to (as one of Slurm's administrators, its ``scontrol update``
+        would pass them); else a refusal naming the limit in Slurm's words."""
+        if not self.job_id:
+            return Refusal("Not extended: no Slurm job holds your GPUs now (the next cell asks for one)")
+        try:
+            current = time_limits.minutes(await self.slurm.job_time_limit(self.job_id))
+            if current is None:
+                return Refusal(f"Not extended: Slurm job {self.job_id} has no time limit")
+            caps = await self._time_caps()
+        except (SlurmError, ValueError) as e:
+            return Refusal(f"Not extended: {e}")
+        target, why = time_limits.extended_limit(current, self.chosen_time_limit or EXTEND_STEP_MIN, caps)
+        if target is None:
+            return Refusal(f"Not extended: {why}")
+        try:
+            await self.slurm.set_time_limit(self.job_id, target)
+        except SlurmError as e:
+            return Refusal(f"Not extended: {e}")
+        self.log.info("Extended Slurm job %d of %s to %d min", self.job_id, self.owner, target)
+        return Extended(ends_at=0.0)  # the server reads the new end from squeue
+
+    async def _time_caps(self) -> list[time_limits.Cap]:
+        """The limits on a job's time here, in Slurm's words: the QOS's MaxWall, the
+        partition's MaxTime, and the admin's ``max_time_limit`` (minutes)."""
+        caps = []
+        with contextlib.suppress(SlurmError):  # no accounting: no QOS to hold to
+            qos = await self.slurm.qos_limits(self.account, list(self.sbatch_args), self.slurm_account)
+            wall = time_limits.minutes(qos.max_wall or "")
+            if wall is not None:
+                caps.append(time_limits.Cap(wall, f"Slurm QOS {qos.name} allows jobs of at most {qos.max_wall} (MaxWall)"))
+        partition = self.chosen_partition or await self.slurm.default_partition()
+        max_time = await self.slurm.partition_max_time(partition)
+        most = time_limits.minutes(max_time)
+        if most is not None:
+            caps.append(time_limits.Cap(most, f"partition {partition} allows jobs of at most {max_time} (MaxTime)"))
+        if self.max_time_limit:
+            caps.append(time_limits.Cap(self.max_time_limit,
+                                        f"the hub allows jobs of at most {self.max_time_limit} min (max_time_limit)"))
+        return caps
 
     async def worker_usage(self) -> WorkerUsage:
         nodes, jobs, default_part = await asyncio.gather(self.slurm.nodes(), self.slurm.jobs(),

@@ -281,10 +281,10 @@ c.JupyterHub.log_level = "INFO"
         return f"{public.scheme}://{subdomain_hook_idna(name, public.hostname, kind)}" + (
             f":{public.port}" if public.port else "")
 
-    def server_api(self, user: str, path: str, token: str | None = None) -> dict:
-        """GET ``/user/<user><path>`` from the user's own server (with a token of theirs)."""
-        r = requests.get(f"{self.user_url(user)}{path}", timeout=30,
-                         headers={"Authorization": f"token {token or self.user_token(user)}"})
+    def server_api(self, user: str, path: str, token: str | None = None, method: str = "GET") -> dict:
+        """GET (or ``method``) ``/user/<user><path>`` from the user's own server (with a token of theirs)."""
+        r = requests.request(method, f"{self.user_url(user)}{path}", timeout=30,
+                             headers={"Authorization": f"token {token or self.user_token(user)}"})
         r.raise_for_status()
         return r.json()
 

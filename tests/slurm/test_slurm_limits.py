@@ -103,3 +103,36 @@ def test_a_user_slurm_does_not_know_is_refused_in_one_line_naming_slurms_reason(
         assert message.startswith("Slurm refused a job for 1 GPU(s)"), message
         assert "Invalid account" in message, message
         assert not bare.pdl_jobs("cat")
+
+
+def test_extend_raises_the_jobs_time_limit_up_to_the_qos_maxwall_and_then_says_so_in_slurms_words(hub, slurm):
+    """Guards PDLSlurmSpawner.extend_session: the hub extends the job as one of Slurm's
+    administrators, which Slurm would let past the QOS, so it holds it to MaxWall itself."""
+    r = hub.spawn("ann", 1)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("ann", timeout=120)
+    [job] = hub.pdl_jobs("ann")
+    qos = slurm_harness.TWO_GPU_QOS
+    slurm.run("scontrol", "update", f"JobId={job['id']}", "TimeLimit=10", check=True)
+    slurm.run("sacctmgr", "--immediate", "modify", "qos", qos, "set", "MaxWall=00:40:00", check=True)
+    try:
+        token = hub.user_token("ann")
+        def extension():
+            session = hub.server_api("ann", "/pdl/api/cluster", token)["session"]
+            return session and session["extendable"] and session["extension"]
+
+        assert hub.server_api("ann", "/pdl/api/extend", token, method="POST")["ok"]
+        said = wait_until(lambda: (e := extension()) and not e.startswith("Asking") and e, 30,
+                          what="the hub's answer to ann's Extend")
+        assert said.startswith("Extended: your session now ends at "), said
+        limit = slurm.run("squeue", "-h", "-j", str(job["id"]), "-o", "%l", check=True).stdout.strip()
+        assert limit == "40:00", limit  # 10 + 60 minutes asked, 40 allowed
+
+        assert hub.server_api("ann", "/pdl/api/extend", token, method="POST")["ok"]
+        said = wait_until(lambda: (e := extension()) and not e.startswith("Asking") and e, 30,
+                          what="the hub's answer to ann's second Extend")
+        assert said == f"Not extended: Slurm QOS {qos} allows jobs of at most 00:40:00 (MaxWall)", said
+    finally:
+        slurm.run("sacctmgr", "--immediate", "modify", "qos", qos, "set", "MaxWall=-1", check=True)
+        hub.api("DELETE", "/users/ann/server")
+    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"ann's job to go: {slurm.jobs()}")
