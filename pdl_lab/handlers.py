@@ -99,15 +99,19 @@ class LeaseHandler(APIHandler):
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(body))
 
+    def _body(self, kind):
+        """The request's body as a lease message of ``kind``; HTTP 400 (one line naming
+        the valid shapes) for anything else."""
+        try:
+            return decode(kind, json.loads(self.request.body))
+        except ValueError as e:  # not JSON, or LeaseFormatError
+            why = str(e).splitlines()[0] if isinstance(e, LeaseFormatError) else "not JSON"
+            raise tornado.web.HTTPError(400, f"{why}: the body must be one of {SHAPES}") from None
+
     @tornado.web.authenticated
     def post(self):
         files = self._files()
-        try:
-            answer = decode(Answer, json.loads(self.request.body))
-        except ValueError as e:  # not JSON, or LeaseFormatError
-            why = str(e).splitlines()[0] if isinstance(e, LeaseFormatError) else "not JSON"
-            raise tornado.web.HTTPError(
-                400, f'{why}: the body must be {{"workers": n, "slots": [...], "slurm_job": n}} or {{"refused": "why"}}')
+        answer = self._body(Answer)
         files.write(answer)
         if isinstance(answer, Grant) and answer.started_by_hub:
             files.release_answered()
@@ -124,12 +128,7 @@ class ExtensionHandler(LeaseHandler):
     @tornado.web.authenticated
     def post(self):
         files = self._files()
-        try:
-            answer = decode(ExtendAnswer, json.loads(self.request.body))
-        except ValueError as e:  # not JSON, or LeaseFormatError
-            why = str(e).splitlines()[0] if isinstance(e, LeaseFormatError) else "not JSON"
-            raise tornado.web.HTTPError(400, f"{why}: the body must be one of {SHAPES}")
-        files.answer_extension(answer)
+        files.answer_extension(self._body(ExtendAnswer))
         session_clock.forget_readings()  # on Slurm, squeue now tells the new end
         self.finish(json.dumps({"ok": True}))
 
