@@ -271,8 +271,9 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
 
     async def tend_lease(self) -> None:
         """One look at the server's lease: answer a wish for more time
-        (:meth:`~pdl_spawner.core.session_limit.SessionLimit.extend_session`); past the session's end, take back workers the
-        server still holds; reclaim the workers of engines released (idle, or at the
+        (:meth:`~pdl_spawner.core.session_limit.SessionLimit.extend_session`); past the
+        session's end, take back what the server still holds, whatever its lease says
+        (a release that leaves a GPU open included); reclaim the workers of engines released (idle, or at the
         session's end), then answer a request to have them again (its count checked like
         a spawn's; a grant starts a new session). While an answer waits for the server to
         take it up, nothing: the release it still shows is the one the answer ends, and
@@ -281,11 +282,12 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
         lease = await self.read_lease()
         if lease is not None and lease.extend is not None:  # the user asks for more time
             await self.answer_extension(await self.extend_session())
-        if self.session_over() and (lease is None or lease.released is None):
+        if self.session_over():  # whatever the lease says: a release may leave a GPU open
             taken = await self.take_back_workers()
             self.stop_session()
-            self.log.info("Took back %s from %s: %s; its server had not released them",
-                          ",".join(taken) or "nothing", self.owner_key, self.session_reason())
+            if taken:
+                self.log.info("Took back %s from %s at its session's end: %s", ",".join(taken), self.owner_key,
+                              self.session_reason())
             return
         if lease is None or lease.released is None:
             return

@@ -7,6 +7,8 @@ ledger and the spawner are real."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 import time
 
 import pytest
@@ -47,6 +49,28 @@ def test_a_server_that_keeps_its_workers_past_the_end_has_them_taken_back(tmp_pa
     [reclaim] = SlotLedger(spawner.reservations_db).reclaims()
     assert reclaim.reason == "the hub's session limit of 1 min reached" and reclaim.slots == ["cpu:0", "cpu:1"]
     assert spawner.session_ends_at == 0 and spawner.fetch_lease.answers == []
+
+
+def test_a_release_that_leaves_a_gpu_open_is_taken_back_at_the_end_and_the_holder_killed(tmp_path):
+    """The attack: the lease says released, but a process of the user keeps a GPU open,
+    which an idle release would wait for. At the session's end the hub does not wait."""
+    released = {"released": {"reason": "idle", "workers": 2, "slots": ["cpu:0", "cpu:1"]}, "want": None, "grant": None}
+    spawner = lease_spawner(tmp_path, released, session_limit_s=60)
+    SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
+    holder = subprocess.Popen(["sleep", "300"])
+    try:
+        spawner.gpu_holders = lambda slots: {holder.pid: ["/dev/nvidia0"]}  # the seam: what holds a GPU
+        spawner.start_session(now=time.time() - 30)
+        asyncio.run(spawner.tend_lease())  # before the end: kept while in use, as an idle release is
+        assert SlotLedger(spawner.reservations_db).held_by("alice") and holder.poll() is None
+
+        spawner.start_session(now=time.time() - 60 - ENFORCE_AFTER_S)
+        asyncio.run(spawner.tend_lease())
+        assert SlotLedger(spawner.reservations_db).held_by("alice") == []
+        assert holder.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_server_that_does_not_answer_past_the_end_has_its_workers_taken_back(tmp_path):
