@@ -15,7 +15,10 @@ own file atomically, so nobody overwrites another's:
   count like a spawn's and answers through the same API with a :class:`Grant` or a
   :class:`Refusal`;
 - the server brings its engines back as the grant says, keeps the grant it took up
-  (:meth:`LeaseFiles.held`: the slots its engines now have) and clears the rest.
+  (:meth:`LeaseFiles.held`: the slots its engines now have) and clears the rest;
+- the user's Cluster panel records an :class:`ExtendWish` (more time for the session);
+  the spawner answers with :class:`Extended` or a :class:`Refusal`, which the server
+  keeps (:meth:`LeaseFiles.extension`); the hub enforces its own end either way.
 
 Everything here can be written by the user, so the hub trusts none of it: :func:`decode`
 checks only the shape, a want's count is the user's text until the spawner checks it,
