@@ -8,7 +8,8 @@
 - :mod:`pdl_spawner.core.form`: the spawn form and its messages (pure functions).
 - :mod:`pdl_spawner.core.queueing` and :mod:`pdl_spawner.core.wait_queue`: the fair
   queue for busy workers; :mod:`pdl_spawner.core.idle_engines`: idle engines giving
-  them back; :mod:`pdl_spawner.core.session_limit`: the longest session, enforced.
+  them back; :mod:`pdl_spawner.core.session_limit`: the longest session, enforced;
+  :mod:`pdl_spawner.core.gpu_idle`: GPUs held idle, read and flagged.
 - :mod:`pdl_spawner.core.reservations`: the persistent slot ledger of one machine, and
   the reclaim log.
 - :mod:`pdl_spawner.core.accounts`: each user's own login (jupyterhub-nativeauthenticator),

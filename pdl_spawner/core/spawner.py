@@ -38,13 +38,14 @@ from traitlets import Float, Integer, default
 from pdl.lease import Grant, Refusal
 from pdl.limits import holding_line
 from pdl_spawner.core import form
+from pdl_spawner.core.gpu_idle import GpuIdleWatch
 from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
 from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
 from pdl_spawner.core.session_limit import SessionLimit
 from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
 
 
-class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
+class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
     """Mixin: the worker rules every PDL spawner shares (see the module docstring)."""
 
     default_workers = Integer(
@@ -258,7 +259,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
     # -- the engine lease ------------------------------------------------------------------
 
     def lease_needs_watch(self) -> bool:
-        return super().lease_needs_watch() or self.session_limit_s > 0
+        return super().lease_needs_watch() or self.session_limit_s > 0 or self.gpu_idle_flag_s > 0
 
     async def others_waiting(self) -> int:
         """Users in the queue other than this one."""
@@ -279,6 +280,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
         take it up, nothing: the release it still shows is the one the answer ends, and
         reclaiming then would take back the workers just granted. Nothing of the lease's
         text reaches the hub's log."""
+        await self.sample_gpu_use()
         lease = await self.read_lease()
         if lease is not None and lease.extend is not None:  # the user asks for more time
             await self.answer_extension(await self.extend_session())
@@ -299,6 +301,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
         if reclaimed:
             self.log.info("Reclaimed %s from %s: %s", ",".join(reclaimed), self.owner_key, self.reclaim_reason())
         self.stop_session()
+        self.gpu_tracker.forget()
         if lease.want is None:
             return
         try:

@@ -34,6 +34,7 @@ Contract, on top of :class:`~pdl_spawner.core.host_server.HostServer` (JupyterHu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pwd
@@ -44,6 +45,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Integer, List, Unicode, default, validate
 
 from pdl.lease import Grant
+from pdl.nvidia_smi import query_gpus
 from pdl.slots import cpu_count, default_pool, parse_slot
 from pdl_spawner.core import device_cgroup
 from pdl_spawner.core.db_thread import off_loop
@@ -88,6 +90,11 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
         help="Number of CPU slots in the default pool of a machine without GPUs; "
         "default (None): one per core, so that no two engines share a core. "
         "The machine's cores are split evenly between them.",
+    )
+
+    nvidia_smi = Unicode(
+        "", config=True,
+        help="The nvidia-smi the hub asks for its GPUs' use (GPUs held idle); empty: the one on PATH.",
     )
 
     reservations_db = Unicode(
@@ -240,6 +247,19 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
         with contextlib.suppress(KeyError):
             pids |= set(device_cgroup.processes_of_uid(pwd.getpwnam(self.account).pw_uid))
         return device_cgroup.processes_holding(nodes, pids)
+
+    async def gpu_use(self) -> list[float] | None:
+        """Each held GPU's use in percent (``nvidia-smi`` on this machine, asked by the hub);
+        None without GPU slots, or when a held GPU has no reading."""
+        indexes = [str(index) for kind, index in map(parse_slot, self.slots) if kind == "gpu"]
+        if not indexes:
+            return None
+        rows = await asyncio.to_thread(query_gpus, ("index", "utilization.gpu"), nvidia_smi=self.nvidia_smi or None)
+        use = {row["index"]: row["utilization.gpu"] for row in rows}
+        try:
+            return [float(use[index]) for index in indexes]
+        except (KeyError, ValueError):  # a GPU not listed, or "[N/A]"
+            return None
 
     async def grant_workers_again(self, n: int) -> Grant:
         """Slots from the ledger again (the device cgroup follows them)."""

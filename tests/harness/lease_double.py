@@ -35,12 +35,12 @@ def fake_user(name: str):
 
 def lease_spawner(tmp_path, lease: dict | None, **traits):
     """alice's local spawner over a pool of 3 CPU slots (ledger under ``tmp_path``, idle
-    timeout 9 s unless ``traits`` say otherwise), its server's lease API a :class:`LeaseDouble`."""
+    timeout 9 s; ``traits`` may say otherwise), its server's lease API a :class:`LeaseDouble`."""
     from pdl_spawner.local.spawner import PDLLocalSpawner
 
-    spawner = PDLLocalSpawner(user=fake_user("alice"), pool=["cpu:0", "cpu:1", "cpu:2"], system_users=False,
+    spawner = PDLLocalSpawner(user=fake_user("alice"), system_users=False,
                               reservations_db=str(tmp_path / "r.sqlite"),
                               home_dir_template=str(tmp_path / "home" / "{username}"),
-                              **{"engine_idle_timeout": 9, **traits})
+                              **{"engine_idle_timeout": 9, "pool": ["cpu:0", "cpu:1", "cpu:2"], **traits})
     spawner.fetch_lease = LeaseDouble(lease)
     return spawner

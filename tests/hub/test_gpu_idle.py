@@ -1,0 +1,63 @@
+"""GPUs held idle (pdl_spawner/core/gpu_idle.py): the hub's readings of a server's GPU use
+(the embedded default: nvidia-smi on the hub's machine, here a fake one) and the flag
+after a time at 0 %. Work in progress: the panel, the admin view and the release follow."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lease_double import lease_spawner
+from pdl_spawner.core.gpu_idle import SAMPLE_EVERY_S, IdleGpuTracker
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_gpus_are_idle_from_the_first_sample_at_0_percent_until_one_reads_more():
+    tracker = IdleGpuTracker()
+    tracker.observe([0.0, 0.0], now=100)
+    tracker.observe([0.0, 0.0], now=160)
+    assert tracker.idle_for(400) == 300
+    tracker.observe(None, now=450)  # no reading: no verdict
+    assert tracker.idle_for(500) == 400
+    tracker.observe([0.0, 3.0], now=500)  # one GPU at work
+    assert tracker.idle_for(900) == 0
+    tracker.observe([0.0, 0.0], now=900)
+    assert tracker.idle_for(960) == 60
+
+
+def fake_smi(tmp_path, rows: str) -> str:
+    path = tmp_path / "nvidia-smi"
+    path.write_text(f"#!/bin/sh\nprintf '{rows}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_hub_reads_the_use_of_the_gpus_the_server_holds_and_flags_them_after_the_time_set(tmp_path):
+    spawner = lease_spawner(tmp_path, None, pool=["gpu:0", "gpu:1", "gpu:2"], gpu_idle_flag_s=1800,
+                            nvidia_smi=fake_smi(tmp_path, "0, 0\\n1, 57\\n2, 0\\n"))
+    spawner.slots = ["gpu:0", "gpu:2"]
+    assert asyncio.run(spawner.gpu_use()) == [0.0, 0.0]  # gpu:1 is someone else's
+    asyncio.run(spawner.sample_gpu_use(now=1000))
+    asyncio.run(spawner.sample_gpu_use(now=1000 + SAMPLE_EVERY_S - 1))  # not due: no second reading
+    assert spawner.gpu_idle_flag(now=1000 + 1799) is None
+    assert spawner.gpu_idle_flag(now=1000 + 1800) == "GPUs held idle: 0 % use for 30 min"
+
+    spawner.slots = ["gpu:1"]
+    asyncio.run(spawner.sample_gpu_use(now=3000))
+    assert spawner.gpu_idle_flag(now=9000) is None
+
+
+@pytest.mark.parametrize("rows", ["0, [N/A]\\n", "1, 0\\n", ""])
+def test_a_gpu_without_a_reading_gives_no_verdict(tmp_path, rows):
+    spawner = lease_spawner(tmp_path, None, pool=["gpu:0", "gpu:1"], gpu_idle_flag_s=60,
+                            nvidia_smi=fake_smi(tmp_path, rows))
+    spawner.slots = ["gpu:0"]
+    assert asyncio.run(spawner.gpu_use()) is None
+
+
+def test_cpu_slots_are_not_watched(tmp_path):
+    spawner = lease_spawner(tmp_path, None, gpu_idle_flag_s=60)
+    spawner.slots = ["cpu:0"]
+    assert asyncio.run(spawner.gpu_use()) is None
