@@ -18,7 +18,9 @@ own file atomically, so nobody overwrites another's:
   (:meth:`LeaseFiles.held`: the slots its engines now have) and clears the rest;
 - the user's Cluster panel records an :class:`ExtendWish` (more time for the session);
   the spawner answers with :class:`Extended` or a :class:`Refusal`, which the server
-  keeps (:meth:`LeaseFiles.extension`); the hub enforces its own end either way.
+  keeps (:meth:`LeaseFiles.extension`); the hub enforces its own end either way;
+- the spawner flags GPUs held idle (:class:`GpuIdle`, its own readings), which the
+  server shows and, at ``release_at``, acts on as on idle engines.
 
 Everything here can be written by the user, so the hub trusts none of it: :func:`decode`
 checks only the shape, a want's count is the user's text until the spawner checks it,
@@ -28,12 +30,14 @@ and a release's reason never reaches the hub's log.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
 from pdl.atomic_file import write_atomic
 from pdl.contract import ServerContract
+from pdl.limits import duration
 from pdl.slots import parse_slot
 
 
@@ -104,7 +108,30 @@ class Extended:
     of: float = 0.0
 
 
-Message = Union[Release, Want, Grant, Refusal, ExtendWish, Extended]
+@dataclass(frozen=True)
+class GpuIdle:
+    """The hub's flag: every GPU the server holds has read 0 % use since ``since`` (epoch
+    seconds); from ``release_at`` (0: never) the engines are released as idle ones are."""
+
+    since: float
+    release_at: float = 0.0
+
+    def line(self, now: float | None = None) -> str:
+        """What the user reads: ``"GPUs held idle: 0 % use since 14:05 UTC (35 min);
+        released at 14:35 UTC unless used."``"""
+        now = time.time() if now is None else now
+        at = time.strftime("%H:%M UTC", time.gmtime(self.since))
+        text = f"GPUs held idle: 0 % use since {at} ({duration(now - self.since)})"
+        if self.release_at:
+            return f"{text}; released at {time.strftime('%H:%M UTC', time.gmtime(self.release_at))} unless used."
+        return f"{text}."
+
+    def reason(self) -> str:
+        """The release's reason, as the next cell shows it."""
+        return f"GPUs held idle (0 % use) since {time.strftime('%H:%M UTC', time.gmtime(self.since))}"
+
+
+Message = Union[Release, Want, Grant, Refusal, ExtendWish, Extended, GpuIdle]
 Answer = Union[Grant, Refusal]
 #: The hub's answer to an :class:`ExtendWish`.
 ExtendAnswer = Union[Extended, Refusal]
@@ -112,7 +139,8 @@ ExtendAnswer = Union[Extended, Refusal]
 #: What :func:`encode` writes and :func:`decode` reads, in one line (for refusals of bad bodies).
 SHAPES = ('{"reason": "why", "workers": n, "slots": [...]} (a release), {"workers": n} (a want), '
           '{"workers": n, "slots": [...], "slurm_job": n, "ends_at": t} (a grant), {"refused": "why"} (a refusal), '
-          '{"extend_asked_at": t} (a wish for more time), {"extended_to": t, "of": t} (more time given)')
+          '{"extend_asked_at": t} (a wish for more time), {"extended_to": t, "of": t} (more time given), '
+          '{"gpu_idle_since": t, "release_at": t} (GPUs held idle; since 0: no longer)')
 
 
 def encode(message: Message) -> dict:
@@ -130,6 +158,8 @@ def encode(message: Message) -> dict:
         return {"extend_asked_at": message.asked_at}
     if isinstance(message, Extended):
         return {"extended_to": message.ends_at, "of": message.of}
+    if isinstance(message, GpuIdle):
+        return {"gpu_idle_since": message.since, "release_at": message.release_at}
     raise TypeError(f"not a lease message: {message!r}")
 
 
@@ -191,6 +221,8 @@ def decode(kind: type, data: Any) -> Message:
             return ExtendWish(asked_at=_time(data, "extend_asked_at"))
         if kind is Extended:
             return Extended(ends_at=_time(data, "extended_to"), of=_time(data, "of"))
+        if kind is GpuIdle:
+            return GpuIdle(since=_time(data, "gpu_idle_since"), release_at=_time(data, "release_at"))
     except ValueError as e:  # parse_slot's, or ours
         raise LeaseFormatError(str(e).splitlines()[0]) from None
     raise TypeError(f"not a lease message type: {kind!r}")
@@ -231,6 +263,8 @@ FILES = {Release: "engines-released.json", Want: "engines-wanted.json", Grant: "
 HELD_FILE = "engines-held.json"
 #: The user's wish for more time, until the hub answers it; and the hub's last answer.
 EXTEND_WISH_FILE, EXTENSION_FILE = "session-extend-wish.json", "session-extended.json"
+#: The hub's flag on GPUs held idle, while it stands.
+GPU_IDLE_FILE = "gpu-idle.json"
 
 
 class LeaseFiles:
@@ -292,6 +326,18 @@ class LeaseFiles:
         self._put(EXTENSION_FILE, answer)
         self._remove(EXTEND_WISH_FILE)
 
+    def gpu_idle(self) -> GpuIdle | None:
+        """The hub's flag on this server's GPUs held idle, while it stands."""
+        flag = self._get(GPU_IDLE_FILE, GpuIdle)
+        return flag if flag is not None and flag.since else None
+
+    def note_gpu_idle(self, flag: GpuIdle) -> None:
+        """Record the hub's flag (``since`` 0: lifted)."""
+        if flag.since:
+            self._put(GPU_IDLE_FILE, flag)
+        else:
+            self._remove(GPU_IDLE_FILE)
+
     def view(self) -> LeaseView:
         """What the lease API shows (:class:`LeaseView`)."""
         return LeaseView(released=self.released(), want=self.want(), answer=self.answer(), extend=self.extend_wish())
@@ -312,7 +358,8 @@ class LeaseFiles:
     def clear(self) -> None:
         """Forget everything, the held grant and the session's extension too (a new server
         starts on its spawn's workers)."""
-        self._remove(FILES[Release], FILES[Want], FILES[Grant], HELD_FILE, EXTEND_WISH_FILE, EXTENSION_FILE)
+        self._remove(FILES[Release], FILES[Want], FILES[Grant], HELD_FILE, EXTEND_WISH_FILE, EXTENSION_FILE,
+                     GPU_IDLE_FILE)
 
     def _remove(self, *names: str) -> None:
         for name in names:

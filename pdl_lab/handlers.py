@@ -13,7 +13,9 @@
   also ends the release (before the answer, so that the hub's next look never finds
   the release it just answered); 404 outside a hub server;
 - ``POST /pdl/api/lease/extension``: the hub's answer to a wish for more time, an
-  :class:`~pdl.lease.Extended` or a :class:`~pdl.lease.Refusal`, which ends the wish. The hub reads and answers the lease this
+  :class:`~pdl.lease.Extended` or a :class:`~pdl.lease.Refusal`, which ends the wish;
+- ``POST /pdl/api/lease/gpu-idle``: the hub's flag on GPUs held idle, a
+  :class:`~pdl.lease.GpuIdle` (``since`` 0: lifted). The hub reads and answers the lease this
   way, with the server's own API token, and never touches the files; these calls are
   not user activity. The user may write here too: nothing here is trusted by the hub
   (a grant of slots the ledger did not give opens no GPU: the device cgroup follows
@@ -37,7 +39,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from pdl.lease import SHAPES, Answer, ExtendAnswer, Grant, LeaseFiles, LeaseFormatError, decode
+from pdl.lease import SHAPES, Answer, ExtendAnswer, GpuIdle, Grant, LeaseFiles, LeaseFormatError, decode
 
 from pdl_server import session_clock
 
@@ -133,6 +135,15 @@ class ExtensionHandler(LeaseHandler):
         self.finish(json.dumps({"ok": True}))
 
 
+class GpuIdleHandler(ExtensionHandler):
+    """The hub's flag on GPUs held idle, or its lifting (``POST /pdl/api/lease/gpu-idle``)."""
+
+    @tornado.web.authenticated
+    def post(self):
+        self._files().note_gpu_idle(self._body(GpuIdle))
+        self.finish(json.dumps({"ok": True}))
+
+
 #: An access-log line: ``"<status> <METHOD> <uri>..."`` (JupyterHub's and jupyter_server's).
 _ACCESS_LINE = re.compile(r"(\d{3}) ([A-Z]+) (\S+)")
 
@@ -183,4 +194,5 @@ def setup_handlers(web_app, monitor: ClusterMonitor) -> None:
         (url_path_join(base, "extend"), ExtendHandler),
         (url_path_join(base, "lease"), LeaseHandler),
         (url_path_join(base, "lease", "extension"), ExtensionHandler),
+        (url_path_join(base, "lease", "gpu-idle"), GpuIdleHandler),
     ])

@@ -303,6 +303,11 @@ class ClusterMonitor:
                 "extendable": contract.session_extendable,
                 "extension": self.extension_line(end.ends_at)}
 
+    def gpu_idle_line(self) -> str | None:
+        """The hub's flag on GPUs held idle, in one line (:meth:`pdl.lease.GpuIdle.line`); None without one."""
+        flag = self.lease.gpu_idle() if self.lease is not None else None
+        return flag.line() if flag is not None else None
+
     def extension_line(self, ends_at: float) -> str | None:
         """Where the last wish for more time stands, in one line (an extension: the
         session's end now, ``ends_at``); None without one."""
@@ -362,6 +367,7 @@ class ClusterMonitor:
             "message": message,
             "limits": self.limits_line(released is None) if mode == "hub" else None,
             "session": self.session() if mode == "hub" else None,
+            "gpu_idle": self.gpu_idle_line() if mode == "hub" and released is None else None,
             "cluster_file": cluster_file,
             "slots": slots,
             "nodes": sorted({r["host"] for r in rows if r["host"]}),

@@ -179,6 +179,9 @@ class Engines:
         if lease is not None:
             self._mind_session_end(lease)
         released = lease.released() if lease is not None else None
+        flag = lease.gpu_idle() if lease is not None else None
+        if released is None and flag is not None:  # the hub's flag: this cell may well lift it
+            print(flag.line(), file=sys.stderr, flush=True)
         if released is None:
             return
         given_back = "slots" if released.slots else "GPUs"

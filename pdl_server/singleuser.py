@@ -37,7 +37,7 @@ import threading
 import time
 
 from pdl.contract import ServerContract
-from pdl.lease import Grant, LeaseFiles
+from pdl.lease import GpuIdle, Grant, LeaseFiles
 from pdl_server import clusters
 from pdl_server.engine_hosts import EngineHost, host_for, log
 from pdl_server.session_clock import session_end
@@ -97,6 +97,7 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
             if isinstance(answer, Grant):
                 host.take_up(answer)
                 lease.keep_held(answer)
+                lease.note_gpu_idle(GpuIdle(since=0.0))  # the flag was on the GPUs given back
                 lease.end_release()
                 if tracker is not None:
                     tracker.reset()
@@ -111,6 +112,11 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
             end = session_end(lease=lease, fresh=True)  # an extension may have moved it since the last read
         if end is not None and end.ending():
             release(end.ended_reason())
+            released = True
+            continue
+        flag = lease.gpu_idle() if lease is not None else None
+        if flag is not None and flag.release_at and time.time() >= flag.release_at:
+            release(flag.reason())
             released = True
             continue
         lost = host.tend(stop)

@@ -78,6 +78,8 @@ export interface ICluster {
   limits: string | null;
   /** Under the hub, where the session has an end (Slurm: its job's time limit). */
   session: ISession | null;
+  /** Under the hub: its flag on GPUs held idle (0 % use), one line, or null. */
+  gpu_idle: string | null;
   cluster_file: string | null;
   slots: string[];
   nodes: string[];

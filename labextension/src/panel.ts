@@ -232,6 +232,9 @@ export class ClusterPanel extends Widget {
         this._summary.appendChild(el('div', 'pdl-extension', model.session.extension));
       }
     }
+    if (model.gpu_idle) {
+      this._summary.appendChild(el('div', 'pdl-gpu-idle pdl-mod-error', model.gpu_idle));
+    }
     if (model.nodes.length) {
       this._summary.appendChild(el('div', 'pdl-nodes', `Node${model.nodes.length > 1 ? 's' : ''}: ${model.nodes.join(', ')}`));
     }

@@ -1,13 +1,13 @@
 """GPUs held idle: the hub's watch over how much a server uses the GPUs it holds.
 
-Work in progress (issue 31, item 4): the watch and its readings on the embedded
-default; the flag in the panel and the admin view, the warning and the release come next.
-
 The hub measures (it trusts no reading a user's server could write): on the embedded
 default it asks ``nvidia-smi`` for the utilisation of the GPUs a server holds
 (:meth:`GpuIdleWatch.gpu_use`, the spawner's own), at most every :data:`SAMPLE_EVERY_S`
 seconds. A server whose GPUs all read 0 % on every sample for ``gpu_idle_flag_s`` seconds
-is flagged (:meth:`GpuIdleWatch.gpu_idle_flag`); any reading above 0 ends it.
+is flagged (:meth:`GpuIdleWatch.gpu_idle_flag`); any reading above 0 ends it. The hub
+tells the server (:class:`pdl.lease.GpuIdle`), whose Cluster panel and cells show it. With
+``gpu_idle_release_s`` the flag carries a time from which the server releases the engines
+as idle ones are; should it not, the hub takes the GPUs back itself shortly after.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import time
 
 from traitlets import Float, HasTraits
 
+from pdl.lease import GpuIdle, encode
 from pdl.limits import duration
+from pdl_spawner.core.session_limit import ENFORCE_AFTER_S, RELEASE_WINDOW_S
 
 #: Seconds between two readings of a server's GPU use.
 SAMPLE_EVERY_S = 30.0
@@ -56,8 +58,17 @@ class GpuIdleWatch(HasTraits):
         holding them idle; 0: no watch.""",
     )
 
+    gpu_idle_release_s = Float(
+        0.0, config=True,
+        help="""Seconds at 0 % GPU use after which a server's engines are released as idle ones
+        are (the next cell asks for workers again); its user is warned from gpu_idle_flag_s on.
+        0: flag only.""",
+    )
+
     _tracker: IdleGpuTracker | None = None
     _sampled_at = 0.0
+    #: The flag last told the server: (since, release_at); None before the first.
+    _told: tuple[float, float] | None = None
 
     @property
     def gpu_tracker(self) -> IdleGpuTracker:
@@ -85,3 +96,47 @@ class GpuIdleWatch(HasTraits):
         if not self.gpu_idle_flag_s or idle < self.gpu_idle_flag_s:
             return None
         return f"GPUs held idle: 0 % use for {duration(idle)}"
+
+    def gpu_idle_notice(self, now: float | None = None) -> GpuIdle:
+        """What the server is told: the flag (``since``, and ``release_at`` where the admin
+        chose a release), or ``since`` 0 while none stands."""
+        now = time.time() if now is None else now
+        since = self.gpu_tracker.idle_since
+        if not self.gpu_idle_flag_s or since is None or now - since < self.gpu_idle_flag_s:
+            return GpuIdle(since=0.0)
+        release_at = since + max(self.gpu_idle_release_s, self.gpu_idle_flag_s) if self.gpu_idle_release_s else 0.0
+        return GpuIdle(since=since, release_at=release_at)
+
+    async def tell_gpu_idle(self, now: float | None = None) -> None:
+        """Tell the server the flag when it changes (and record it for the admin view)."""
+        if not self.gpu_idle_flag_s:
+            return
+        notice = self.gpu_idle_notice(now)
+        told = (notice.since, notice.release_at)
+        if told == self._told:
+            return
+        if await self.fetch_lease(encode(notice), part="gpu-idle") is not None:
+            self._told = told
+        await self.record_gpu_idle(notice.since or None)
+
+    async def record_gpu_idle(self, since: float | None) -> None:
+        """Keep the flag where the admin view reads it (the spawner's own; nowhere by default)."""
+
+    def gpu_release_due(self, now: float | None = None) -> bool:
+        """True from :data:`~pdl_spawner.core.session_limit.ENFORCE_AFTER_S` after the
+        flag's release time: time for the hub to take the GPUs back itself."""
+        now = time.time() if now is None else now
+        release_at = self.gpu_idle_notice(now).release_at
+        return bool(release_at) and now >= release_at + ENFORCE_AFTER_S
+
+    def gpu_release_near(self, now: float | None = None) -> bool:
+        """True from :data:`~pdl_spawner.core.session_limit.RELEASE_WINDOW_S` before the
+        flag's release time: a release now is for the GPUs held idle."""
+        now = time.time() if now is None else now
+        release_at = self.gpu_idle_notice(now).release_at
+        return bool(release_at) and now >= release_at - RELEASE_WINDOW_S
+
+    def gpu_idle_reason(self, now: float | None = None) -> str:
+        """The hub's words for GPUs released for idleness."""
+        now = time.time() if now is None else now
+        return f"GPUs held idle (0 % use) for {duration(self.gpu_tracker.idle_for(now))}"

@@ -126,7 +126,8 @@ class SessionLimit(HasTraits):
 
     async def take_back_workers(self) -> list[str]:
         """Take this server's workers back now, whatever its server does (the spawner's
-        own); what was taken back, for the log."""
+        own; logged as a reclaim in the hub's words, ``reclaim_reason()``); what was taken
+        back, for the log."""
         raise NotImplementedError
 
     # -- state -------------------------------------------------------------------------

@@ -267,8 +267,13 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
         return sum(1 for user, _ in waiting if user != self.user.name)
 
     def reclaim_reason(self) -> str:
-        """The hub's words for a release it reclaims: the session's end near it, else idleness."""
-        return self.session_reason() if self.session_ending() else idle_reason(self.engine_idle_timeout)
+        """The hub's words for a release it reclaims, or workers it takes back: the
+        session's end near it, else GPUs held idle near their release, else idle engines."""
+        if self.session_ending():
+            return self.session_reason()
+        if self.gpu_release_near():
+            return self.gpu_idle_reason()
+        return idle_reason(self.engine_idle_timeout)
 
     async def tend_lease(self) -> None:
         """One look at the server's lease: answer a wish for more time
@@ -281,15 +286,17 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
         reclaiming then would take back the workers just granted. Nothing of the lease's
         text reaches the hub's log."""
         await self.sample_gpu_use()
+        await self.tell_gpu_idle()
         lease = await self.read_lease()
         if lease is not None and lease.extend is not None:  # the user asks for more time
             await self.answer_extension(await self.extend_session())
-        if self.session_over():  # whatever the lease says: a release may leave a GPU open
+        if self.session_over() or self.gpu_release_due():  # whatever the lease says: a release may leave a GPU open
+            reason = self.reclaim_reason()
             taken = await self.take_back_workers()
             self.stop_session()
+            self.gpu_tracker.forget()
             if taken:
-                self.log.info("Took back %s from %s at its session's end: %s", ",".join(taken), self.owner_key,
-                              self.session_reason())
+                self.log.info("Took back %s from %s: %s", ",".join(taken), self.owner_key, reason)
             return
         if lease is None or lease.released is None:
             return

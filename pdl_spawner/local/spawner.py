@@ -218,7 +218,7 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
         return await off_loop(self.ledger.reclaim, self.owner, self.reclaim_reason())
 
     async def take_back_workers(self) -> list[str]:
-        """The session's end, enforced: the device cgroup closes every GPU to this server's
+        """The session's end (or GPUs held idle past their release), enforced: the device cgroup closes every GPU to this server's
         processes, those that hold one of its GPUs open anyway are killed, and its slots
         are freed (logged as a reclaim)."""
         held = await off_loop(self.ledger.held_by, self.owner)
@@ -229,7 +229,7 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.slots = []
-        return await off_loop(self.ledger.reclaim, self.owner, self.session_reason())
+        return await off_loop(self.ledger.reclaim, self.owner, self.reclaim_reason())
 
     #: The holders last logged by :meth:`reclaim_idle_workers` ("" none): logged once, not every look.
     _kept_for = ""

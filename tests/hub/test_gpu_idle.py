@@ -5,6 +5,7 @@ after a time at 0 %. Work in progress: the panel, the admin view and the release
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -61,3 +62,42 @@ def test_cpu_slots_are_not_watched(tmp_path):
     spawner = lease_spawner(tmp_path, None, gpu_idle_flag_s=60)
     spawner.slots = ["cpu:0"]
     assert asyncio.run(spawner.gpu_use()) is None
+
+
+def test_the_server_is_told_the_flag_once_and_its_lifting_and_the_gpus_are_taken_back_after_the_release(tmp_path):
+    """The attack: a server told to release GPUs held idle that does not; the hub frees them."""
+    from pdl.lease import GpuIdle
+    from pdl_spawner.core.reservations import SlotLedger
+    from pdl_spawner.core.session_limit import ENFORCE_AFTER_S
+
+    holding = {"released": None, "want": None, "grant": None}
+    spawner = lease_spawner(tmp_path, holding, pool=["gpu:0", "gpu:1"], gpu_idle_flag_s=600,
+                            gpu_idle_release_s=900, nvidia_smi=fake_smi(tmp_path, "0, 0\\n1, 0\\n"))
+    told = []
+    double = spawner.fetch_lease
+
+    async def fetch(body=None, part=""):
+        if part == "gpu-idle":
+            told.append(body)
+            return {"ok": True}
+        return await double(body, part)
+
+    spawner.fetch_lease = fetch
+    spawner.slots = SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
+    now = 10_000.0
+    asyncio.run(spawner.sample_gpu_use(now=now))
+    asyncio.run(spawner.tell_gpu_idle(now=now + 599))
+    asyncio.run(spawner.tell_gpu_idle(now=now + 600))
+    asyncio.run(spawner.tell_gpu_idle(now=now + 700))  # unchanged: not told again
+    assert told == [{"gpu_idle_since": 0.0, "release_at": 0.0},
+                    {"gpu_idle_since": now, "release_at": now + 900}]
+    assert spawner.gpu_idle_notice(now + 600).line(now + 600).startswith("GPUs held idle: 0 % use since ")
+    assert not spawner.gpu_release_due(now + 900 + ENFORCE_AFTER_S - 1)
+    assert spawner.gpu_release_due(now + 900 + ENFORCE_AFTER_S)
+
+    spawner.gpu_tracker.idle_since = time.time() - 900 - ENFORCE_AFTER_S  # the release was due a while ago
+    asyncio.run(spawner.tend_lease())
+    assert SlotLedger(spawner.reservations_db).held_by("alice") == []
+    [reclaim] = SlotLedger(spawner.reservations_db).reclaims()
+    assert reclaim.reason.startswith("GPUs held idle (0 % use) for ")
+    assert spawner.gpu_idle_notice() == GpuIdle(since=0.0)  # watched afresh

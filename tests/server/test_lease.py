@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 
 import pytest
 
-from pdl.lease import (Answer, ExtendAnswer, Extended, ExtendWish, Grant, LeaseFiles, LeaseFormatError, LeaseView,
-                       Refusal, Release, Want, decode, encode)
+from pdl.lease import (Answer, ExtendAnswer, Extended, ExtendWish, GpuIdle, Grant, LeaseFiles, LeaseFormatError,
+                       LeaseView, Refusal, Release, Want, decode, encode)
 
 pytestmark = pytest.mark.unit
 
@@ -114,3 +115,16 @@ def test_a_file_that_is_not_a_message_reads_as_none(tmp_path):
     (tmp_path / "engines-released.json").write_text('{"reason": "idle"}')
     (tmp_path / "engines-wanted.json").write_text("not json")
     assert LeaseFiles(tmp_path).view() == LeaseView()
+
+
+def test_the_hubs_flag_on_gpus_held_idle_round_trips_and_reads_in_one_line(tmp_path):
+    flag = GpuIdle(since=1_800_000_000.0, release_at=1_800_001_800.0)
+    assert decode(GpuIdle, encode(flag)) == flag
+    assert flag.line(now=1_800_002_100.0) == (
+        f"GPUs held idle: 0 % use since {time.strftime('%H:%M UTC', time.gmtime(flag.since))} (35 min); "
+        f"released at {time.strftime('%H:%M UTC', time.gmtime(flag.release_at))} unless used.")
+    files = LeaseFiles(tmp_path)
+    files.note_gpu_idle(flag)
+    assert files.gpu_idle() == flag
+    files.note_gpu_idle(GpuIdle(since=0.0))  # lifted
+    assert files.gpu_idle() is None

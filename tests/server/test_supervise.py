@@ -88,3 +88,21 @@ def test_a_killed_engine_is_restarted_on_its_slot(cluster, supervised):
     os.kill(killed, signal.SIGKILL)
     wait_until(lambda: running(cluster, "cpu:0") and engine_pid(cluster, "cpu:0") != killed, 60,
                what="the killed engine to be restarted on its slot")
+
+
+@pytest.mark.integration
+def test_gpus_the_hub_flags_as_held_idle_are_released_at_the_flags_time(cluster, supervised, tmp_path):
+    import time
+
+    from pdl.lease import GpuIdle
+
+    lease = LeaseFiles(tmp_path)
+    flag = GpuIdle(since=time.time() - 900, release_at=time.time() + 3)
+    lease.note_gpu_idle(flag)
+    supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 3600.0, lease)
+    released = wait_until(lease.released, 30, what="the release at the flag's time")
+    assert released == Release(reason=flag.reason(), workers=1, slots=("cpu:0",))
+    assert time.time() >= flag.release_at and not running(cluster, "cpu:0")
+    lease.write(Grant(workers=1, slots=("cpu:0",)))  # the hub's grant: the flag was on the GPUs given back
+    wait_until(lambda: lease.released() is None and running(cluster, "cpu:0"), 60, what="the engines to come back")
+    assert lease.gpu_idle() is None
