@@ -47,6 +47,9 @@ Environment variables tune it without editing this file:
   ``PDL_SESSION_WARN_S``: how long before a session's end its user is warned (default 600);
   ``PDL_SESSION_MAX_S``: how long a session may be extended to from its start, by its
   user's Extend in the Cluster panel (default 0: no extension);
+- ``PDL_GPU_IDLE_FLAG_S`` / ``PDL_GPU_IDLE_RELEASE_S``: on the embedded default, seconds
+  at 0 % GPU use after which a server is flagged (panel, admin view) / its engines are
+  released as idle ones are (default 0: never);
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
   stops a whole server (default 86400; 0: never);
 - ``PDL_POOL``: slots to share, e.g. ``gpu:0,gpu:1`` or ``cpu:0,cpu:1,cpu:2``
@@ -203,6 +206,11 @@ try:
     _session_limit_s = seconds(os.environ.get("PDL_SESSION_LIMIT_S", "0"), "PDL_SESSION_LIMIT_S")
     _session_warn_s = seconds(os.environ.get("PDL_SESSION_WARN_S", "600"), "PDL_SESSION_WARN_S")
     _session_max_s = seconds(os.environ.get("PDL_SESSION_MAX_S", "0"), "PDL_SESSION_MAX_S")
+    # GPUs held idle (0 % use, read with nvidia-smi on this machine): flagged after this
+    # long, and released after that long (0: never)
+    c.PDLLocalSpawner.gpu_idle_flag_s = seconds(os.environ.get("PDL_GPU_IDLE_FLAG_S", "0"), "PDL_GPU_IDLE_FLAG_S")
+    c.PDLLocalSpawner.gpu_idle_release_s = seconds(os.environ.get("PDL_GPU_IDLE_RELEASE_S", "0"),
+                                                   "PDL_GPU_IDLE_RELEASE_S")
 except ValueError as e:
     raise SystemExit(f"jupyterhub_config.py: {e}") from None
 c.PDLLocalSpawner.session_limit_s = _session_limit_s

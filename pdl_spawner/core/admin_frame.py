@@ -154,6 +154,22 @@ def holdings_sections(status: dict, unit: str, none_held: str, none_reclaimed: s
     return f"{reservations}\n{queue}\n{reclaims}"
 
 
+def gpu_idle_rows(flags: dict[str, float], now: float) -> list[dict]:
+    """One row per owner whose GPUs are flagged as held idle: ``owner``/``user``/``server``,
+    ``since`` (ISO UTC) and ``idle_s``; ``flags`` maps owners to epoch seconds."""
+    return [{"owner": owner, "user": split_owner(owner)[0], "server": split_owner(owner)[1], "since": iso_utc(since),
+             "idle_s": max(0, int(now - since))} for owner, since in sorted(flags.items())]
+
+
+def gpu_idle_section(status: dict) -> str:
+    """The table "GPUs held idle" of a kind that reads GPU use (the embedded default)."""
+    return table_html(
+        "GPUs held idle (0 % use)", ["User/server", "Idle since (UTC)", "Idle for"],
+        [[r["owner"], r["since"], duration_text(r["idle_s"])] for r in status.get("gpu_idle", [])],
+        "No GPU is held idle.",
+    )
+
+
 def nodes_summary(status: dict) -> tuple[str, str]:
     """The summary of a kind with several nodes (``nodes``, ``unavailable``, ``pool`` and
     ``free`` of GPUs, maybe ``partition`` and ``other_services``): its subject (PDL's

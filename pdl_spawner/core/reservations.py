@@ -35,6 +35,14 @@ CREATE TABLE IF NOT EXISTS reclaims (
 """
 
 
+_GPU_IDLE = """
+CREATE TABLE IF NOT EXISTS gpu_idle (
+    owner TEXT PRIMARY KEY,
+    since REAL NOT NULL
+)
+"""
+
+
 class NotEnoughSlots(RuntimeError):
     """A reservation asked for more slots than are free. Nothing was reserved."""
 
@@ -66,7 +74,7 @@ class SlotLedger:
         self.path = Path(path)
 
     def _connect(self) -> sqlite3.Connection:
-        return sqlite_file.connect(self.path, (_SCHEMA, _RECLAIMS))
+        return sqlite_file.connect(self.path, (_SCHEMA, _RECLAIMS, _GPU_IDLE))
 
     def reserve(self, owner: str, n: int, pool: list[str]) -> list[str]:
         """Give ``owner`` ``n`` free slots of ``pool`` (first free first); all or nothing.
@@ -103,6 +111,7 @@ class SlotLedger:
         with self._connect() as db:
             rows = db.execute("SELECT slot FROM slots WHERE owner = ?", (owner,)).fetchall()
             db.execute("DELETE FROM slots WHERE owner = ?", (owner,))
+            db.execute("DELETE FROM gpu_idle WHERE owner = ?", (owner,))
         return [r[0] for r in rows]
 
     def held_by(self, owner: str) -> list[str]:
@@ -122,6 +131,7 @@ class SlotLedger:
             db.execute("BEGIN IMMEDIATE")
             rows = [r[0] for r in db.execute("SELECT slot FROM slots WHERE owner = ? ORDER BY slot", (owner,))]
             db.execute("DELETE FROM slots WHERE owner = ?", (owner,))
+            db.execute("DELETE FROM gpu_idle WHERE owner = ?", (owner,))
             if rows:
                 _insert_reclaim(db, owner, rows, reason)
             db.execute("COMMIT")
@@ -132,6 +142,20 @@ class SlotLedger:
         ``"node1/GPU-0"``), for :meth:`reclaims`."""
         with self._connect() as db:
             _insert_reclaim(db, owner, what, reason)
+
+    def flag_gpu_idle(self, owner: str, since: float | None) -> None:
+        """Flag ``owner``'s GPUs as held idle since ``since`` (epoch seconds; None: lift
+        the flag), for the admin view (:meth:`gpu_idle_flags`). Freeing the slots lifts it."""
+        with self._connect() as db:
+            if since is None:
+                db.execute("DELETE FROM gpu_idle WHERE owner = ?", (owner,))
+            else:
+                db.execute("INSERT OR REPLACE INTO gpu_idle (owner, since) VALUES (?, ?)", (owner, since))
+
+    def gpu_idle_flags(self) -> dict[str, float]:
+        """Owner -> since when their GPUs have been held idle, for every flag standing."""
+        with self._connect() as db:
+            return dict(db.execute("SELECT owner, since FROM gpu_idle ORDER BY owner").fetchall())
 
     def reclaims(self, limit: int = 50) -> list[Reclaim]:
         """The most recent reclaims, newest first."""

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from pdl.slots import default_pool, slot_index
 from pdl_spawner.core.admin_frame import (
-    RECENT_RECLAIMS, PageParts, holdings_sections, iso_utc, queue_rows, reclaim_rows, reservation_row, split_owner,
+    RECENT_RECLAIMS, PageParts, gpu_idle_rows, gpu_idle_section, holdings_sections, iso_utc, queue_rows, reclaim_rows,
+    reservation_row, split_owner,
 )
 from pdl_spawner.core.reservations import Holding, Reclaim, SlotLedger
 from pdl_spawner.core.wait_queue import Waiter, WaitQueue
@@ -37,14 +38,16 @@ def reservation_rows(holdings: list[Holding], node: str, now: float) -> list[dic
 
 def status_model(
     holdings: list[Holding], waiters: list[Waiter], reclaims: list[Reclaim], *,
-    node: str, pool: list[str] | None, now: float,
+    node: str, pool: list[str] | None, now: float, gpu_idle: dict[str, float] | None = None,
 ) -> dict:
     """Everything the view shows, JSON-ready: ``source`` (``"local"``), ``node`` (this
     machine's hostname), ``now`` (ISO UTC), ``pool`` and ``free`` (slot names; None when
     the pool is not known), and the rows of :func:`reservation_rows`,
     :func:`~pdl_spawner.core.admin_frame.queue_rows` and
     :func:`~pdl_spawner.core.admin_frame.reclaim_rows` as ``reservations``, ``queue``
-    and ``reclaims``. ``now`` is epoch seconds."""
+    and ``reclaims``, and the flags on GPUs held idle (``gpu_idle``: owner -> since) as
+    the rows of :func:`~pdl_spawner.core.admin_frame.gpu_idle_rows`, ``gpu_idle``.
+    ``now`` is epoch seconds."""
     held = {h.slot for h in holdings}
     return {
         "source": "local",
@@ -55,6 +58,7 @@ def status_model(
         "reservations": reservation_rows(holdings, node, now),
         "queue": queue_rows(waiters, now),
         "reclaims": reclaim_rows(reclaims),
+        "gpu_idle": gpu_idle_rows(gpu_idle or {}, now),
     }
 
 
@@ -67,7 +71,7 @@ def summary(status: dict) -> tuple[str, str]:
 
 #: The local source's part of the page.
 PAGE = PageParts(summary=summary, sections=lambda status: holdings_sections(
-    status, "Slot", "No slot is reserved.", "No slot was reclaimed."))
+    status, "Slot", "No slot is reserved.", "No slot was reclaimed.") + "\n" + gpu_idle_section(status))
 
 
 def read_status(db_path: str | Path, *, node: str, pool: list[str] | None) -> dict:
@@ -75,7 +79,7 @@ def read_status(db_path: str | Path, *, node: str, pool: list[str] | None) -> di
     ledger = SlotLedger(db_path)
     return status_model(
         ledger.holdings(), WaitQueue(db_path).waiters(), ledger.reclaims(RECENT_RECLAIMS),
-        node=node, pool=pool, now=time.time(),
+        node=node, pool=pool, now=time.time(), gpu_idle=ledger.gpu_idle_flags(),
     )
 
 

@@ -261,6 +261,10 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
         except (KeyError, ValueError):  # a GPU not listed, or "[N/A]"
             return None
 
+    async def record_gpu_idle(self, since: float | None) -> None:
+        """The flag, in the ledger, where the admin view reads it."""
+        await off_loop(self.ledger.flag_gpu_idle, self.owner, since)
+
     async def grant_workers_again(self, n: int) -> Grant:
         """Slots from the ledger again (the device cgroup follows them)."""
         self.slots = await self.reserve_workers(n, spawning=False)

@@ -101,3 +101,24 @@ def test_the_server_is_told_the_flag_once_and_its_lifting_and_the_gpus_are_taken
     [reclaim] = SlotLedger(spawner.reservations_db).reclaims()
     assert reclaim.reason.startswith("GPUs held idle (0 % use) for ")
     assert spawner.gpu_idle_notice() == GpuIdle(since=0.0)  # watched afresh
+
+
+def test_the_admin_view_lists_gpus_held_idle_until_the_flag_lifts_or_the_slots_go(tmp_path):
+    from pdl_spawner.core.admin_frame import render_page
+    from pdl_spawner.core.reservations import SlotLedger
+    from pdl_spawner.local.admin_source import PAGE, read_status
+
+    db = tmp_path / "r.sqlite"
+    ledger = SlotLedger(db)
+    ledger.reserve("alice", 1, ["gpu:0", "gpu:1"])
+    ledger.reserve("bob<script>", 1, ["gpu:1"])
+    ledger.flag_gpu_idle("alice", time.time() - 2100)
+    ledger.flag_gpu_idle("bob<script>", time.time() - 60)
+    status = read_status(db, node="box", pool=["gpu:0", "gpu:1"])
+    assert [(r["owner"], r["idle_s"] // 60) for r in status["gpu_idle"]] == [("alice", 35), ("bob<script>", 1)]
+    page = render_page(status, PAGE)
+    assert "GPUs held idle (0 % use)" in page and "<td>alice</td>" in page and "bob&lt;script&gt;" in page
+    ledger.flag_gpu_idle("alice", None)
+    ledger.release("bob<script>")  # the slots go: so does the flag
+    status = read_status(db, node="box", pool=["gpu:0", "gpu:1"])
+    assert status["gpu_idle"] == [] and "No GPU is held idle." in render_page(status, PAGE)

@@ -47,6 +47,7 @@ def test_status_rows_in_slot_order_with_iso_times_and_seconds():
                    "since": "2023-11-14T22:13:25Z", "waiting_s": 60}],
         "reclaims": [{"at": "2023-11-14T22:13:20Z", "owner": "dave", "user": "dave", "slots": ["cpu:3"],
                       "reason": "engines idle for 600 s"}],
+        "gpu_idle": [],
     }
     assert [duration_text(s) for s in (42, 200, 7500, 97200, -3)] == ["42 s", "3 min 20 s", "2 h 5 min", "1 d 3 h", "0 s"]
 
