@@ -2,8 +2,8 @@
 
 The hub measures (it trusts no reading a user's server could write): on the embedded
 default it asks ``nvidia-smi`` for the utilisation of the GPUs a server holds
-(:meth:`GpuIdleWatch.gpu_use`, the spawner's own), at most every :data:`SAMPLE_EVERY_S`
-seconds. A server whose GPUs all read 0 % on every sample for ``gpu_idle_flag_s`` seconds
+(:meth:`GpuIdleWatch.gpu_use`, the spawner's own), every ``gpu_sample_s`` seconds
+(:data:`SAMPLE_EVERY_S` by default). A server whose GPUs all read 0 % on every sample for ``gpu_idle_flag_s`` seconds
 is flagged (:meth:`GpuIdleWatch.gpu_idle_flag`); any reading above 0 ends it. The hub
 tells the server (:class:`pdl.lease.GpuIdle`), whose Cluster panel and cells show it. With
 ``gpu_idle_release_s`` the flag carries a time from which the server releases the engines
@@ -20,7 +20,7 @@ from pdl.lease import GpuIdle, encode
 from pdl.limits import duration
 from pdl_spawner.core.session_limit import ENFORCE_AFTER_S, RELEASE_WINDOW_S
 
-#: Seconds between two readings of a server's GPU use.
+#: Seconds between two readings of a server's GPU use, by default.
 SAMPLE_EVERY_S = 30.0
 
 
@@ -65,6 +65,11 @@ class GpuIdleWatch(HasTraits):
         0: flag only.""",
     )
 
+    gpu_sample_s = Float(
+        SAMPLE_EVERY_S, config=True,
+        help="Seconds between two readings of a server's GPU use (with gpu_idle_flag_s).",
+    )
+
     _tracker: IdleGpuTracker | None = None
     _sampled_at = 0.0
     #: The flag last told the server: (since, release_at); None before the first.
@@ -82,9 +87,9 @@ class GpuIdleWatch(HasTraits):
         return None
 
     async def sample_gpu_use(self, now: float | None = None) -> None:
-        """Read the GPU use when a sample is due (at most every :data:`SAMPLE_EVERY_S` s)."""
+        """Read the GPU use when a sample is due (at most every ``gpu_sample_s`` seconds)."""
         now = time.time() if now is None else now
-        if not self.gpu_idle_flag_s or now - self._sampled_at < SAMPLE_EVERY_S:
+        if not self.gpu_idle_flag_s or now - self._sampled_at < self.gpu_sample_s:
             return
         self._sampled_at = now
         self.gpu_tracker.observe(await self.gpu_use(), now)

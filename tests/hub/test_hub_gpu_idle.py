@@ -1,0 +1,90 @@
+"""GPUs held idle on the embedded default, through a real JupyterHub: the hub reads the
+use of alice's GPUs with nvidia-smi (a fake one, whose readings the test sets, over
+stand-in GPU device nodes), flags them in her panel, her cells and the admin view after
+a time at 0 %, lifts the flag when they are used, and at the release time her server
+releases the engines so the next cell says why and asks for them again."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fault_cells import SUM, magic
+from hub_harness import Hub, Kernel, admin_status, open_path_to, running
+from waiting import wait_until
+
+pytestmark = [pytest.mark.hub,
+              pytest.mark.skipif(os.geteuid() != 0, reason="stand-in GPU device nodes need root (mknod)")]
+
+POOL = ["gpu:0", "gpu:1"]
+FLAG_S, RELEASE_S = 4, 20
+SUM2 = magic(SUM, 2)
+
+
+@pytest.fixture(scope="module")
+def gpus(tmp_path_factory):
+    """Stand-in GPU nodes (no driver behind them), and the fake nvidia-smi's readings."""
+    folder = tmp_path_factory.mktemp("gpus")
+    for index in range(len(POOL)):
+        node = folder / f"nvidia{index}"
+        os.mknod(node, 0o666 | 0o020000, os.makedev(240, index))
+        node.chmod(0o666)
+    readings = folder / "readings"
+    readings.write_text("0, 50\n1, 50\n")
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat {readings}\n")
+    smi.chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, gpus):
+    open_path_to(gpus)
+    config = f"""
+c.PDLLocalSpawner.gpu_device_template = {str(gpus / 'nvidia{index}')!r}
+c.PDLLocalSpawner.nvidia_smi = {str(gpus / 'nvidia-smi')!r}
+c.PDLLocalSpawner.gpu_sample_s = 1
+"""
+    # the stand-in GPUs are no GPUs to torch: the preflight would stop every cell
+    hub = Hub(tmp_path_factory.mktemp("gpu-idle-hub"), ["admin", "alice"], POOL,
+              spawner_env={"PDL_PREFLIGHT_SKIP": "gpu"}, extra_config=config,
+              hub_env={"PDL_GPU_IDLE_FLAG_S": str(FLAG_S), "PDL_GPU_IDLE_RELEASE_S": str(RELEASE_S)})
+    with running(hub):
+        yield hub
+
+
+def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub, gpus):
+    assert hub.spawn("alice", 2).status_code in (201, 202)
+    hub.wait_ready("alice")
+    kernel = Kernel(hub, "alice")
+    try:
+        kernel.execute_ok("%load_ext pdl_magics")
+        assert "sum 2" in kernel.execute_ok(SUM2, timeout=120)["stdout"]
+        assert hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"] is None  # the GPUs read 50 %
+
+        (gpus / "readings").write_text("0, 0\n1, 0\n")  # nothing runs on them any more
+        flag = wait_until(lambda: hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"], FLAG_S + 15,
+                          what="the panel's flag on alice's GPUs")
+        assert flag.startswith("GPUs held idle: 0 % use since ") and " unless used." in flag, flag
+        [row] = admin_status(hub)["gpu_idle"]
+        assert row["owner"] == "alice" and row["idle_s"] >= FLAG_S - 1, row
+        out = kernel.execute_ok(magic("x = 1", 2), timeout=60)  # each cell says so too
+        assert "GPUs held idle: 0 % use since " in out["stderr"], out
+
+        released = "Engines released (GPUs held idle (0 % use) since "
+        wait_until(lambda: (hub.server_api("alice", "/pdl/api/cluster")["message"] or "").startswith(released),
+                   RELEASE_S + 15, what=f"the panel to say: {released}...")
+        wait_until(lambda: not hub.reservations(), 15, what="alice's GPUs to be freed")
+        assert "from alice: GPUs held idle (0 % use) for " in hub.log_tail(400)
+        assert admin_status(hub)["gpu_idle"] == []
+
+        (gpus / "readings").write_text("0, 50\n1, 50\n")  # in use again once they are back
+        out = kernel.execute_ok(SUM2, timeout=180)
+        assert "Your engines were stopped (GPUs held idle (0 % use) since " in out["stderr"], out
+        assert "sum 2" in out["stdout"] and sorted(hub.reservations().values()) == ["alice", "alice"]
+        assert hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"] is None
+    finally:
+        kernel.close()
+        hub.api("DELETE", "/users/alice/server")
+    wait_until(lambda: not hub.running_servers() and not hub.reservations(), 60, what="servers to stop")
