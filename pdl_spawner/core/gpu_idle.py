@@ -74,6 +74,8 @@ class GpuIdleWatch(HasTraits):
     _sampled_at = 0.0
     #: The flag last told the server: (since, release_at); None before the first.
     _told: tuple[float, float] | None = None
+    #: The flag's ``since`` last recorded for the admin view (0: none); None before the first.
+    _recorded: float | None = None
 
     @property
     def gpu_tracker(self) -> IdleGpuTracker:
@@ -117,12 +119,12 @@ class GpuIdleWatch(HasTraits):
         if not self.gpu_idle_flag_s:
             return
         notice = self.gpu_idle_notice(now)
+        if notice.since != self._recorded:
+            await self.record_gpu_idle(notice.since or None)
+            self._recorded = notice.since
         told = (notice.since, notice.release_at)
-        if told == self._told:
-            return
-        if await self.fetch_lease(encode(notice), part="gpu-idle") is not None:
+        if told != self._told and await self.fetch_lease(encode(notice), part="gpu-idle") is not None:
             self._told = told
-        await self.record_gpu_idle(notice.since or None)
 
     async def record_gpu_idle(self, since: float | None) -> None:
         """Keep the flag where the admin view reads it (the spawner's own; nowhere by default)."""
