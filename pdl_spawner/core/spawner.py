@@ -260,11 +260,6 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit):
     def lease_needs_watch(self) -> bool:
         return super().lease_needs_watch() or self.session_limit_s > 0
 
-    async def others_waiting(self) -> int:
-        """Users in the queue other than this one."""
-        waiting = await self.waiting() or []
-        return sum(1 for user, _ in waiting if user != self.user.name)
-
     def reclaim_reason(self) -> str:
         """The hub's words for a release it reclaims: the session's end near it, else idleness."""
         return self.session_reason() if self.session_ending() else idle_reason(self.engine_idle_timeout)
