@@ -15,11 +15,12 @@
 - ``POST /pdl/api/lease/extension``: the hub's answer to a wish for more time, an
   :class:`~pdl.lease.Extended` or a :class:`~pdl.lease.Refusal`, which ends the wish;
 - ``POST /pdl/api/lease/gpu-idle``: the hub's flag on GPUs held idle, a
-  :class:`~pdl.lease.GpuIdle` (``since`` 0: lifted). The hub reads and answers the lease this
-  way, with the server's own API token, and never touches the files; these calls are
-  not user activity. The user may write here too: nothing here is trusted by the hub
-  (a grant of slots the ledger did not give opens no GPU: the device cgroup follows
-  the ledger).
+  :class:`~pdl.lease.GpuIdle` (``since`` 0: lifted).
+
+The hub reads and answers the lease this way, with the server's own API token, and
+never touches the files; these calls are not user activity. The user may write here
+too: nothing here is trusted by the hub (a grant of slots the ledger did not give opens
+no GPU: the device cgroup follows the ledger).
 
 Every handler requires an authenticated user (a Jupyter token or the login
 cookie, plus the XSRF token for cookie-authenticated POSTs).
@@ -40,7 +41,6 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from pdl.lease import SHAPES, Answer, ExtendAnswer, GpuIdle, Grant, LeaseFiles, LeaseFormatError, decode
-
 from pdl_server import session_clock
 
 from .monitor import ClusterMonitor

@@ -33,7 +33,8 @@ def render_form(
 ) -> str:
     """HTML for the spawn page: how many workers, with what is free and who holds the
     rest, the user's own limit (``limits``, one line: :func:`pdl.limits.holding_line`),
-    how long a session lasts (``session``, one line, "" for no limit), and (where the spawner has a queue, ``waiting`` not None) the choice to wait
+    how long a session lasts (``session``, one line, "" for no limit), and (where the
+    spawner has a queue, ``waiting`` not None) the choice to wait
     in it. ``waiting``: (user, workers) in queue order, shown by name to admins and as
     a count to everyone else."""
     unit = "GPU" if kind == "gpu" else "CPU worker"

@@ -44,7 +44,8 @@ def seconds(text: str, name: str) -> float:
     except ValueError:
         value = -1.0
     if not 0 <= value < float("inf"):
-        raise ValueError(f"{name} must be a number of seconds >= 0 (e.g. 28800 for 8 h; 0: off), got {str(text)[:40]!r}")
+        raise ValueError(f"{name} must be a number of seconds >= 0 (e.g. 28800 for 8 h; 0: off), "
+                         f"got {str(text)[:40]!r}")
     return value
 
 

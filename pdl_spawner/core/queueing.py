@@ -94,12 +94,16 @@ class QueueingSpawner(HasTraits):
             return None
         return [(w.user, w.wanted) for w in await off_loop(self.wait_queue.waiters)]
 
+    async def waiting_ahead(self) -> int:
+        """How many wait in the queue ahead of this server (0 with the queue off)."""
+        return len(await off_loop(self.wait_queue.ahead_of, self.owner_key)) if self.queue_timeout else 0
+
     async def refuse_while_others_wait(self, *, spawning: bool = True) -> None:
         """HTTP 409 (one line) when others wait in the queue ahead of this server;
         ``spawning``: for a spawn (else for engines a cell asks back)."""
-        waiting = await off_loop(self.wait_queue.ahead_of, self.owner_key) if self.queue_timeout else []
+        waiting = await self.waiting_ahead()
         if waiting:
-            message = form.queue_first_message(len(waiting), unit=self.worker_unit, spawning=spawning)
+            message = form.queue_first_message(waiting, unit=self.worker_unit, spawning=spawning)
             raise web.HTTPError(409, message, reason=message)
 
     @observe("user_options")

@@ -5,8 +5,8 @@ back should the user's server not give them up at the end.
 A session starts when workers are granted (the spawn's, and each grant again after a
 release) and ends ``session_limit_s`` seconds later; its user may ask for more time
 (Extend), given in steps of ``session_limit_s`` up to ``session_max_s`` from its start
-while nobody waits in the queue (:meth:`SessionLimit.extend_session`). The hub tells the end to the
-server (``PDL_SESSION_ENDS_AT`` at the spawn, :attr:`pdl.lease.Grant.ends_at` after),
+while nobody waits in the queue (:meth:`SessionLimit.extend_session`). The hub tells
+the end to the server (``PDL_SESSION_ENDS_AT`` at the spawn, :attr:`pdl.lease.Grant.ends_at` after),
 whose supervisor releases the engines a few seconds before it
 (:mod:`pdl_server.session_clock`), as an idle release does: the kernel keeps its state
 and the next cell asks for workers again, behind whoever waits in the queue. The server
@@ -61,9 +61,14 @@ class SessionLimit(HasTraits):
     #: False where the scheduler's own limit is the session's (Slurm: the job's time limit).
     applies_session_limit = True
 
+    @property
+    def session_limited(self) -> bool:
+        """True where the hub's session limit applies (set, and not a Slurm job's)."""
+        return self.applies_session_limit and self.session_limit_s > 0
+
     def start_session(self, now: float | None = None) -> None:
         """Workers were just granted: their session ends ``session_limit_s`` from now."""
-        limited = self.applies_session_limit and self.session_limit_s > 0
+        limited = self.session_limited
         self.session_ends_at = (time.time() if now is None else now) + self.session_limit_s if limited else 0.0
         self.session_granted_end = self.session_ends_at
 
@@ -74,10 +79,10 @@ class SessionLimit(HasTraits):
     @property
     def session_extendable(self) -> bool:
         """True where users may ask for more time (:attr:`session_max_s` above the limit)."""
-        return self.applies_session_limit and self.session_max_s > self.session_limit_s > 0
+        return self.session_limited and self.session_max_s > self.session_limit_s
 
-    async def others_waiting(self) -> int:
-        """How many other users wait in the queue (the spawner's queue; 0 without one)."""
+    async def waiting_ahead(self) -> int:
+        """How many wait in the queue ahead of this server (the spawner's queue's; 0 without one)."""
         return 0
 
     async def extend_session(self, now: float | None = None) -> ExtendAnswer:
@@ -95,7 +100,7 @@ class SessionLimit(HasTraits):
         if self.session_ends_at >= latest:
             return Refusal(f"Not extended: the longest session here is {duration(self.session_max_s)}, and yours "
                            f"has reached it")
-        waiting = await self.others_waiting()
+        waiting = await self.waiting_ahead()
         if waiting:
             return Refusal(f"Not extended: {waiting} other user{'s are' if waiting > 1 else ' is'} waiting for "
                            f"workers")
@@ -119,7 +124,7 @@ class SessionLimit(HasTraits):
 
     def session_form_line(self) -> str:
         """The spawn form's line about the limit ("" without one)."""
-        if not (self.applies_session_limit and self.session_limit_s > 0):
+        if not self.session_limited:
             return ""
         return (f"Sessions last at most {duration(self.session_limit_s)}: your engines are then released, "
                 f"your notebook keeps its state, and the next cell asks for workers again.")

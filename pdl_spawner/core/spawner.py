@@ -261,11 +261,6 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
     def lease_needs_watch(self) -> bool:
         return super().lease_needs_watch() or self.session_limit_s > 0 or self.gpu_idle_flag_s > 0
 
-    async def others_waiting(self) -> int:
-        """Users in the queue other than this one."""
-        waiting = await self.waiting() or []
-        return sum(1 for user, _ in waiting if user != self.user.name)
-
     def reclaim_reason(self) -> str:
         """The hub's words for a release it reclaims, or workers it takes back: the
         session's end near it, else GPUs held idle near their release, else idle engines."""

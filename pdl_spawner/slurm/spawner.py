@@ -232,7 +232,8 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
             qos = await self.slurm.qos_limits(self.account, list(self.sbatch_args), self.slurm_account)
             wall = time_limits.minutes(qos.max_wall or "")
             if wall is not None:
-                caps.append(time_limits.Cap(wall, f"Slurm QOS {qos.name} allows jobs of at most {qos.max_wall} (MaxWall)"))
+                caps.append(time_limits.Cap(
+                    wall, f"Slurm QOS {qos.name} allows jobs of at most {qos.max_wall} (MaxWall)"))
         partition = self.chosen_partition or await self.slurm.default_partition()
         max_time = await self.slurm.partition_max_time(partition)
         most = time_limits.minutes(max_time)

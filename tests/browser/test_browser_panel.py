@@ -2,8 +2,9 @@
 
 Log in through the hub's form (which says how long sessions last), spawn 3 workers,
 open the Cluster panel and see the 3 engines idle, the time left, and "Extend" giving
-one more hour and then saying the longest session is reached; run a ``%%distributed -n 3`` cell that calls ``pdl.log`` and watch
-every rank's progress advance in the panel; press "Stop cell" and see every rank
+one more hour and then saying the longest session is reached; run a
+``%%distributed -n 3`` cell that calls ``pdl.log`` and watch every rank's progress
+advance in the panel; press "Stop cell" and see every rank
 stop and the engines idle again. Screenshots go to docs/img/ (panel.png, training.png).
 """
 
