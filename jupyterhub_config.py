@@ -47,7 +47,7 @@ Environment variables tune it without editing this file:
   ``PDL_SESSION_WARN_S``: how long before a session's end its user is warned (default 600);
   ``PDL_SESSION_MAX_S``: how long a session may be extended to from its start, by its
   user's Extend in the Cluster panel (default 0: no extension);
-- ``PDL_GPU_IDLE_FLAG_S`` / ``PDL_GPU_IDLE_RELEASE_S``: on the embedded default, seconds
+- ``PDL_GPU_IDLE_FLAG_S`` / ``PDL_GPU_IDLE_RELEASE_S``: on the embedded default and Slurm, seconds
   at 0 % GPU use after which a server is flagged (panel, admin view) / its engines are
   released as idle ones are (default 0: never);
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
@@ -206,8 +206,8 @@ try:
     _session_limit_s = seconds(os.environ.get("PDL_SESSION_LIMIT_S", "0"), "PDL_SESSION_LIMIT_S")
     _session_warn_s = seconds(os.environ.get("PDL_SESSION_WARN_S", "600"), "PDL_SESSION_WARN_S")
     _session_max_s = seconds(os.environ.get("PDL_SESSION_MAX_S", "0"), "PDL_SESSION_MAX_S")
-    # GPUs held idle (0 % use, read with nvidia-smi on this machine): flagged after this
-    # long, and released after that long (0: never)
+    # GPUs held idle (0 % use, read with nvidia-smi on this machine, or on a Slurm job's
+    # nodes): flagged after this long, and released after that long (0: never)
     c.PDLLocalSpawner.gpu_idle_flag_s = seconds(os.environ.get("PDL_GPU_IDLE_FLAG_S", "0"), "PDL_GPU_IDLE_FLAG_S")
     c.PDLLocalSpawner.gpu_idle_release_s = seconds(os.environ.get("PDL_GPU_IDLE_RELEASE_S", "0"),
                                                    "PDL_GPU_IDLE_RELEASE_S")
@@ -278,6 +278,9 @@ elif os.environ.get("PDL_SPAWNER", "local") == "slurm":
     c.PDLSlurmSpawner.default_workers = int(os.environ.get("PDL_DEFAULT_WORKERS", "1"))
     c.PDLSlurmSpawner.engine_idle_timeout = c.PDLLocalSpawner.engine_idle_timeout
     c.PDLSlurmSpawner.session_warning_s = _session_warn_s  # the session is the job's time limit
+    c.PDLSlurmSpawner.gpu_idle_flag_s = c.PDLLocalSpawner.gpu_idle_flag_s
+    c.PDLSlurmSpawner.gpu_idle_release_s = c.PDLLocalSpawner.gpu_idle_release_s
+    c.PDLSlurmSpawner.flags_db = str(state_dir / "slurm-flags.sqlite")  # flags on GPUs held idle, for the admin view
     # where each server runs: "login" (here) or "allocation" (a step of the user's job)
     _server_placement = os.environ.get("PDL_SLURM_SERVER", "login")
     if _server_placement not in ("login", "allocation"):
@@ -333,6 +336,7 @@ if os.environ.get("PDL_SPAWNER", "local") == "slurm":
     _admin_view_env = {
         "PDL_SLURM": "1",
         "PDL_SLURM_PARTITION": c.PDLSlurmSpawner.partition,
+        "PDL_SLURM_FLAGS_DB": c.PDLSlurmSpawner.flags_db,
         # tells PDL's jobs from others' (a config that changes the prefix sets this too)
         "PDL_ACCOUNT_PREFIX": c.HostServer.account_prefix if "account_prefix" in c.HostServer else "pdl-",
         "SLURM_CONF": os.environ.get("SLURM_CONF", ""),

@@ -1,8 +1,9 @@
 """GPUs held idle: the hub's watch over how much a server uses the GPUs it holds.
 
-The hub measures (it trusts no reading a user's server could write): on the embedded
-default it asks ``nvidia-smi`` for the utilisation of the GPUs a server holds
-(:meth:`GpuIdleWatch.gpu_use`, the spawner's own), every ``gpu_sample_s`` seconds
+The hub measures (it trusts no reading a user's server could write): it asks
+``nvidia-smi`` for the utilisation of the GPUs a server holds (:meth:`GpuIdleWatch.gpu_use`,
+the spawner's own: on this machine for the embedded default, by a step in the user's job
+on Slurm; Swarm reads none yet), every ``gpu_sample_s`` seconds
 (:data:`SAMPLE_EVERY_S` by default). A server whose GPUs all read 0 % on every sample for ``gpu_idle_flag_s`` seconds
 is flagged (:meth:`GpuIdleWatch.gpu_idle_flag`); any reading above 0 ends it. The hub
 tells the server (:class:`pdl.lease.GpuIdle`), whose Cluster panel and cells show it. With
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from traitlets import Float, HasTraits
+from traitlets import Float, HasTraits, Unicode
 
 from pdl.lease import GpuIdle, encode
 from pdl.limits import duration
@@ -68,6 +69,12 @@ class GpuIdleWatch(HasTraits):
     gpu_sample_s = Float(
         SAMPLE_EVERY_S, config=True,
         help="Seconds between two readings of a server's GPU use (with gpu_idle_flag_s).",
+    )
+
+    nvidia_smi = Unicode(
+        "", config=True,
+        help="""The nvidia-smi that reads the GPUs' use (on this machine for the embedded
+        default, on the job's nodes on Slurm); empty: the one on PATH.""",
     )
 
     _tracker: IdleGpuTracker | None = None

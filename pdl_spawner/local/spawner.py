@@ -92,11 +92,6 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
         "The machine's cores are split evenly between them.",
     )
 
-    nvidia_smi = Unicode(
-        "", config=True,
-        help="The nvidia-smi the hub asks for its GPUs' use (GPUs held idle); empty: the one on PATH.",
-    )
-
     reservations_db = Unicode(
         "pdl-reservations.sqlite",
         config=True,

@@ -1,7 +1,8 @@
 """The admin view's source for Slurm (:class:`~pdl_spawner.slurm.PDLSlurmSpawner`).
 
-Slurm is the one source, read through its own commands (:mod:`pdl_spawner.slurm.cli`,
-parsed by :mod:`pdl_spawner.slurm.jobs`); no file. The holdings are the GPUs of every
+Slurm is the one source of who holds what, read through its own commands
+(:mod:`pdl_spawner.slurm.cli`, parsed by :mod:`pdl_spawner.slurm.jobs`); the one file is
+the hub's flags on GPUs held idle, which Slurm does not know. The holdings are the GPUs of every
 job that holds some (``squeue --all --json``; PDL's jobs, named ``pdl:<hub
 user>[:<server>]``, show the hub user, any other job its Unix account), each on the
 node Slurm names for it, since the job's start time. The pool is every GPU of the
@@ -17,6 +18,8 @@ says so in one line. Environment (set by ``jupyterhub_config.py``):
   a hub user's, only when its name and its account agree;
 - ``PDL_SLURM_PARTITION``: PDL's partition, as ``c.PDLSlurmSpawner.partition`` (empty:
   Slurm's default partition);
+- ``PDL_SLURM_FLAGS_DB``: the hub's flags on GPUs held idle, as
+  ``c.PDLSlurmSpawner.flags_db`` (unset: none shown);
 - ``PATH`` and ``SLURM_CONF``: where ``squeue``, ``sinfo`` and ``scontrol`` are, and the
   cluster's configuration when not the default.
 """
@@ -32,7 +35,10 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from html import escape
 
-from pdl_spawner.core.admin_frame import PageParts, duration_text, gpu_name, iso_utc, nodes_summary, table_html
+from pdl_spawner.core.admin_frame import (
+    PageParts, duration_text, gpu_idle_rows, gpu_idle_section, gpu_name, iso_utc, nodes_summary, table_html,
+)
+from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
 from pdl_spawner.slurm.jobs import DEFAULT_ACCOUNT_PREFIX, SlurmJob, SlurmNode, in_partition, pdl_job_owner, queue_position
 
@@ -107,7 +113,7 @@ def slurm_queue_rows(jobs: list[SlurmJob], account_prefix: str = DEFAULT_ACCOUNT
 def slurm_status_model(
     jobs: list[SlurmJob], nodes: list[SlurmNode], now: float, *,
     partition: str = "", default_partition: str = "", error: str | None = None,
-    account_prefix: str = DEFAULT_ACCOUNT_PREFIX,
+    account_prefix: str = DEFAULT_ACCOUNT_PREFIX, gpu_idle: dict[str, float] | None = None,
 ) -> dict:
     """Everything the view shows on Slurm, JSON-ready: ``source`` (``"slurm"``),
     ``partition`` (PDL's: ``partition``, else ``default_partition``; ``""``: every
@@ -118,7 +124,10 @@ def slurm_status_model(
     (:func:`slurm_queue_rows`) and ``error``: None, or why Slurm could not be read
     (then ``pool`` and ``free`` are None). No ``reclaims``: Slurm keeps no PDL log
     (:data:`SLURM_RECLAIMS_NOTE`). ``now`` is epoch seconds; ``account_prefix``: the
-    hub's users' account prefix, which tells PDL's jobs from others'."""
+    hub's users' account prefix, which tells PDL's jobs from others'. ``gpu_idle``: the
+    hub's flags on GPUs held idle (owner -> since, epoch s), shown as ``gpu_idle`` rows
+    (:func:`~pdl_spawner.core.admin_frame.gpu_idle_rows`) for a PDL job of that owner that
+    holds GPUs and started before the flag's time (an older job's flag is not its)."""
     mine = sorted(in_partition(partition, nodes, default_partition), key=lambda n: node_order(n.name))
     reservations = slurm_reservation_rows(jobs, now, account_prefix)
     held = {gpu_name(r["node"], r["slot"]) for r in reservations}
@@ -135,8 +144,16 @@ def slurm_status_model(
         "free": [g for g in pool if g in usable and g not in held] if known else None,
         "reservations": reservations,
         "queue": slurm_queue_rows(jobs, account_prefix),
+        "gpu_idle": gpu_idle_rows(standing_flags(jobs, gpu_idle or {}, account_prefix), now),
         "error": error,
     }
+
+
+def standing_flags(jobs: list[SlurmJob], flags: dict[str, float], account_prefix: str) -> dict[str, float]:
+    """The flags (owner -> since) of owners whose PDL job holds GPUs and started before it."""
+    started = {job_columns(j, account_prefix)["owner"]: j.start_time for j in jobs
+               if j.holding and pdl_job_owner(j, account_prefix) is not None}
+    return {owner: since for owner, since in flags.items() if owner in started and started[owner] <= since}
 
 
 def sections(status: dict) -> str:
@@ -155,7 +172,8 @@ def sections(status: dict) -> str:
          for q in status["queue"]],
         "Nobody is waiting.",
     )
-    return f'{reservations}\n{queue}\n<h2>Recent reclaims</h2>\n<p class="empty">{escape(SLURM_RECLAIMS_NOTE)}</p>'
+    return (f'{reservations}\n{queue}\n<h2>Recent reclaims</h2>\n<p class="empty">{escape(SLURM_RECLAIMS_NOTE)}</p>'
+            f"\n{gpu_idle_section(status)}")
 
 
 #: The Slurm source's part of the page.
@@ -175,10 +193,11 @@ async def read_slurm(commands: SlurmCommands, partition: str) -> tuple[list[Slur
 
 
 def read_slurm_status(*, partition: str, slurm_env: Mapping[str, str],
-                      account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> dict:
+                      account_prefix: str = DEFAULT_ACCOUNT_PREFIX, flags_db: str = "") -> dict:
     """:func:`slurm_status_model` now, from Slurm's commands run with ``slurm_env``
     (``PATH``, ``SLURM_CONF``...); PDL's partition is ``partition`` ("": Slurm's
-    default). No file is read: Slurm is the one source. When Slurm cannot be read, or
+    default). Slurm is the one source of who holds what; the one file, ``flags_db``
+    ("": none), holds the hub's flags on GPUs held idle. When Slurm cannot be read, or
     its output is not the JSON expected, the model carries the error (one line)
     instead. Blocking: run it off the event loop."""
     try:
@@ -191,8 +210,9 @@ def read_slurm_status(*, partition: str, slurm_env: Mapping[str, str],
     if error is not None:
         logging.getLogger("pdl.admin_view").warning("cannot read Slurm: %s", error)
         jobs, nodes, default = [], [], ""
+    flags = SlotLedger(flags_db).gpu_idle_flags() if flags_db and os.path.exists(flags_db) else {}
     return slurm_status_model(jobs, nodes, time.time(), partition=partition, default_partition=default,
-                              error=error, account_prefix=account_prefix)
+                              error=error, account_prefix=account_prefix, gpu_idle=flags)
 
 
 def slurm_env_from(env=os.environ) -> dict[str, str]:
@@ -206,6 +226,8 @@ def slurm_env_from(env=os.environ) -> dict[str, str]:
 
 def reader_from_env(env=os.environ) -> Callable[[], dict]:
     """The Slurm reader: Slurm's commands (``PATH``, ``SLURM_CONF``) on PDL's partition
-    ``PDL_SLURM_PARTITION``, its users' accounts named with ``PDL_ACCOUNT_PREFIX``; no file."""
+    ``PDL_SLURM_PARTITION``, its users' accounts named with ``PDL_ACCOUNT_PREFIX``, the
+    flags on GPUs held idle in ``PDL_SLURM_FLAGS_DB`` (unset: none)."""
     return partial(read_slurm_status, partition=env.get("PDL_SLURM_PARTITION", "").strip(),
-                   slurm_env=slurm_env_from(env), account_prefix=env.get("PDL_ACCOUNT_PREFIX", DEFAULT_ACCOUNT_PREFIX))
+                   slurm_env=slurm_env_from(env), account_prefix=env.get("PDL_ACCOUNT_PREFIX", DEFAULT_ACCOUNT_PREFIX),
+                   flags_db=env.get("PDL_SLURM_FLAGS_DB", ""))

@@ -20,6 +20,8 @@ from pdl_spawner.slurm.jobs import SlurmJob, SlurmNode
 
 #: Seconds one Slurm command may take before the hub gives up on it.
 COMMAND_TIMEOUT_S = 30.0
+#: Seconds the step that reads a job's GPU use may take.
+GPU_USE_TIMEOUT_S = 15.0
 #: Seconds slurmctld may take to learn an association that sacctmgr has just added.
 ASSOCIATION_WAIT_S = 15.0
 
@@ -172,6 +174,18 @@ class SlurmCommands:
                 raise SlurmError("scontrol", f"slurmctld does not know {user} in account {account} "
                                              f"{timeout:g} s after sacctmgr added it")
             await asyncio.sleep(0.2)
+
+    async def gpu_use(self, job: SlurmJob, account: str, nvidia_smi: str = "nvidia-smi") -> list[float] | None:
+        """The use (percent) of each GPU running ``job`` holds, read on its nodes by a
+        step of ``account``'s (its owner: Slurm lets no one else, root included, start
+        a step in a job); None when it cannot be read (:func:`~pdl_spawner.slurm.jobs.parse_gpu_use`)."""
+        if not job.node_gpus:
+            return None
+        try:
+            out = await self.run(slurm_jobs.gpu_use_argv(job, nvidia_smi), account=account, timeout=GPU_USE_TIMEOUT_S)
+        except SlurmError:
+            return None
+        return slurm_jobs.parse_gpu_use(out, job)
 
     async def cancel(self, *job_ids: int) -> None:
         """Cancel these jobs (those already gone are no error)."""

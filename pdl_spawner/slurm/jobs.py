@@ -88,6 +88,30 @@ def sbatch_argv(name: str, gpus: int, *, partition: str = "", time_limit_min: in
     return argv
 
 
+def gpu_use_argv(job: SlurmJob, nvidia_smi: str = "nvidia-smi") -> list[str]:
+    """``srun`` arguments for a step into running ``job`` (beside its engines:
+    ``--overlap``), one task on each of its nodes, each printing the use (percent) of the
+    GPUs the job holds there, one line per GPU: ``nvidia-smi`` (the admin's path, run
+    as the job's user without the user's environment) for the step's
+    ``CUDA_VISIBLE_DEVICES``, which names the job's GPUs in ``nvidia-smi``'s numbering
+    whether or not Slurm constrains devices."""
+    nodes = sorted(job.node_gpus)
+    return ["srun", f"--jobid={job.id}", "--overlap", f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}",
+            "--ntasks-per-node=1", "--quiet", "--export=NONE", "/bin/sh", "-c",
+            'exec "$0" --id="$CUDA_VISIBLE_DEVICES" --query-gpu=utilization.gpu --format=csv,noheader,nounits',
+            nvidia_smi]
+
+
+def parse_gpu_use(output: str, job: SlurmJob) -> list[float] | None:
+    """The percentages :func:`gpu_use_argv`'s step printed, one per GPU of ``job``; None
+    when they are not one number per GPU it holds (a node did not answer, ``[N/A]``)."""
+    try:
+        use = [float(line) for line in output.split()]
+    except ValueError:
+        return None
+    return use if len(use) == sum(len(indexes) for indexes in job.node_gpus.values()) and use else None
+
+
 def parse_job_id(sbatch_stdout: str) -> int:
     """The job id from ``sbatch --parsable`` output (``"123"`` or ``"123;cluster"``)."""
     text = sbatch_stdout.strip().splitlines()[-1] if sbatch_stdout.strip() else ""

@@ -54,7 +54,9 @@ from traitlets import Dict, Enum, Integer, List, Unicode, default
 from pdl.contract import ServerContract
 from pdl.lease import ExtendAnswer, Extended, Grant, Refusal
 from pdl_spawner.core import unix_accounts
+from pdl_spawner.core.db_thread import off_loop
 from pdl_spawner.core.host_server import HostServer
+from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import SchedulerLimits, WorkerUsage
 from pdl_spawner.slurm.choices import SlurmChoices
@@ -122,6 +124,12 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
         batch host: Slurm counts everything, the notebook ends with the job; the hub's API
         must listen where the nodes reach it). Default: $PDL_SLURM_SERVER in
         jupyterhub_config.py, else "login". See pdl_spawner/slurm/placement.py.""",
+    )
+
+    flags_db = Unicode(
+        "pdl-slurm-flags.sqlite", config=True,
+        help="""SQLite file (relative to the hub's working directory) of the flags on GPUs
+        held idle, which the admin view shows; Slurm keeps everything else.""",
     )
 
     job_id = Integer(0, help="This server's reservation job (spawner state); 0: none.")
@@ -356,6 +364,8 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
 
     async def release(self) -> None:
         """Cancel this server's job, and any other PDL job of its name and account."""
+        if self.gpu_idle_flag_s:
+            await self.record_gpu_idle(None)
         self.forget_port()
         self.slots = []
         self.server_node = None
@@ -410,6 +420,26 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
         self.slots = await self.take_workers(n)
         self.log.info("Granted Slurm job %d (%d GPU(s)) to %s again", self.job_id, n, self.owner)
         return Grant(workers=n, slots=tuple(self.slots), slurm_job=self.job_id)
+
+    # -- GPUs held idle ---------------------------------------------------------------
+
+    async def gpu_use(self) -> list[float] | None:
+        """Each GPU of the running job's use (percent), read on its nodes by a step the hub
+        starts in it as the user (:meth:`~pdl_spawner.slurm.cli.SlurmCommands.gpu_use`);
+        None without a running job, or when a GPU has no reading."""
+        if not self.job_id:
+            return None
+        try:
+            job = await self.slurm.job(self.job_id)
+        except SlurmError:
+            return None
+        if job is None or job.state != "RUNNING":
+            return None
+        return await self.slurm.gpu_use(job, self.account, self.nvidia_smi or "nvidia-smi")
+
+    async def record_gpu_idle(self, since: float | None) -> None:
+        """The flag, in :attr:`flags_db`, where the admin view reads it."""
+        await off_loop(SlotLedger(self.flags_db).flag_gpu_idle, self.owner, since)
 
     # -- the server ---------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from html import escape
 import pytest
 
 from pdl_spawner.admin_view import reader_from_env, render_page
+from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.slurm import admin_source as slurm_source
 from pdl_spawner.slurm.admin_source import (
     SLURM_RECLAIMS_NOTE, read_slurm_status, slurm_job_owner, slurm_status_model,
@@ -236,16 +237,44 @@ def test_the_reader_asks_slurms_own_commands_for_json_and_expands_no_node_list(m
     assert asked == [["squeue", "--all", "--json"], ["sinfo", "--json"]]  # PDL named its partition
 
 
-def test_the_environment_picks_the_slurm_source_with_no_file():
+def test_the_environment_picks_the_slurm_source_and_its_flags_file():
     reader = reader_from_env({"PDL_SLURM": "1", "PDL_SLURM_PARTITION": " gpu ", "PATH": "/opt/slurm/bin:/usr/bin",
                               "SLURM_CONF": "/etc/lab/slurm.conf", "PDL_DOCKER_HOST": "tcp://m:2375"})
     assert reader.func is slurm_source.read_slurm_status and reader.args == ()
-    assert reader.keywords == {"partition": "gpu", "account_prefix": "pdl-", "slurm_env": {
+    assert reader.keywords == {"partition": "gpu", "account_prefix": "pdl-", "flags_db": "", "slurm_env": {
         "PATH": "/opt/slurm/bin:/usr/bin", "LANG": "C.UTF-8", "SLURM_CONF": "/etc/lab/slurm.conf"}}
     # as jupyterhub_config.py gives it: SLURM_CONF empty when the hub had none
     default = reader_from_env({"PDL_SLURM": "1", "PDL_SLURM_PARTITION": "", "SLURM_CONF": "", "PATH": "",
-                               "PDL_ACCOUNT_PREFIX": "lab-"})
-    assert default.keywords == {"partition": "", "account_prefix": "lab-",
+                               "PDL_ACCOUNT_PREFIX": "lab-", "PDL_SLURM_FLAGS_DB": "/srv/hub/slurm-flags.sqlite"})
+    assert default.keywords == {"partition": "", "account_prefix": "lab-", "flags_db": "/srv/hub/slurm-flags.sqlite",
                                 "slurm_env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}
     with pytest.raises(KeyError):  # any other value is not Slurm: the ledger file is needed
         reader_from_env({"PDL_SLURM": "0"})
+
+
+def test_gpus_held_idle_are_listed_for_the_pdl_job_that_holds_them_since_the_flag(tmp_path, monkeypatch):
+    """The hub's flags (its file) show for a running PDL job that started before them:
+    not an older job's flag (gus's job completes, ann's new one started after it), not
+    another account's job, not a user with no job."""
+    flags = tmp_path / "slurm-flags.sqlite"
+    ledger = SlotLedger(flags)
+    ledger.flag_gpu_idle("ann", at(23, 50))           # her job started 23:33:41
+    ledger.flag_gpu_idle("gus", at(23, 0))            # before his job's start: an older job's
+    ledger.flag_gpu_idle("t1a2-cat", at(23, 0))       # not a PDL job
+    ledger.flag_gpu_idle("zed", at(23, 0))            # no job at all
+    status = model(gpu_idle=ledger.gpu_idle_flags())
+    assert [(r["owner"], r["since"], r["idle_s"]) for r in status["gpu_idle"]] == \
+        [("ann", "2026-11-24T23:50:00Z", 600)]
+    assert "GPUs held idle (0 % use)" in slurm_source.sections(status) and ">ann<" in slurm_source.sections(status)
+
+    async def run(self, argv, *, account=None, timeout=30.0):
+        return {("squeue", "--all", "--json"): JOBS, ("sinfo", "--json"): NODES}[tuple(argv)]
+
+    monkeypatch.setattr(SlurmCommands, "run", run)
+    env = {"PATH": "/usr/bin", "LANG": "C.UTF-8"}
+    assert [r["owner"] for r in read_slurm_status(partition="gpu", slurm_env=env, flags_db=str(flags),
+                                                  account_prefix="t1a2-")["gpu_idle"]] \
+        == ["ann"]
+    missing = tmp_path / "none.sqlite"  # no flag yet: none shown, and the view makes no file
+    assert read_slurm_status(partition="gpu", slurm_env=env, flags_db=str(missing))["gpu_idle"] == []
+    assert not missing.exists()

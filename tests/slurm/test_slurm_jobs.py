@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 import pytest
 
 from pdl_spawner.slurm.jobs import (
-    JOB_NAME_PREFIX, SlurmJob, SlurmNode, default_partition, gpu_usage, job_name, parse_job_id, parse_jobs,
-    parse_nodes, pdl_job_owner, pending_message, queue_position, sbatch_argv,
+    JOB_NAME_PREFIX, SlurmJob, SlurmNode, default_partition, gpu_usage, gpu_use_argv, job_name, parse_gpu_use,
+    parse_job_id, parse_jobs, parse_nodes, pdl_job_owner, pending_message, queue_position, sbatch_argv,
 )
 
 pytestmark = pytest.mark.unit
@@ -260,3 +260,16 @@ def test_a_job_is_pdls_only_when_its_name_and_its_account_agree():
     assert pdl_job_owner(mine, "pdl-") is None  # not an account of this hub's users
     assert pdl_job_owner(SlurmJob(**{**mine.__dict__, "name": "train"}), "t1a2-") is None
     assert pdl_job_owner(SlurmJob(**{**mine.__dict__, "name": JOB_NAME_PREFIX}), "t1a2-") is None
+
+
+def test_a_jobs_gpu_use_is_read_by_one_overlapping_step_task_per_node_of_the_admins_nvidia_smi():
+    job = SlurmJob(id=12, name="pdl:ann", user="pdl-ann", state="RUNNING", reason="None", partition="gpu", gpus=3,
+                   node_gpus={"n2": [0, 1], "n1": [3]})
+    argv = gpu_use_argv(job, "/opt/nvidia/bin/nvidia-smi")
+    assert argv[:9] == ["srun", "--jobid=12", "--overlap", "--nodes=2", "--nodelist=n1,n2", "--ntasks-per-node=1",
+                        "--quiet", "--export=NONE", "/bin/sh"]
+    assert argv[-1] == "/opt/nvidia/bin/nvidia-smi" and '--id="$CUDA_VISIBLE_DEVICES"' in argv[-2]
+    assert parse_gpu_use("0\n37\n100\n", job) == [0.0, 37.0, 100.0]
+    assert parse_gpu_use("0\n37\n", job) is None          # a node did not answer
+    assert parse_gpu_use("0\n[N/A]\n5\n", job) is None    # a GPU without a reading
+    assert parse_gpu_use("", job) is None
