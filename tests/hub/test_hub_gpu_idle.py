@@ -1,8 +1,8 @@
 """GPUs held idle on the embedded default, through a real JupyterHub: the hub reads the
 use of alice's GPUs with nvidia-smi (a fake one, whose readings the test sets, over
-stand-in GPU device nodes), flags them in her panel, her cells and the admin view after
-a time at 0 %, lifts the flag when they are used, and at the release time her server
-releases the engines so the next cell says why and asks for them again."""
+stand-in GPU device nodes), flags them in her panel (seen in a real browser), her cells
+and the admin view after a time at 0 %, and at the release time her server releases the
+engines, as the panel says, so the next cell says why and asks for them again."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ import os
 
 import pytest
 
+from browser_harness import chromium_page
 from fault_cells import SUM, magic
 from hub_harness import Hub, Kernel, admin_status, open_path_to, running
 from waiting import wait_until
 
-pytestmark = [pytest.mark.hub,
+pytestmark = [pytest.mark.hub, pytest.mark.browser,
               pytest.mark.skipif(os.geteuid() != 0, reason="stand-in GPU device nodes need root (mknod)")]
 
 POOL = ["gpu:0", "gpu:1"]
 FLAG_S, RELEASE_S = 4, 20
 SUM2 = magic(SUM, 2)
+PANEL = "#pdl-cluster-panel"
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +56,30 @@ c.PDLLocalSpawner.gpu_sample_s = 1
         yield hub
 
 
-def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub, gpus):
+@pytest.fixture
+def page(tmp_path):
+    with chromium_page(tmp_path, height=900) as page:
+        yield page
+
+
+def open_panel(hub: Hub, page, user: str) -> None:
+    """Log ``user`` in through the hub's form, to their running server's JupyterLab, and
+    open the Cluster panel."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", hub.password(user))
+    page.click("#login_submit")
+    page.wait_for_url(f"**/user/{user}/lab**", timeout=90_000)
+    page.click(".lm-TabBar-tab[data-id='pdl-cluster-panel']", timeout=60_000)
+    page.wait_for_selector(f"{PANEL} .pdl-slots", timeout=30_000)
+
+
+def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub, gpus, page):
     assert hub.spawn("alice", 2).status_code in (201, 202)
     hub.wait_ready("alice")
     kernel = Kernel(hub, "alice")
     try:
+        open_panel(hub, page, "alice")
         kernel.execute_ok("%load_ext pdl_magics")
         assert "sum 2" in kernel.execute_ok(SUM2, timeout=120)["stdout"]
         assert hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"] is None  # the GPUs read 50 %
@@ -67,6 +88,8 @@ def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub
         flag = wait_until(lambda: hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"], FLAG_S + 15,
                           what="the panel's flag on alice's GPUs")
         assert flag.startswith("GPUs held idle: 0 % use since ") and " unless used." in flag, flag
+        seen = page.wait_for_selector(f"{PANEL} .pdl-gpu-idle", timeout=15_000).inner_text()
+        assert seen.startswith("GPUs held idle: 0 % use since ") and " unless used." in seen, seen
         [row] = admin_status(hub)["gpu_idle"]
         assert row["owner"] == "alice" and row["idle_s"] >= FLAG_S - 1, row
         out = kernel.execute_ok(magic("x = 1", 2), timeout=60)  # each cell says so too
@@ -76,6 +99,11 @@ def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub
         wait_until(lambda: (hub.server_api("alice", "/pdl/api/cluster")["message"] or "").startswith(released),
                    RELEASE_S + 15, what=f"the panel to say: {released}...")
         wait_until(lambda: not hub.reservations(), 15, what="alice's GPUs to be freed")
+        page.wait_for_function(  # the panel says why, and the flag is gone with the GPUs
+            "() => { const p = document.querySelector('#pdl-cluster-panel');"
+            " return p.querySelector('.pdl-notice').innerText.startsWith("
+            "'Engines released (GPUs held idle (0 % use) since ') && !p.querySelector('.pdl-gpu-idle'); }",
+            timeout=15_000, polling=250)
         assert "from alice: GPUs held idle (0 % use) for " in hub.log_tail(400)
         assert admin_status(hub)["gpu_idle"] == []
 
