@@ -47,7 +47,7 @@ Environment variables tune it without editing this file:
   ``PDL_SESSION_WARN_S``: how long before a session's end its user is warned (default 600);
   ``PDL_SESSION_MAX_S``: how long a session may be extended to from its start, by its
   user's Extend in the Cluster panel (default 0: no extension);
-- ``PDL_GPU_IDLE_FLAG_S`` / ``PDL_GPU_IDLE_RELEASE_S``: on the embedded default and Slurm, seconds
+- ``PDL_GPU_IDLE_FLAG_S`` / ``PDL_GPU_IDLE_RELEASE_S``: seconds
   at 0 % GPU use after which a server is flagged (panel, admin view) / its engines are
   released as idle ones are (default 0: never);
 - ``PDL_CULL_IDLE_S``: seconds without activity after which jupyterhub-idle-culler
@@ -206,8 +206,8 @@ try:
     _session_limit_s = seconds(os.environ.get("PDL_SESSION_LIMIT_S", "0"), "PDL_SESSION_LIMIT_S")
     _session_warn_s = seconds(os.environ.get("PDL_SESSION_WARN_S", "600"), "PDL_SESSION_WARN_S")
     _session_max_s = seconds(os.environ.get("PDL_SESSION_MAX_S", "0"), "PDL_SESSION_MAX_S")
-    # GPUs held idle (0 % use, read with nvidia-smi on this machine, or on a Slurm job's
-    # nodes): flagged after this long, and released after that long (0: never)
+    # GPUs held idle (0 % use, read with nvidia-smi: on this machine, on a Slurm job's nodes,
+    # by the hub's reader service on a swarm): flagged after this long, released after that long (0: never)
     c.PDLLocalSpawner.gpu_idle_flag_s = seconds(os.environ.get("PDL_GPU_IDLE_FLAG_S", "0"), "PDL_GPU_IDLE_FLAG_S")
     c.PDLLocalSpawner.gpu_idle_release_s = seconds(os.environ.get("PDL_GPU_IDLE_RELEASE_S", "0"),
                                                    "PDL_GPU_IDLE_RELEASE_S")
@@ -249,6 +249,8 @@ if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     c.PDLSwarmSpawner.session_limit_s = _session_limit_s
     c.PDLSwarmSpawner.session_max_s = _session_max_s
     c.PDLSwarmSpawner.session_warning_s = _session_warn_s
+    c.PDLSwarmSpawner.gpu_idle_flag_s = c.PDLLocalSpawner.gpu_idle_flag_s
+    c.PDLSwarmSpawner.gpu_idle_release_s = c.PDLLocalSpawner.gpu_idle_release_s
     c.PDLSwarmSpawner.nodes = [n.strip() for n in os.environ.get("PDL_NODES", "").split(",") if n.strip()]
     c.PDLSwarmSpawner.home_storage = os.environ.get("PDL_HOME_STORAGE", "volume")
     if os.environ.get("PDL_HOME_PATH"):

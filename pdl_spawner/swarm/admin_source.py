@@ -6,7 +6,8 @@ the time its task reached its state. The pool is the GPUs that PDL's nodes decla
 ``"<hostname>/<GPU id>"``. When Docker cannot be read the page says so and still shows
 the queue and the reclaims, which come from the hub's SQLite file as locally (there
 it holds no slot reservations, and the slots of its reclaims are GPU descriptions,
-e.g. ``"pdl-node1/GPU-fake-1"``, shown as they are). Environment (set by
+e.g. ``"pdl-node1/GPU-fake-1"``, shown as they are). The same file holds the hub's flags
+on GPUs held idle, shown for owners whose engines hold GPUs. Environment (set by
 ``jupyterhub_config.py`` in the service definition):
 
 - ``PDL_RESERVATIONS_DB``: the queue and reclaim-log file (required);
@@ -30,8 +31,8 @@ from functools import partial
 from pathlib import Path
 
 from pdl_spawner.core.admin_frame import (
-    RECENT_RECLAIMS, PageParts, gpu_name, holdings_sections, iso_utc, nodes_summary, queue_rows, reclaim_rows,
-    reservation_row, split_owner,
+    RECENT_RECLAIMS, PageParts, gpu_idle_rows, gpu_idle_section, gpu_name, holdings_sections, iso_utc,
+    nodes_summary, queue_rows, reclaim_rows, reservation_row, split_owner,
 )
 from pdl_spawner.core.reservations import Reclaim, SlotLedger
 from pdl_spawner.core.wait_queue import Waiter, WaitQueue
@@ -54,6 +55,7 @@ def gpu_reservation_rows(holdings: list[GpuHolding], now: float) -> list[dict]:
 
 def swarm_status_model(
     snapshot: SwarmSnapshot, waiters: list[Waiter], reclaims: list[Reclaim], *, now: float, error: str | None = None,
+    gpu_idle: dict[str, float] | None = None,
 ) -> dict:
     """Everything the view shows on Swarm, JSON-ready: ``source`` (``"swarm"``),
     ``nodes`` (hostnames of PDL's nodes) and ``unavailable`` (those of them that offer
@@ -62,7 +64,9 @@ def swarm_status_model(
     ``other_services`` (GPUs of the pool held by services that are not PDL engines),
     ``reservations`` (:func:`gpu_reservation_rows`), ``queue`` and ``reclaims`` as
     locally, and ``error``: None, or why Docker could not be read (then ``pool`` and
-    ``free`` are None and there are no reservations). ``now`` is epoch seconds."""
+    ``free`` are None and there are no reservations). ``now`` is epoch seconds.
+    ``gpu_idle``: the hub's flags on GPUs held idle (owner -> since), shown as
+    ``gpu_idle`` rows for owners whose engines hold GPUs now."""
     held = {(h.node, h.gpu) for h in snapshot.holdings}
     in_use = set(snapshot.in_use) | held
     known = error is None
@@ -77,13 +81,15 @@ def swarm_status_model(
         "reservations": gpu_reservation_rows(snapshot.holdings, now),
         "queue": queue_rows(waiters, now),
         "reclaims": reclaim_rows(reclaims),
+        "gpu_idle": gpu_idle_rows({o: t for o, t in (gpu_idle or {}).items()
+                                   if o in {h.owner for h in snapshot.holdings}}, now),
         "error": error,
     }
 
 
 #: The Swarm source's part of the page.
 PAGE = PageParts(summary=nodes_summary, sections=lambda status: holdings_sections(
-    status, "GPU", "No GPU is held.", "No GPU was reclaimed."), unreadable="Docker")
+    status, "GPU", "No GPU is held.", "No GPU was reclaimed.") + "\n" + gpu_idle_section(status), unreadable="Docker")
 
 
 def read_swarm(docker_host: str) -> tuple[list[dict], list[dict], list[dict]]:
@@ -117,14 +123,15 @@ def read_swarm_status(db_path: str | Path, *, docker_host: str, resource: str, n
     at ``docker_host`` (GPUs are units of generic resource ``resource``; PDL's nodes are
     ``node_names``, all when empty), the queue and the reclaims from ``db_path``. When
     Docker cannot be read the model carries the error (one line) instead."""
-    waiters, reclaims = WaitQueue(db_path).waiters(), SlotLedger(db_path).reclaims(RECENT_RECLAIMS)
+    ledger = SlotLedger(db_path)
+    waiters, reclaims, flags = WaitQueue(db_path).waiters(), ledger.reclaims(RECENT_RECLAIMS), ledger.gpu_idle_flags()
     try:
         snapshot, error = swarm_snapshot(*read_swarm(docker_host), resource, node_names), None
     except docker_errors() as exc:
         error = " ".join(f"{docker_host}: {exc}".split())[:500]
         logging.getLogger("pdl.admin_view").warning("cannot read the swarm: %s", error)
         snapshot = SwarmSnapshot(nodes=list(node_names))
-    return swarm_status_model(snapshot, waiters, reclaims, now=time.time(), error=error)
+    return swarm_status_model(snapshot, waiters, reclaims, now=time.time(), error=error, gpu_idle=flags)
 
 
 def nodes_from_env(env=os.environ) -> list[str]:

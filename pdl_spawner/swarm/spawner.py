@@ -60,7 +60,10 @@ from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secr
 from pdl.contract import ServerContract
 
 from pdl_spawner.swarm import specs as swarm_specs
+from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
+from pdl_spawner.swarm.gpu_use import SwarmGpuUse
 from pdl_spawner.swarm.idle import SwarmIdleEngines
 from pdl_spawner.swarm.networks import NetworkPool, NoFreeNetwork
 from pdl_spawner.swarm.promises import SwarmGpuPromises
@@ -85,7 +88,8 @@ class TaskFailed(web.HTTPError, RuntimeError):
         self.jupyterhub_message = message
 
 
-class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmTeardown, SpawnerCore, SwarmSpawner):
+class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpuUse, SwarmTeardown, SpawnerCore,
+                      SwarmSpawner):
     """A user's notebook (with its ipyparallel controller) plus one engine service per
     GPU: the worker rules of :class:`~pdl_spawner.core.spawner.SpawnerCore`, GPUs counted and
     promised by :class:`~pdl_spawner.swarm.promises.SwarmGpuPromises`, storage by
@@ -344,7 +348,13 @@ class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmTea
 
     async def stop(self, now=False):
         self.unwatch_lease()
+        if self.gpu_idle_flag_s:
+            await self.record_gpu_idle(None)
         return await super().stop(now=now)
+
+    async def record_gpu_idle(self, since: float | None) -> None:
+        """The flag, in :attr:`state_db`, where the admin view reads it."""
+        await off_loop(SlotLedger(self.state_db).flag_gpu_idle, self.owner.key, since)
 
     # -- state -----------------------------------------------------------------
 

@@ -76,6 +76,8 @@ CLUSTER_DIR = "/tmp/pdl-cluster"
 PRIVATE_NETWORK = "pdl-private-{index}"
 #: Name of the global service that keeps every private network on every node.
 NETWORK_KEEPER = "pdl-network-keeper"
+#: The hub's global service that reads the nodes' GPU use (:func:`gpu_reader_service`).
+GPU_READER = "pdl-gpu-reader"
 #: Seconds, in the nanoseconds the Engine API wants.
 _NS = 1_000_000_000
 STOP_GRACE_NS = 5 * _NS
@@ -311,6 +313,30 @@ def network_keeper_service(*, image: str, networks: list[str], user: str) -> dic
         "RestartPolicy": {"Condition": "any", "Delay": 1 * _NS},
     }
     return {"name": NETWORK_KEEPER, "labels": labels, "task_template": task, "mode": {"Global": {}},
+            "endpoint_spec": {"Mode": "dnsrr"}}
+
+
+def gpu_reader_service(*, image: str, nvidia_smi: str, every_s: int, user: str, mounts: list[dict] = ()) -> dict:
+    """``create_service`` kwargs of the GPU reader (:mod:`pdl_spawner.swarm.gpu_use`): on
+    every node, ``nvidia-smi`` prints each GPU's UUID and use (percent) every ``every_s``
+    seconds, for the hub to read through the manager's logs. The hub's own service, in
+    the admin's ``image``: every GPU visible (``NVIDIA_VISIBLE_DEVICES=all``, the NVIDIA
+    runtime's own variable), none reserved, no network, read-only, logs capped."""
+    labels = {LABEL_PREFIX + "role": "gpu-reader"}
+    container = container_spec(
+        image=image, command=[nvidia_smi, "--query-gpu=uuid,utilization.gpu", "--format=csv,noheader,nounits",
+                              "-l", str(every_s)],
+        env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility",
+             "PDL_NODE": "{{.Node.Hostname}}"},
+        labels=labels, user=user, workdir="/", secrets=[], mounts=mounts)
+    container["ReadOnly"] = True
+    task = {
+        "ContainerSpec": container,
+        "Resources": {"Limits": {"MemoryBytes": 64 * 1024 * 1024}},
+        "RestartPolicy": {"Condition": "any", "Delay": 5 * _NS},
+        "LogDriver": {"Name": "json-file", "Options": {"max-size": "1m", "max-file": "2"}},
+    }
+    return {"name": GPU_READER, "labels": labels, "task_template": task, "mode": {"Global": {}},
             "endpoint_spec": {"Mode": "dnsrr"}}
 
 

@@ -235,8 +235,17 @@ def test_the_swarm_status_names_gpus_by_node_and_counts_other_services_not_free(
                    "since": "2023-11-14T22:13:25Z", "waiting_s": 60}],
         "reclaims": [{"at": "2023-11-14T22:13:20Z", "owner": "dave", "user": "dave",
                       "slots": ["pdl-node2/GPU-fake-2"], "reason": "engines idle for 600 s"}],
+        "gpu_idle": [],
         "error": None,
     }
+
+
+def test_gpus_held_idle_are_listed_for_owners_whose_engines_hold_gpus():
+    flags = {"alice/big": T0 - 600, "zed": T0 - 60}  # zed's engines hold nothing (released, stopped)
+    status = swarm_status_model(snapshot("alice/big"), [], [], now=T0, gpu_idle=flags)
+    assert status["gpu_idle"] == [{"owner": "alice/big", "user": "alice", "server": "big",
+                                   "since": "2023-11-14T22:03:20Z", "idle_s": 600}]
+    assert "GPUs held idle (0 % use)" in render_page(status) and "alice/big" in render_page(status)
 
 
 def test_the_swarm_page_summarises_the_nodes_and_escapes_every_value():

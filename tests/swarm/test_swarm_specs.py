@@ -162,6 +162,34 @@ def test_the_network_keeper_idles_on_every_node_on_every_network_with_nothing_mo
     }
 
 
+def test_the_gpu_reader_prints_every_gpus_use_on_every_node_reserving_none_without_network():
+    mounts = [{"Type": "bind", "Source": "/opt/smi", "Target": "/opt/smi", "ReadOnly": True}]
+    spec = swarm_specs.gpu_reader_service(image="pdl-engine:test", nvidia_smi="/opt/smi/nvidia-smi", every_s=30,
+                                          user="1000:1000", mounts=mounts)
+    labels = {"pdl.role": "gpu-reader"}
+    assert spec == {
+        "name": "pdl-gpu-reader",
+        "labels": labels,
+        "mode": {"Global": {}},
+        "endpoint_spec": {"Mode": "dnsrr"},
+        "task_template": {
+            "ContainerSpec": {
+                "Image": "pdl-engine:test",
+                "Command": ["/opt/smi/nvidia-smi", "--query-gpu=uuid,utilization.gpu", "--format=csv,noheader,nounits",
+                            "-l", "30"],
+                "Env": ["NVIDIA_DRIVER_CAPABILITIES=utility", "NVIDIA_VISIBLE_DEVICES=all",
+                        "PDL_NODE={{.Node.Hostname}}"],
+                "Labels": labels, "Dir": "/", "Secrets": [], "ReadOnly": True, "Mounts": mounts, **SECURE,
+            },
+            "Resources": {"Limits": {"MemoryBytes": 64 * 1024 * 1024}},
+            "RestartPolicy": {"Condition": "any", "Delay": 5 * NS},
+            "LogDriver": {"Name": "json-file", "Options": {"max-size": "1m", "max-file": "2"}},
+        },
+    }
+    with pytest.raises(ValueError, match="root"):
+        swarm_specs.gpu_reader_service(image="x", nvidia_smi="nvidia-smi", every_s=30, user="0:0")
+
+
 def _containers():
     yield notebook()["task_template"]["ContainerSpec"]
     yield engine()["task_template"]["ContainerSpec"]

@@ -1,0 +1,125 @@
+"""GPUs held idle on Docker Swarm: the hub's reading of the use of the GPUs a server's
+engines hold (:meth:`SwarmGpuUse.gpu_use`, for :mod:`pdl_spawner.core.gpu_idle`).
+
+The GPUs are on the swarm's nodes, which the hub reaches only through the manager. So
+the hub runs one global service of its own, :data:`~pdl_spawner.swarm.specs.GPU_READER`
+(:func:`~pdl_spawner.swarm.specs.gpu_reader_service`; made on first need and kept, as
+the network keeper is): on every node ``nvidia-smi`` prints each GPU's UUID and use
+every ``gpu_sample_s`` seconds, and the hub reads the latest lines through the manager
+(``docker service logs``). A line names its GPU by UUID, as a node's
+``node-generic-resources`` name it (``NVIDIA-GPU=GPU-<uuid>``): that is how a reading
+meets the GPU Swarm assigned to an engine's task (:func:`~pdl_spawner.swarm.gpus.gpu_holdings`).
+A node that declares its GPUs only by count names none, so its GPUs get no reading and
+are never flagged.
+
+Nothing of a user's takes part: the service is the hub's, in the admin's image
+(``gpu_reader_image``), as ``run_as``, with no network; no user can write its output.
+"""
+
+from __future__ import annotations
+
+import time
+
+from docker.errors import APIError, NotFound
+from traitlets import HasTraits, List, Unicode
+
+from pdl_spawner.swarm.gpus import PENDING, gpu_holdings
+from pdl_spawner.swarm.specs import GPU_READER, gpu_reader_service
+from pdl_spawner.swarm.state import service_replicas
+
+#: How many of the reader's intervals back a reading may come from.
+FRESH_INTERVALS = 3
+
+
+def parse_readings(text: str) -> dict[str, float]:
+    """GPU UUID -> use (percent) from the reader's output, ``"GPU-<uuid>, 37"`` per line,
+    the last line of each GPU winning; lines that are not that shape (``[N/A]``, a
+    message of nvidia-smi's) are left out."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        uuid, _, value = line.partition(",")
+        try:
+            found[uuid.strip()] = float(value)
+        except ValueError:
+            continue
+    return {uuid: use for uuid, use in found.items() if uuid}
+
+
+def held_use(held: list[str], readings: dict[str, float]) -> list[float] | None:
+    """The use of each GPU of ``held`` (their ids), or None when any has no reading (or
+    is not placed yet)."""
+    if not held or any(gpu == PENDING or gpu not in readings for gpu in held):
+        return None
+    return [readings[gpu] for gpu in held]
+
+
+class SwarmGpuUse(HasTraits):
+    """Mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`: the GPU reader and
+    its readings (see the module docstring). The spawner provides ``docker``,
+    ``engine_services_now``, ``gpu_resource``, ``run_as``, ``image``, ``engine_image``,
+    ``nvidia_smi`` and ``gpu_sample_s``."""
+
+    gpu_reader_image = Unicode(
+        "", config=True,
+        help="""Image of the GPU reader (with gpu_idle_flag_s): one task on every node runs
+        nvidia-smi in it (the NVIDIA runtime provides it). Empty: the engines' image.""",
+    )
+
+    gpu_reader_mounts = List(
+        config=True,
+        help="""Mounts of the GPU reader's containers, as the Engine API writes them (e.g. a
+        driver folder where the NVIDIA runtime does not provide nvidia-smi); none by default.""",
+    )
+
+    #: The hub's last reading, shared by its spawners: (epoch s, UUID -> use).
+    _readings: tuple[float, dict[str, float]] = (0.0, {})
+
+    async def gpu_use(self) -> list[float] | None:
+        """Each GPU this server's engines hold: its use (percent) from the reader; None
+        while an engine has no GPU placed or a GPU has no recent reading."""
+        running = [s for s in await self.engine_services_now() if service_replicas(s)]
+        if not running:
+            return None
+        tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
+                                                     "desired-state": ["running"]})
+        held = [h.gpu for h in gpu_holdings(await self.docker("nodes"), running, tasks, self.gpu_resource)]
+        return held_use(held, await self.gpu_readings())
+
+    async def gpu_readings(self) -> dict[str, float]:
+        """UUID -> use of every GPU the reader printed lately (a reading at most half a
+        sample old is reused by every spawner of this hub); makes the reader when it is
+        missing, which then has nothing to say for a few seconds."""
+        now = time.time()
+        at, readings = SwarmGpuUse._readings
+        if now - at < self.gpu_sample_s / 2:
+            return readings
+        every_s = max(1, round(self.gpu_sample_s))
+        try:
+            reader = await self.ensure_gpu_reader(every_s)
+            logs = await self.docker("service_logs", reader, stdout=True,
+                                     since=int(now - FRESH_INTERVALS * every_s - 1))
+        except (APIError, NotFound) as e:
+            self.log.warning("Cannot read the GPUs' use on the swarm: %s", e)
+            return {}
+        text = logs.decode(errors="replace") if isinstance(logs, bytes) else b"".join(logs).decode(errors="replace")
+        readings = parse_readings(text)
+        SwarmGpuUse._readings = (now, readings)
+        return readings
+
+    async def ensure_gpu_reader(self, every_s: int) -> str:
+        """The reader service's id, made (or brought up to the spec) when needed."""
+        spec = gpu_reader_service(image=self.gpu_reader_image or self.engine_image or self.image,
+                                  nvidia_smi=self.nvidia_smi or "nvidia-smi", every_s=every_s, user=self.run_as,
+                                  mounts=self.gpu_reader_mounts)
+        found = [s for s in await self.docker("services", filters={"name": GPU_READER})
+                 if s["Spec"]["Name"] == GPU_READER]
+        if not found:
+            self.log.info("Starting the GPU reader %s on every node", GPU_READER)
+            return (await self.docker("create_service", **spec))["ID"]
+        current = found[0]
+        if current["Spec"]["TaskTemplate"]["ContainerSpec"]["Command"] != \
+                spec["task_template"]["ContainerSpec"]["Command"]:
+            await self.docker("update_service", current["ID"], version=current["Version"]["Index"],
+                              task_template=spec["task_template"], name=spec["name"], labels=spec["labels"],
+                              mode=spec["mode"], endpoint_spec=spec["endpoint_spec"])
+        return current["ID"]
