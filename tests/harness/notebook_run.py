@@ -20,9 +20,10 @@ NOTEBOOK = REPO / "notebooks" / "cinic10_distributed.ipynb"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-#: Epochs of the small run. Measured on 3 CPU ranks (1000 sample images, batch 3 x 32):
-#: after 6 epochs (66 steps) the test accuracy ranged from 49 % to 93 % with the seed and
-#: the balanced split, a coin toss against the 50 % bound; after 12 it was 87 % to 92 %.
+#: Epochs of the small run. bench/small_run_spread.py measures its spread over seeds on 3
+#: CPU ranks (1000 sample images, batch 3 x 32): after 6 epochs (66 steps) the final test
+#: accuracy ranged from 49 % to 93 %, a coin toss against the 50 % bound; after 12, from
+#: 87 % to 92 %.
 SMALL_RUN_EPOCHS = 12
 
 
