@@ -3,7 +3,8 @@
 - :mod:`pdl_spawner.swarm.spawner`: :class:`PDLSwarmSpawner` (entry point ``pdl-swarm``,
   the services' life), with :mod:`pdl_spawner.swarm.promises` (free GPUs, promises to
   spawns in progress), :mod:`pdl_spawner.swarm.storage` (homes, data, cache),
-  :mod:`pdl_spawner.swarm.idle` (idle engines scaled to 0 and back) and
+  :mod:`pdl_spawner.swarm.idle` (idle engines scaled to 0 and back),
+  :mod:`pdl_spawner.swarm.gpu_use` (the GPUs' use, read by the hub's reader service) and
   :mod:`pdl_spawner.swarm.teardown` (removal).
 - :mod:`pdl_spawner.swarm.specs`: the services' specs (pure);
   :mod:`pdl_spawner.swarm.gpus`: the one reader of who holds which GPU (pure);
