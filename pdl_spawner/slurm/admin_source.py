@@ -60,10 +60,17 @@ def slurm_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX)
 
 
 def job_columns(job: SlurmJob, account_prefix: str) -> dict:
-    """The columns every row of a job has: :func:`slurm_job_owner`'s, ``account``, ``job``, ``pdl``, ``partition``."""
+    """The columns every row of a job has: :func:`slurm_job_owner`'s, ``account``, ``job``,
+    ``pdl``, ``partition`` and ``gpu_type`` (the GRES type it holds or asks for; "": untyped or any)."""
     owner, user, server = slurm_job_owner(job, account_prefix)
     return {"owner": owner, "user": user, "server": server, "account": job.user, "job": job.id,
-            "pdl": pdl_job_owner(job, account_prefix) is not None, "partition": job.partition}
+            "pdl": pdl_job_owner(job, account_prefix) is not None, "partition": job.partition,
+            "gpu_type": job.gpu_type}
+
+
+def typed(text, gpu_type: str) -> str:
+    """``text`` with the GPU type after it, where there is one: ``"gpu:0 (a100)"``."""
+    return f"{text} ({gpu_type})" if gpu_type else str(text)
 
 
 def node_order(name: str) -> list:
@@ -160,14 +167,14 @@ def sections(status: dict) -> str:
     """The tables Reservations and Queue of a Slurm model, and where its reclaims are."""
     reservations = table_html(
         "Reservations", ["GPU", "Node", "User/server", "Account", "Job", "State", "Since (UTC)", "Held for"],
-        [[r["slot"], r["node"], r["owner"], r["account"], r["job"], r["state"], r["since"],
+        [[typed(r["slot"], r["gpu_type"]), r["node"], r["owner"], r["account"], r["job"], r["state"], r["since"],
           "" if r["held_s"] is None else duration_text(r["held_s"])] for r in status["reservations"]],
         "No GPU is held.",
     )
     queue = table_html(
         "Queue", ["Position", "Partition", "User/server", "Account", "Job", "GPUs", "Slurm's reason",
                   "Expected start (UTC)"],
-        [[q["position"], q["partition"], q["owner"], q["account"], q["job"], q["gpus"],
+        [[q["position"], q["partition"], q["owner"], q["account"], q["job"], typed(q["gpus"], q["gpu_type"]),
           q["reason"] + (" (will not start)" if q["never_starts"] else ""), q["expected_start"] or "unknown"]
          for q in status["queue"]],
         "Nobody is waiting.",
