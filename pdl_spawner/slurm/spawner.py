@@ -508,10 +508,11 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
         return env
 
     def server_contract(self) -> ServerContract:
-        """The host server's contract plus the job its engines are steps of and where the
-        controller listens for them; a server in its job listens on its node, and its
+        """The host server's contract plus the job its engines are steps of, their GPU type and
+        where the controller listens for them; a server in its job listens on its node, and its
         engines never idle out."""
-        contract = replace(super().server_contract(), slurm_job=self.job_id, controller_ip=self.controller_ip)
+        contract = replace(super().server_contract(), slurm_job=self.job_id, controller_ip=self.controller_ip,
+                           gpu_type=self.chosen_gpu_type)
         if self.server_node is None:
             return contract
         return replace(contract, controller_ip=self.server_node.addr, idle_timeout_s=0)
