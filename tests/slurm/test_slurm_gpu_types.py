@@ -40,6 +40,8 @@ def test_each_gpu_type_is_offered_with_its_free_count_and_reserved_as_chosen(hub
         hub.wait_ready("ann", timeout=120)
         [anns] = hub.pdl_jobs("ann")
         assert anns["nodelist"] == "n3", anns  # the t4 node
+        cluster = hub.server_api("ann", "/pdl/api/cluster")
+        assert cluster["gpu_type"] == "t4", cluster  # the panel says "Reserved: 1 t4 GPUs (gpu:0)"
 
         page = form(hub, "ben")
         assert '<option value="t4">t4 (0 of 1 free)</option>' in page
