@@ -113,7 +113,7 @@ class ServerContract:
     session_ends_at: float = 0.0
     #: True where the user may ask the hub for more time (the panel's Extend)
     session_extendable: bool = False
-    #: the type of the GPUs reserved, as the scheduler names it (Slurm's GRES type); "": any
+    #: the type of the GPUs reserved (Slurm's GRES type, nvidia-smi's name on one machine); "": any
     gpu_type: str = ""
 
     def env(self) -> dict[str, str]:

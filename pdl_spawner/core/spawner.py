@@ -136,15 +136,20 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
         caps = [self.workers_limit, usage.total] + ([] if limits.workers is None else [limits.workers])
         return min(caps), limits.note
 
+    #: The spawn's GPU type ("" : any): :class:`~pdl_spawner.core.gpu_types.GpuTypeChoice`'s
+    #: where a spawner offers a choice.
+    chosen_gpu_type = ""
+
     def told_contract(self) -> dict[str, Any]:
         """The :class:`~pdl.contract.ServerContract` fields every kind tells its server: the
-        idle timeout, the user's limits (:attr:`told_limits`), and the session's warning,
-        limit and end (the limit only with an end: Slurm's session is its job's)."""
+        idle timeout, the user's limits (:attr:`told_limits`), the session's warning,
+        limit and end (the limit only with an end: Slurm's session is its job's), and the
+        spawn's GPU type."""
         workers_limit, limits_note = self.told_limits
         return dict(idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit, limits_note=limits_note,
                     session_warn_s=self.session_warning_s, session_ends_at=self.session_ends_at,
                     session_limit_s=self.session_limit_s if self.session_ends_at else 0.0,
-                    session_extendable=self.session_extendable)
+                    session_extendable=self.session_extendable, gpu_type=self.chosen_gpu_type)
 
     async def read_capacity(self) -> None:
         """Learn what :attr:`worker_capacity` needs, off the event loop, before a count

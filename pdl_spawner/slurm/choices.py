@@ -1,7 +1,7 @@
 """What a Slurm user may choose at spawn, where the admin offers it: a partition and a
-time limit (settings, the form's fields, the options' checks); and a GPU type where the
-partition's nodes have GPUs of several GRES types (Slurm's own words for them, read from
-``sinfo``: no setting). A mixin of
+time limit (settings, the form's fields, the options' checks); and the GPU types of each
+partition, Slurm's GRES types as last read from ``sinfo`` (no setting), for the GPU type
+choice (:mod:`pdl_spawner.core.gpu_types`). A mixin of
 :class:`~pdl_spawner.slurm.spawner.PDLSlurmSpawner`, before the core in its bases (it
 adds to the core's form and options); the fields themselves are :mod:`pdl_spawner.slurm.form`."""
 
@@ -15,9 +15,9 @@ from pdl_spawner.slurm import form as slurm_form
 
 
 class SlurmChoices(HasTraits):
-    """Mixin: the partition, time limit and GPU type of a spawn (see the module
-    docstring). The spawner provides ``gpu_type_usage()`` (type -> free and total, for
-    the form), and records the types it reads in :attr:`known_gpu_types`."""
+    """Mixin: the partition and time limit of a spawn, and the GPU types of its
+    partition (see the module docstring); the spawner records the types it reads in
+    :attr:`known_gpu_types`."""
 
     #: GPU types of each partition ("" : the default), as last read from Slurm.
     known_gpu_types: dict[str, list[str]] = {}
@@ -51,28 +51,18 @@ class SlurmChoices(HasTraits):
             more["partition"] = slurm_form.valid_partitions(self.partitions)
         if self.max_time_limit:
             more["time_limit"] = slurm_form.valid_time_limits(self.max_time_limit)
-        if len(self.offered_gpu_types) > 1:
-            more["gpu_type"] = slurm_form.valid_gpu_types(self.offered_gpu_types)
         return more
 
-    @property
-    def asked_partition(self) -> str:
-        """The partition the options name when it is one offered, else the default one
+    def partition_in(self, options: dict) -> str:
+        """The partition ``options`` name when it is one offered, else the default one
         (unchecked: :attr:`chosen_partition` refuses a bad choice)."""
-        options = self.user_options if isinstance(self.user_options, dict) else {}
         if len(self.partitions) > 1:
             return options.get("partition") if options.get("partition") in self.partitions else self.partitions[0]
         return self.partition
 
-    @property
-    def offered_gpu_types(self) -> list[str]:
-        """The GPU types of the asked partition, as last read ([] before a read)."""
-        return SlurmChoices.known_gpu_types.get(self.asked_partition, [])
-
-    @property
-    def chosen_gpu_type(self) -> str:
-        """The GPU type of this spawn: the user's choice among :attr:`offered_gpu_types`, else "" (any)."""
-        return self.chosen_option("gpu_type", slurm_form.check_gpu_type, self.offered_gpu_types) or ""
+    def partition_gpu_types(self, options: dict) -> list[str]:
+        """The GPU types of the partition ``options`` name, as last read ([] before a read)."""
+        return SlurmChoices.known_gpu_types.get(self.partition_in(options), [])
 
     def chosen_option(self, name: str, check, *args):
         """``check(value, *args)`` of the user's option ``name`` when it is one this
@@ -106,20 +96,14 @@ class SlurmChoices(HasTraits):
         return ""
 
     async def render_options_form(self, spawner=None) -> str:
-        html = await super().render_options_form(spawner) + slurm_form.render_fields(
+        return await super().render_options_form(spawner) + slurm_form.render_fields(
             partitions=list(self.partitions), max_time_min=self.max_time_limit, default_time_min=self.time_limit)
-        if len(self.offered_gpu_types) > 1:
-            html += slurm_form.render_gpu_types(await self.gpu_type_usage())
-        return html
 
     def options_from_form(self, formdata):
         options = super().options_from_form(formdata)
         try:
-            fields = slurm_form.parse_fields(formdata, partitions=list(self.partitions),
-                                             max_time_min=self.max_time_limit)
-            partition = fields.get("partition") or self.asked_partition
-            fields.update(slurm_form.parse_gpu_type(formdata, SlurmChoices.known_gpu_types.get(partition, [])))
-            options.update(fields)
+            options.update(slurm_form.parse_fields(formdata, partitions=list(self.partitions),
+                                                   max_time_min=self.max_time_limit))
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
         return options

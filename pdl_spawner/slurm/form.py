@@ -1,5 +1,5 @@
 """The spawn form's Slurm fields: a partition and a time limit, where the admin lets
-users choose them, and a GPU type where the partition's nodes have several. Pure functions, no I/O; every refusal is one line naming what is valid."""
+users choose them. Pure functions, no I/O; every refusal is one line naming what is valid."""
 
 from __future__ import annotations
 
@@ -15,37 +15,6 @@ def valid_partitions(partitions: list[str]) -> str:
 
 def valid_time_limits(maximum_min: int) -> str:
     return f"minutes, a whole number from 1 to {maximum_min}"
-
-
-def valid_gpu_types(types: list[str]) -> str:
-    """``"one of 'a100', 't4', or '' for any"``, for refusals."""
-    return "one of " + ", ".join(repr(t) for t in types) + ", or '' for any"
-
-
-def check_gpu_type(value, types: list[str]) -> str:
-    """``value`` if it is one of ``types`` or "" (any type), else ValueError naming them."""
-    if not isinstance(value, str) or (value and value not in types):
-        raise ValueError(f"gpu_type must be {valid_gpu_types(types)}, got {echo(value)}")
-    return value
-
-
-def render_gpu_types(free: dict[str, tuple[int, int]]) -> str:
-    """HTML of the GPU type choice: "Any type" and each type (``free``: type -> (free,
-    total); "" : all types), each with its free count; "" with fewer than two types."""
-    types = [t for t in free if t]
-    if len(types) < 2:
-        return ""
-
-    def option(kind: str, label: str) -> str:
-        available, total = free.get(kind, (0, 0))
-        return f'<option value="{escape(kind)}">{escape(label)} ({available} of {total} free)</option>'
-
-    choices = option("", "Any type") + "".join(option(t, t) for t in sorted(types))
-    return f"""
-<div class="form-group pdl-gpu-type">
-  <label for="pdl-gpu-type">GPU type</label>
-  <select id="pdl-gpu-type" name="gpu_type" class="form-control">{choices}</select>
-</div>"""
 
 
 def check_partition(value, partitions: list[str]) -> str:
@@ -83,15 +52,6 @@ def render_fields(*, partitions: list[str], max_time_min: int, default_time_min:
   <p class="help-block">Slurm ends your reservation after this long; your files stay.</p>
 </div>"""
     return html
-
-
-def parse_gpu_type(formdata: dict, types: list[str]) -> dict:
-    """``{"gpu_type": ...}`` from submitted form data where ``types`` offers a choice (two
-    or more) and one was chosen; else {}. ValueError, one line, for one not offered."""
-    if len(types) < 2:
-        return {}
-    chosen = check_gpu_type((formdata.get("gpu_type") or [""])[0], list(types))
-    return {"gpu_type": chosen} if chosen else {}
 
 
 def parse_fields(formdata: dict, *, partitions: list[str], max_time_min: int) -> dict:

@@ -55,6 +55,7 @@ from pdl.contract import ServerContract
 from pdl.lease import ExtendAnswer, Extended, Grant, Refusal
 from pdl_spawner.core import unix_accounts
 from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
@@ -77,7 +78,7 @@ JOB_POLL_S = 1.0
 UNREAD_CAPACITY = 1 << 20
 
 
-class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner):
+class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner):
     """A user's server on the login node or in its job; their GPUs a Slurm job, their engines its steps."""
 
     cpus_per_gpu = Integer(1, config=True, help="CPU cores each engine's task gets (sbatch --cpus-per-task).")
@@ -263,6 +264,10 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
             nodes, jobs, partition=partition, default_partition=default_part).total
         return slurm_jobs.gpu_usage(nodes, jobs, partition=partition, default_partition=default_part,
                                     exclude_job=self.job_id or None, gpu_type=self.chosen_gpu_type)
+
+    def gpu_types_for(self, options: dict) -> list[str]:
+        """The GRES types of the partition ``options`` name, as last read from Slurm."""
+        return self.partition_gpu_types(options)
 
     async def gpu_type_usage(self) -> dict[str, tuple[int, int]]:
         """GPU type ("" : any) -> (free, total) GPUs of this spawn's partition, for the form."""
@@ -508,11 +513,10 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
         return env
 
     def server_contract(self) -> ServerContract:
-        """The host server's contract plus the job its engines are steps of, their GPU type and
-        where the controller listens for them; a server in its job listens on its node, and its
+        """The host server's contract plus the job its engines are steps of and where the
+        controller listens for them; a server in its job listens on its node, and its
         engines never idle out."""
-        contract = replace(super().server_contract(), slurm_job=self.job_id, controller_ip=self.controller_ip,
-                           gpu_type=self.chosen_gpu_type)
+        contract = replace(super().server_contract(), slurm_job=self.job_id, controller_ip=self.controller_ip)
         if self.server_node is None:
             return contract
         return replace(contract, controller_ip=self.server_node.addr, idle_timeout_s=0)

@@ -1,11 +1,11 @@
-"""The spawn form's Slurm fields (pdl_spawner/slurm/form.py): the GPU type choice, with
-each type's free count, and its checks; no Slurm."""
+"""The spawn form's GPU type choice (pdl_spawner/core/form.py), with each type's free
+count, and its checks; no cluster."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdl_spawner.slurm.form import check_gpu_type, parse_gpu_type, render_gpu_types
+from pdl_spawner.core.form import check_gpu_type, parse_gpu_type, render_gpu_types
 
 pytestmark = pytest.mark.unit
 
