@@ -136,10 +136,6 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
         caps = [self.workers_limit, usage.total] + ([] if limits.workers is None else [limits.workers])
         return min(caps), limits.note
 
-    #: The spawn's GPU type ("" : any): :class:`~pdl_spawner.core.gpu_types.GpuTypeChoice`'s
-    #: where a spawner offers a choice.
-    chosen_gpu_type = ""
-
     def told_contract(self) -> dict[str, Any]:
         """The :class:`~pdl.contract.ServerContract` fields every kind tells its server: the
         idle timeout, the user's limits (:attr:`told_limits`), the session's warning,
