@@ -357,6 +357,8 @@ else:
         _admin_view_env["PDL_POOL"] = ",".join(c.PDLLocalSpawner.pool)
     if "cpu_slots" in c.PDLLocalSpawner:
         _admin_view_env["PDL_CPU_SLOTS"] = str(c.PDLLocalSpawner.cpu_slots)
+    if "nvidia_smi" in c.PDLLocalSpawner:  # the GPUs' types, as the spawner reads them
+        _admin_view_env["PDL_NVIDIA_SMI"] = c.PDLLocalSpawner.nvidia_smi
 c.JupyterHub.services.append({
     "name": "pdl-admin",
     "url": f"http://127.0.0.1:{int(os.environ.get('PDL_ADMIN_VIEW_PORT', '8002'))}",

@@ -36,7 +36,7 @@ from functools import partial
 from html import escape
 
 from pdl_spawner.core.admin_frame import (
-    PageParts, duration_text, gpu_idle_rows, gpu_idle_section, gpu_name, iso_utc, nodes_summary, table_html,
+    PageParts, duration_text, gpu_idle_rows, gpu_idle_section, gpu_name, iso_utc, nodes_summary, table_html, typed,
 )
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
@@ -67,10 +67,6 @@ def job_columns(job: SlurmJob, account_prefix: str) -> dict:
             "pdl": pdl_job_owner(job, account_prefix) is not None, "partition": job.partition,
             "gpu_type": job.gpu_type}
 
-
-def typed(text, gpu_type: str) -> str:
-    """``text`` with the GPU type after it, where there is one: ``"gpu:0 (a100)"``."""
-    return f"{text} ({gpu_type})" if gpu_type else str(text)
 
 
 def node_order(name: str) -> list:

@@ -231,7 +231,7 @@ def test_the_swarm_status_names_gpus_by_node_and_counts_other_services_not_free(
             {"slot": PENDING, "node": "", "owner": "bob/x", "user": "bob", "server": "x",
              "since": "2023-11-14T22:13:20Z", "held_s": 65},
         ],
-        "queue": [{"position": 1, "owner": "carol", "user": "carol", "server": "", "workers": 1,
+        "queue": [{"position": 1, "owner": "carol", "user": "carol", "server": "", "workers": 1, "gpu_type": "",
                    "since": "2023-11-14T22:13:25Z", "waiting_s": 60}],
         "reclaims": [{"at": "2023-11-14T22:13:20Z", "owner": "dave", "user": "dave",
                       "slots": ["pdl-node2/GPU-fake-2"], "reason": "engines idle for 600 s"}],
