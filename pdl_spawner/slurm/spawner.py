@@ -364,10 +364,11 @@ class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, Loca
             await asyncio.sleep(JOB_POLL_S)
 
     def _refusal(self, n: int, job: SlurmJob, *, waited: bool) -> web.HTTPError:
+        gpus = f"{n} {self.chosen_gpu_type} GPU(s)" if self.chosen_gpu_type else f"{n} GPU(s)"
         if waited:
-            message = f"Waited {self.queue_timeout} s in Slurm's queue for {n} GPU(s) (reason {job.reason}); try again"
+            message = f"Waited {self.queue_timeout} s in Slurm's queue for {gpus} (reason {job.reason}); try again"
         else:
-            message = (f"Slurm cannot start {n} GPU(s) for you now (reason {job.reason}). Tick 'wait in the "
+            message = (f"Slurm cannot start {gpus} for you now (reason {job.reason}). Tick 'wait in the "
                        f"queue' to wait in Slurm's queue, or ask for fewer.")
         return web.HTTPError(409, message, reason=message)
 
