@@ -70,7 +70,7 @@ def form_options(hub: Hub, page, user: str) -> list[str]:
 def test_each_gpu_type_is_offered_with_its_free_count_and_reserved_as_chosen(hub, page):
     assert form_options(hub, page, "alice") == ["Any type (4 of 4 free)", "NVIDIA A100 (2 of 2 free)",
                                                 "Tesla T4 (2 of 2 free)"]
-    r = hub.api("POST", "/users/bob/server", json={"workers": 1, "gpu_type": "H100"})
+    r = hub.api("POST", "/users/admin/server", json={"workers": 1, "gpu_type": "H100"})
     assert r.status_code == 400, r.text
     assert "gpu_type must be one of 'NVIDIA A100', 'Tesla T4', or '' for any, got 'H100'" in r.json()["message"]
     try:
