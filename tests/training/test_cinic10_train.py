@@ -141,7 +141,9 @@ def _train_rank(rank: int, world: int, port: int, root: str, out: str) -> None:
         train, test = load_split(root, "train", workers=1), load_split(root, "test", workers=1)
         hp = Hyper(epochs=4, batch_size=32, width=16)
         lines = []
-        result = fit(ResNet18(width=hp.width), train, test, hp, device="cpu", log=lines.append)
+        # a fixed, even split: with "auto" the split follows the ranks' timing, so the run
+        # (and its accuracy after 4 epochs) would change from one machine load to the next
+        result = fit(ResNet18(width=hp.width), train, test, hp, device="cpu", log=lines.append, balance="off")
         torch.save(
             {"state": result["model"].state_dict(), "test_acc": result["test_acc"], "lines": lines},
             Path(out) / f"rank{rank}.pt",
@@ -161,8 +163,7 @@ def test_two_gloo_ranks_end_identical_and_learn(sample, tmp_path, monkeypatch):
         assert torch.equal(tensor, rank1["state"][name]), name
     assert rank0["test_acc"] == rank1["test_acc"] >= 0.5  # chance is 0.1
     epochs = [line for line in rank0["lines"] if line.startswith("epoch ")]
-    balancing = [line for line in rank0["lines"] if line.startswith("pdl: ")]  # only if one rank was slower
-    assert len(epochs) == 4 and len(rank0["lines"]) == 4 + len(balancing) and rank1["lines"] == []
+    assert len(epochs) == 4 and len(rank0["lines"]) == 4 and rank1["lines"] == []
 
 
 def _merge_rank(rank: int, world: int, port: int, out: str) -> None:
