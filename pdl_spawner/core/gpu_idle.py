@@ -3,7 +3,7 @@
 The hub measures (it trusts no reading a user's server could write): it asks
 ``nvidia-smi`` for the utilisation of the GPUs a server holds (:meth:`GpuIdleWatch.gpu_use`,
 the spawner's own: on this machine for the embedded default, by a step in the user's job
-on Slurm; Swarm reads none yet), every ``gpu_sample_s`` seconds
+on Slurm, by the hub's reader service on Swarm), every ``gpu_sample_s`` seconds
 (:data:`SAMPLE_EVERY_S` by default). A server whose GPUs all read 0 % on every sample for ``gpu_idle_flag_s`` seconds
 is flagged (:meth:`GpuIdleWatch.gpu_idle_flag`); any reading above 0 ends it. The hub
 tells the server (:class:`pdl.lease.GpuIdle`), whose Cluster panel and cells show it. With
@@ -74,7 +74,8 @@ class GpuIdleWatch(HasTraits):
     nvidia_smi = Unicode(
         "", config=True,
         help="""The nvidia-smi that reads the GPUs' use (on this machine for the embedded
-        default, on the job's nodes on Slurm); empty: the one on PATH.""",
+        default, on the job's nodes on Slurm, in the GPU reader's image on Swarm); empty:
+        the one on PATH.""",
     )
 
     _tracker: IdleGpuTracker | None = None

@@ -23,7 +23,7 @@ import time
 from docker.errors import APIError, NotFound
 from traitlets import HasTraits, List, Unicode
 
-from pdl_spawner.swarm.gpus import PENDING, gpu_holdings
+from pdl_spawner.swarm.gpus import PENDING
 from pdl_spawner.swarm.specs import GPU_READER, gpu_reader_service
 from pdl_spawner.swarm.state import service_replicas
 
@@ -56,8 +56,8 @@ def held_use(held: list[str], readings: dict[str, float]) -> list[float] | None:
 class SwarmGpuUse(HasTraits):
     """Mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`: the GPU reader and
     its readings (see the module docstring). The spawner provides ``docker``,
-    ``engine_services_now``, ``gpu_resource``, ``run_as``, ``image``, ``engine_image``,
-    ``nvidia_smi`` and ``gpu_sample_s``."""
+    ``engine_services_now`` and ``engine_holdings`` (:class:`~pdl_spawner.swarm.idle.SwarmIdleEngines`'s),
+    ``run_as``, ``image``, ``engine_image``, ``nvidia_smi`` and ``gpu_sample_s``."""
 
     gpu_reader_image = Unicode(
         "", config=True,
@@ -80,9 +80,7 @@ class SwarmGpuUse(HasTraits):
         running = [s for s in await self.engine_services_now() if service_replicas(s)]
         if not running:
             return None
-        tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
-                                                     "desired-state": ["running"]})
-        held = [h.gpu for h in gpu_holdings(await self.docker("nodes"), running, tasks, self.gpu_resource)]
+        held = [h.gpu for h in await self.engine_holdings(running)]
         return held_use(held, await self.gpu_readings())
 
     async def gpu_readings(self) -> dict[str, float]:

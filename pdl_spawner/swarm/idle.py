@@ -19,7 +19,7 @@ from traitlets import HasTraits
 from pdl.lease import Grant
 from pdl_spawner.core.db_thread import off_loop
 from pdl_spawner.core.reservations import SlotLedger
-from pdl_spawner.swarm.gpus import gpu_holdings
+from pdl_spawner.swarm.gpus import GpuHolding, gpu_holdings
 from pdl_spawner.swarm.specs import LABEL_PREFIX
 from pdl_spawner.swarm.state import service_replicas
 
@@ -52,15 +52,18 @@ class SwarmIdleEngines(HasTraits):
             await self.docker("update_service", svc["ID"], svc["Version"]["Index"],
                               mode={"Replicated": {"Replicas": replicas}}, fetch_current_spec=True)
 
+    async def engine_holdings(self, running: list[dict]) -> list[GpuHolding]:
+        """The GPUs the tasks of ``running`` (engine services scaled above 0) hold now."""
+        tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
+                                                     "desired-state": ["running"]})
+        return gpu_holdings(await self.docker("nodes"), running, tasks, self.gpu_resource)
+
     async def reclaim_idle_workers(self) -> list[str]:
         """Scale this server's running engine services to 0 and log their GPUs as reclaimed."""
         running = [s for s in await self.engine_services_now() if service_replicas(s)]
         if not running:
             return []
-        tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
-                                                     "desired-state": ["running"]})
-        gpus = [f"{h.node}/{h.gpu}" for h in gpu_holdings(await self.docker("nodes"), running, tasks,
-                                                           self.gpu_resource)] or [f"{len(running)} GPU(s)"]
+        gpus = [f"{h.node}/{h.gpu}" for h in await self.engine_holdings(running)] or [f"{len(running)} GPU(s)"]
         await self.scale_engines(running, 0)
         await off_loop(self.reclaim_log.log_reclaim, self.owner.key, gpus, self.reclaim_reason())
         return gpus

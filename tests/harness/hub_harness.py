@@ -441,6 +441,31 @@ def admin_status(hub) -> dict:
     return r.json()
 
 
+#: How the flag on GPUs held idle and the release it leads to begin, in the panel.
+GPU_IDLE_FLAG = "GPUs held idle: 0 % use since "
+GPU_IDLE_RELEASED = "Engines released (GPUs held idle (0 % use) since "
+
+
+def check_gpu_idle_flag(hub, user: str, kernel, cell: str, *, flag_s: float, timeout: float) -> None:
+    """Wait (up to ``timeout`` s) for the hub's flag on ``user``'s GPUs held idle in their
+    panel, with its release time; then the admin view lists it, idle for at least
+    ``flag_s`` s (less a second), and ``cell`` (a ``%%distributed`` cell) prints it."""
+    flag = wait_until(lambda: hub.server_api(user, "/pdl/api/cluster")["gpu_idle"], timeout,
+                      what=lambda: f"the panel's flag on {user}'s GPUs; hub log: {hub.log_tail(30)}")
+    assert flag.startswith(GPU_IDLE_FLAG) and " unless used." in flag, flag
+    [row] = admin_status(hub)["gpu_idle"]
+    assert row["owner"] == user and row["idle_s"] >= flag_s - 1, row
+    out = kernel.execute_ok(cell, timeout=60)  # each cell says so too
+    assert GPU_IDLE_FLAG in out["stderr"], out
+
+
+def wait_gpu_idle_release(hub, user: str, timeout: float) -> None:
+    """Wait (up to ``timeout`` s) for ``user``'s panel to say their engines were released
+    for GPUs held idle."""
+    wait_until(lambda: (hub.server_api(user, "/pdl/api/cluster")["message"] or "").startswith(GPU_IDLE_RELEASED),
+               timeout, what=f"the panel to say: {GPU_IDLE_RELEASED}...")
+
+
 def page_alert(page: str) -> str:
     """The text of a hub page's alert (the sign-up form's answer) or login error, on one line."""
     found = re.search(r'class="(?:alert [^"]*|login_error)"[^>]*>(.*?)</(?:div|p)>', page, re.S)

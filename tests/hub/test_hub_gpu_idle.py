@@ -12,7 +12,9 @@ import pytest
 
 from browser_harness import chromium_page
 from fault_cells import SUM, magic
-from hub_harness import Hub, Kernel, admin_status, open_path_to, running
+from hub_harness import (
+    GPU_IDLE_FLAG, Hub, Kernel, admin_status, check_gpu_idle_flag, open_path_to, running, wait_gpu_idle_release,
+)
 from waiting import wait_until
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser,
@@ -85,19 +87,11 @@ def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub
         assert hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"] is None  # the GPUs read 50 %
 
         (gpus / "readings").write_text("0, 0\n1, 0\n")  # nothing runs on them any more
-        flag = wait_until(lambda: hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"], FLAG_S + 15,
-                          what="the panel's flag on alice's GPUs")
-        assert flag.startswith("GPUs held idle: 0 % use since ") and " unless used." in flag, flag
+        check_gpu_idle_flag(hub, "alice", kernel, magic("x = 1", 2), flag_s=FLAG_S, timeout=FLAG_S + 15)
         seen = page.wait_for_selector(f"{PANEL} .pdl-gpu-idle", timeout=15_000).inner_text()
-        assert seen.startswith("GPUs held idle: 0 % use since ") and " unless used." in seen, seen
-        [row] = admin_status(hub)["gpu_idle"]
-        assert row["owner"] == "alice" and row["idle_s"] >= FLAG_S - 1, row
-        out = kernel.execute_ok(magic("x = 1", 2), timeout=60)  # each cell says so too
-        assert "GPUs held idle: 0 % use since " in out["stderr"], out
+        assert seen.startswith(GPU_IDLE_FLAG) and " unless used." in seen, seen
 
-        released = "Engines released (GPUs held idle (0 % use) since "
-        wait_until(lambda: (hub.server_api("alice", "/pdl/api/cluster")["message"] or "").startswith(released),
-                   RELEASE_S + 15, what=f"the panel to say: {released}...")
+        wait_gpu_idle_release(hub, "alice", RELEASE_S + 15)
         wait_until(lambda: not hub.reservations(), 15, what="alice's GPUs to be freed")
         page.wait_for_function(  # the panel says why, and the flag is gone with the GPUs
             "() => { const p = document.querySelector('#pdl-cluster-panel');"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from fault_cells import SUM, magic
-from hub_harness import admin_status, open_path_to
+from hub_harness import admin_status, check_gpu_idle_flag, open_path_to, wait_gpu_idle_release
 from slurm_hub_harness import slurm_hub_fixture, spawn_and_sum
 from waiting import wait_until
 
@@ -53,17 +53,8 @@ def test_a_jobs_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_
         assert admin_status(hub)["gpu_idle"] == []
 
         set_use(readings, 0)
-        flag = wait_until(lambda: hub.server_api("ann", "/pdl/api/cluster")["gpu_idle"], FLAG_S + 20,
-                          what="the panel's flag on ann's GPUs")
-        assert flag.startswith("GPUs held idle: 0 % use since ") and " unless used." in flag, flag
-        [row] = admin_status(hub)["gpu_idle"]
-        assert row["owner"] == "ann" and row["idle_s"] >= FLAG_S - 1, row
-        out = kernel.execute_ok(magic("x = 1", 2), timeout=60)  # each cell says so too
-        assert "GPUs held idle: 0 % use since " in out["stderr"], out
-
-        released = "Engines released (GPUs held idle (0 % use) since "
-        wait_until(lambda: (hub.server_api("ann", "/pdl/api/cluster")["message"] or "").startswith(released),
-                   RELEASE_S + 20, what=f"the panel to say: {released}...")
+        check_gpu_idle_flag(hub, "ann", kernel, magic("x = 1", 2), flag_s=FLAG_S, timeout=FLAG_S + 20)
+        wait_gpu_idle_release(hub, "ann", RELEASE_S + 20)
         wait_until(lambda: not hub.pdl_jobs("ann"), 30, what=lambda: f"ann's job to be cancelled: {slurm.jobs()}")
         assert admin_status(hub)["gpu_idle"] == []
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from fault_cells import SUM, magic
-from hub_harness import Kernel, admin_status, open_path_to
+from hub_harness import Kernel, admin_status, check_gpu_idle_flag, open_path_to, wait_gpu_idle_release
 from swarm_hub_harness import swarm_hub_fixture
 from waiting import wait_until
 
@@ -67,17 +67,8 @@ def test_a_gpu_held_idle_is_flagged_then_released_and_the_next_cell_says_why(hub
         assert hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"] is None  # her GPU reads 50 %
 
         set_use(swarm, readings, 0)
-        flag = wait_until(lambda: hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"], FLAG_S + 30,
-                          what=lambda: f"the panel's flag on alice's GPU; hub log: {hub.log_tail(30)}")
-        assert flag.startswith("GPUs held idle: 0 % use since ") and " unless used." in flag, flag
-        [row] = admin_status(hub)["gpu_idle"]
-        assert row["owner"] == "alice" and row["idle_s"] >= FLAG_S - 1, row
-        out = kernel.execute_ok(magic("x = 1", 1), timeout=60)  # each cell says so too
-        assert "GPUs held idle: 0 % use since " in out["stderr"], out
-
-        released = "Engines released (GPUs held idle (0 % use) since "
-        wait_until(lambda: (hub.server_api("alice", "/pdl/api/cluster")["message"] or "").startswith(released),
-                   RELEASE_S + 20, what=f"the panel to say: {released}...")
+        check_gpu_idle_flag(hub, "alice", kernel, magic("x = 1", 1), flag_s=FLAG_S, timeout=FLAG_S + 30)
+        wait_gpu_idle_release(hub, "alice", RELEASE_S + 20)
         wait_until(lambda: engine_replicas(swarm, "alice") == [0], 30, what="alice's engine service to scale to 0")
         assert "from alice: GPUs held idle (0 % use) for " in hub.log_tail(2000)
         assert admin_status(hub)["gpu_idle"] == []
