@@ -1,13 +1,15 @@
 """The GPU type of a spawn, where a cluster has GPUs of several types (Slurm's GRES types,
-the embedded default's ``nvidia-smi`` names): the option ``gpu_type``, its check and its
+Swarm nodes' labels, the embedded default's ``nvidia-smi`` names): the option ``gpu_type``, its check and its
 field in the spawn form, which lists "Any type" and each type with its free count
 (:func:`pdl_spawner.core.form.render_gpu_types`). With fewer than two types there is no
 choice, and a ``gpu_type`` sent anyway is refused as an unknown option.
 
 :class:`GpuTypeChoice` is a mixin placed first in a spawner's bases (it adds to the form
 and the options of the spawner's other parts). The spawner provides
-:meth:`GpuTypeChoice.gpu_types_for` and :meth:`GpuTypeChoice.gpu_type_usage`, and uses
-:attr:`GpuTypeChoice.chosen_gpu_type` where it reserves and counts.
+``gpu_types_for(options)`` (the GPU types a spawn with ``options`` may choose among, as
+last read: [] before the spawner has read them, or where its GPUs are of one type) and
+``async gpu_type_usage()`` (GPU type, "" for any, -> (free, total), for the form), and
+uses :attr:`GpuTypeChoice.chosen_gpu_type` where it reserves and counts.
 """
 
 from __future__ import annotations
@@ -20,15 +22,6 @@ from pdl_spawner.core import form
 
 class GpuTypeChoice(HasTraits):
     """Mixin: the spawn's GPU type (see the module docstring)."""
-
-    def gpu_types_for(self, options: dict) -> list[str]:
-        """The GPU types a spawn with ``options`` may choose among, as last read ([]
-        before the spawner has read them, or where its GPUs are of one type)."""
-        return []
-
-    async def gpu_type_usage(self) -> dict[str, tuple[int, int]]:
-        """GPU type ("" : any) -> (free, total), for the form."""
-        return {}
 
     @property
     def offered_gpu_types(self) -> list[str]:

@@ -211,9 +211,12 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
     # -- reserving ----------------------------------------------------------------------
 
     def not_enough(self, wanted: int, usage: WorkerUsage) -> web.HTTPError:
-        """HTTP 409: one line saying what is free, names of holders only to admins."""
+        """HTTP 409: one line saying what is free (of the spawn's GPU type, where it chose
+        one), names of holders only to admins."""
+        kind = self.chosen_gpu_type
         message = form.not_enough_message(wanted, usage.free, usage.total, usage.holders,
-                                          show_names=bool(self.user.admin), unit=self.worker_unit)
+                                          show_names=bool(self.user.admin),
+                                          unit=f"{kind} {self.worker_unit}" if kind else self.worker_unit)
         return web.HTTPError(409, message, reason=message)
 
     def take_lock(self) -> asyncio.Lock:
