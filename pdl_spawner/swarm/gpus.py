@@ -26,7 +26,8 @@ What is held, counted as Swarm counts it (one definition, :func:`gpu_holdings`):
 - **The pool** (:func:`gpu_pool`, :func:`node_gpus`): the GPUs of nodes that are
   ``ready`` and ``active``; a node that is down, paused or drained offers nothing.
 
-**GPU types**: a node's GPUs are of the type its label :data:`GPU_TYPE_LABEL` names
+**GPU types**: a node's GPUs are of the type its label
+:data:`~pdl_spawner.swarm.specs.GPU_TYPE_LABEL` names
 (``docker node update --label-add pdl.gpu-type=a100 <node>``; no label: untyped). An
 engine service of a spawn that chose a type carries the same label (and a placement
 constraint on it). Counted for one type (``gpu_type``), the GPUs are those of that
@@ -162,7 +163,7 @@ def is_active(task: dict) -> bool:
 
 
 def node_gpu_type(node: dict) -> str:
-    """The type of ``node``'s GPUs: its label :data:`GPU_TYPE_LABEL` ("" without one)."""
+    """The type of ``node``'s GPUs: its label ``pdl.gpu-type`` ("" without one)."""
     return (node.get("Spec", {}).get("Labels") or {}).get(GPU_TYPE_LABEL, "")
 
 

@@ -1,14 +1,15 @@
 """The Swarm spawner's GPU accounting: what is free now, GPUs promised to spawns in
 progress, and the GPU types a spawn may choose among (its nodes' labels,
-:data:`~pdl_spawner.swarm.gpus.GPU_TYPE_LABEL`).
+:data:`~pdl_spawner.swarm.specs.GPU_TYPE_LABEL`).
 
 :class:`SwarmGpuPromises` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`.
 Free GPUs are read from the swarm on every call (:func:`pdl_spawner.swarm.gpus.gpu_usage`,
 the one definition of held) on the nodes PDL uses. Between the take of a spawn (or
 of engines a cell asks back) and the moment every one of its engine tasks exists,
 Swarm does not count its GPUs yet: the spawn's promise does, in this hub process
-(:data:`SwarmGpuPromises._promised`), so no GPU is granted twice. Where a spawn chose a GPU type, what is free and what it
-promises are of that type (:func:`~pdl_spawner.swarm.gpus.gpu_usage`).
+(:data:`SwarmGpuPromises._promised`), so no GPU is granted twice. Where a spawn
+chose a GPU type, what is free and what it promises are of that type
+(:func:`~pdl_spawner.swarm.gpus.gpu_usage`).
 """
 
 from __future__ import annotations

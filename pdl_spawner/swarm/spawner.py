@@ -232,6 +232,7 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
         if isinstance(self.user_options, dict) and "gpu_type" in self.user_options:
             await self.read_capacity()  # the GPU types it may name
         self.requested_workers()  # refuse other options (image, mounts, ...) before any Docker call
+        _ = self.chosen_gpu_type  # and a GPU type PDL's nodes lack
         self.storage_mounts()  # and storage settings that cannot work
         try:
             url = await super().start()

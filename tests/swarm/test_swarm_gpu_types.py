@@ -2,7 +2,8 @@
 kinds of GPU (``pdl.gpu-type``: a100 on pdl-node1 and pdl-node2, t4 on pdl-node3): the
 spawn form offers each type with its free count, the engines run only on the chosen
 type's nodes, a type the swarm lacks is refused in one line and a type with no free GPU
-with the usual 409, and the panel and the admin view name the type."""
+with a 409 naming it while the other type's GPUs stay free, and the panel and the admin
+view name the type."""
 
 from __future__ import annotations
 
@@ -71,14 +72,8 @@ def test_each_gpu_type_is_offered_with_its_free_count_and_its_engines_run_on_its
         assert r.status_code == 409, r.text
         assert r.json()["message"].startswith("Not enough free t4 GPUs: you asked for 1, 0 of 1 are free"), r.text
 
-        assert hub.api("POST", "/users/ben/server", json={"workers": 2, "gpu_type": "a100"}).status_code in (201, 202)
-        hub.wait_ready("ben", timeout=180)
-        assert engine_hosts(typed_swarm, "ben") == ["pdl-node1", "pdl-node2"]
-
-        rows = {(r["owner"], r["node"], r["gpu_type"]) for r in admin_status(hub)["reservations"]}
-        assert rows == {("ann", "pdl-node3", "t4"), ("ben", "pdl-node1", "a100"), ("ben", "pdl-node2", "a100")}, rows
+        rows = [(r["owner"], r["node"], r["gpu_type"]) for r in admin_status(hub)["reservations"]]
+        assert rows == [("ann", "pdl-node3", "t4")], rows
     finally:
         hub.api("DELETE", "/users/ann/server")
-        hub.api("DELETE", "/users/ben/server")
-    wait_until(lambda: not engine_hosts(typed_swarm, "ann") and not engine_hosts(typed_swarm, "ben"), 60,
-               what="ann's and ben's engines to go")
+    wait_until(lambda: not engine_hosts(typed_swarm, "ann"), 60, what="ann's engines to go")
