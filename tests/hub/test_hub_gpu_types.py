@@ -12,7 +12,7 @@ import os
 import pytest
 
 from browser_harness import chromium_page
-from hub_harness import Hub, open_path_to, running
+from hub_harness import Hub, running, stand_in_gpus
 from waiting import wait_until
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser,
@@ -23,27 +23,8 @@ NAMES = "0, NVIDIA A100\n1, NVIDIA A100\n2, Tesla T4\n3, Tesla T4\n"
 
 
 @pytest.fixture(scope="module")
-def gpus(tmp_path_factory):
-    """Stand-in GPU nodes (no driver behind them), and a fake nvidia-smi that names them."""
-    folder = tmp_path_factory.mktemp("gpus")
-    for index in range(len(POOL)):
-        node = folder / f"nvidia{index}"
-        os.mknod(node, 0o666 | 0o020000, os.makedev(240, index))
-        node.chmod(0o666)
-    (folder / "names").write_text(NAMES)
-    smi = folder / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat {folder / 'names'}\n")
-    smi.chmod(0o755)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory, gpus):
-    open_path_to(gpus)
-    config = f"""
-c.PDLLocalSpawner.gpu_device_template = {str(gpus / 'nvidia{index}')!r}
-c.PDLLocalSpawner.nvidia_smi = {str(gpus / 'nvidia-smi')!r}
-"""
+def hub(tmp_path_factory):
+    config = stand_in_gpus(tmp_path_factory.mktemp("gpus"), len(POOL), NAMES)
     # the stand-in GPUs are no GPUs to torch: the preflight would stop every cell
     hub = Hub(tmp_path_factory.mktemp("gpu-types-hub"), ["admin", "alice", "bob"], POOL,
               spawner_env={"PDL_PREFLIGHT_SKIP": "gpu"}, extra_config=config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hub_harness import admin_status
+from hub_harness import admin_status, gpu_type_choices
 from swarm_hub_harness import swarm_hub_fixture
 from waiting import wait_until
 
@@ -34,10 +34,6 @@ def hub(typed_swarm, tmp_path_factory):
     yield from swarm_hub_fixture(tmp_path_factory.mktemp("swarm-gpu-types"), typed_swarm, ["admin", "ann", "ben"])
 
 
-def form(hub, user: str) -> str:
-    return hub.login(user).get(f"{hub.url}/hub/spawn").text
-
-
 def engine_hosts(swarm, user: str) -> list[str]:
     """The hostnames of the nodes where ``user``'s engine tasks run."""
     hosts = swarm.hostnames_by_node_id()
@@ -49,10 +45,8 @@ def engine_hosts(swarm, user: str) -> list[str]:
 
 
 def test_each_gpu_type_is_offered_with_its_free_count_and_its_engines_run_on_its_nodes(hub, typed_swarm):
-    page = form(hub, "ann")
-    assert 'name="gpu_type"' in page and '<option value="">Any type (3 of 3 free)</option>' in page
-    assert '<option value="a100">a100 (2 of 2 free)</option>' in page
-    assert '<option value="t4">t4 (1 of 1 free)</option>' in page
+    assert gpu_type_choices(hub, "ann") == {"": "Any type (3 of 3 free)", "a100": "a100 (2 of 2 free)",
+                                            "t4": "t4 (1 of 1 free)"}
 
     r = hub.api("POST", "/users/ann/server", json={"workers": 1, "gpu_type": "h100"})
     assert r.status_code == 400, r.text
@@ -65,9 +59,8 @@ def test_each_gpu_type_is_offered_with_its_free_count_and_its_engines_run_on_its
         cluster = hub.server_api("ann", "/pdl/api/cluster")
         assert cluster["gpu_type"] == "t4", cluster  # the panel says "Reserved: 1 t4 GPUs"
 
-        page = form(hub, "ben")
-        assert '<option value="t4">t4 (0 of 1 free)</option>' in page
-        assert '<option value="a100">a100 (2 of 2 free)</option>' in page
+        choices = gpu_type_choices(hub, "ben")
+        assert (choices["t4"], choices["a100"]) == ("t4 (0 of 1 free)", "a100 (2 of 2 free)")
         r = hub.api("POST", "/users/ben/server", json={"workers": 1, "gpu_type": "t4"})
         assert r.status_code == 409, r.text
         assert r.json()["message"].startswith("Not enough free t4 GPUs: you asked for 1, 0 of 1 are free"), r.text
