@@ -56,6 +56,9 @@ Environment variables tune it without editing this file:
   (default: every GPU, else one CPU slot per core);
 - ``PDL_PREFLIGHT_SKIP``: preflight checks to skip on every user's engines, e.g. ``gpu``
   on a test cluster whose declared GPUs torch cannot see (docs/admin.md, "Preflight").
+- ``PDL_BALANCE``: how every user's cells split each step's batch where the cell does
+  not say (``auto``, the default: to the ranks' speeds where they differ; ``on``; ``off``:
+  evenly, so a run depends on its seed only).
 
 Login is jupyterhub-nativeauthenticator (``pdl_spawner.core.accounts.PDLAuthenticator``):
 every user has their own password, kept as a bcrypt hash in the hub's database. The
@@ -91,6 +94,7 @@ import os
 import sys
 from pathlib import Path
 
+from pdl.balance.plan import MODES as BALANCE_MODES
 from pdl_spawner.core.accounts import TEMPLATE_DIR, name_problem
 from pdl_spawner.core.credentials import SignupCodes
 from pdl_spawner.core.hub_settings import local_config_problem, port_range, seconds
@@ -219,10 +223,17 @@ c.PDLLocalSpawner.session_warning_s = _session_warn_s
 if os.environ.get("PDL_POOL"):
     c.PDLLocalSpawner.pool = [s.strip() for s in os.environ["PDL_POOL"].split(",") if s.strip()]
 
-# Preflight checks every user's engines skip (e.g. "gpu" on a test cluster whose declared
-# GPUs torch cannot see); the engines read it (pdl_magics/preflight.py, SKIPPABLE).
-if os.environ.get("PDL_PREFLIGHT_SKIP"):
-    c.Spawner.environment = {"PDL_PREFLIGHT_SKIP": os.environ["PDL_PREFLIGHT_SKIP"]}
+# What every user's servers read from the hub's environment: the preflight checks their
+# engines skip (e.g. "gpu" on a test cluster whose declared GPUs torch cannot see;
+# pdl_magics/preflight.py, SKIPPABLE) and how cells split their batches (PDL_BALANCE:
+# DistributedMagics.balance).
+if os.environ.get("PDL_BALANCE", "auto") not in BALANCE_MODES:
+    raise SystemExit(f"PDL_BALANCE must be one of {', '.join(BALANCE_MODES)}, got {os.environ['PDL_BALANCE'][:40]!r}")
+_user_env = {"PDL_PREFLIGHT_SKIP": os.environ.get("PDL_PREFLIGHT_SKIP", ""),
+             "PDL_BALANCE": os.environ.get("PDL_BALANCE", "")}
+_user_env = {name: value for name, value in _user_env.items() if value}
+if _user_env:
+    c.Spawner.environment = _user_env
 
 if os.environ.get("PDL_SPAWNER", "local") == "swarm":
     # The mini-cluster: users' servers and engines run as Docker Swarm services, one
@@ -357,6 +368,8 @@ else:
         _admin_view_env["PDL_POOL"] = ",".join(c.PDLLocalSpawner.pool)
     if "cpu_slots" in c.PDLLocalSpawner:
         _admin_view_env["PDL_CPU_SLOTS"] = str(c.PDLLocalSpawner.cpu_slots)
+    if "nvidia_smi" in c.PDLLocalSpawner:  # the GPUs' types, as the spawner reads them
+        _admin_view_env["PDL_NVIDIA_SMI"] = c.PDLLocalSpawner.nvidia_smi
 c.JupyterHub.services.append({
     "name": "pdl-admin",
     "url": f"http://127.0.0.1:{int(os.environ.get('PDL_ADMIN_VIEW_PORT', '8002'))}",

@@ -72,6 +72,7 @@ VARIABLES = {
     "session_limit_s": "PDL_SESSION_LIMIT_S",
     "session_ends_at": "PDL_SESSION_ENDS_AT",
     "session_extendable": "PDL_SESSION_EXTENDABLE",
+    "gpu_type": "PDL_GPU_TYPE",
 }
 
 
@@ -112,6 +113,8 @@ class ServerContract:
     session_ends_at: float = 0.0
     #: True where the user may ask the hub for more time (the panel's Extend)
     session_extendable: bool = False
+    #: the type of the GPUs reserved (Slurm's GRES type, nvidia-smi's name on one machine); "": any
+    gpu_type: str = ""
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -130,6 +133,7 @@ class ServerContract:
             "session_limit_s": f"{self.session_limit_s:g}" if self.session_limit_s else "",
             "session_ends_at": f"{self.session_ends_at:.3f}" if self.session_ends_at else "",
             "session_extendable": "1" if self.session_extendable else "",
+            "gpu_type": self.gpu_type,
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -166,6 +170,7 @@ class ServerContract:
             session_limit_s=number("session_limit_s", float),
             session_ends_at=number("session_ends_at", float),
             session_extendable=number("session_extendable", int) > 0,
+            gpu_type=env.get(VARIABLES["gpu_type"], ""),
         )
 
     @property

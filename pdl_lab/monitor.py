@@ -368,6 +368,7 @@ class ClusterMonitor:
             "limits": self.limits_line(released is None) if mode == "hub" else None,
             "session": self.session() if mode == "hub" else None,
             "gpu_idle": self.gpu_idle_line() if mode == "hub" and released is None else None,
+            "gpu_type": ServerContract.from_env().gpu_type or None if mode == "hub" else None,
             "cluster_file": cluster_file,
             "slots": slots,
             "nodes": sorted({r["host"] for r in rows if r["host"]}),

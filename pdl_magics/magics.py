@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import os
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
-from traitlets import Bool, Float
+from traitlets import Bool, Float, TraitError, Unicode, default, validate
+
+from pdl.balance.plan import MODES as BALANCE_MODES
 
 from .errors import DistributedUsageError
 from .session import BACKENDS, COLLECTIVE_TIMEOUT_S, HANG_TIMEOUT_S, DistributedSession
@@ -50,6 +54,13 @@ _PDL_USAGE = ("%%pdl check [-n N] [--backend {%s}] | %%pdl scale --loss NAME --m
               % "|".join(BACKENDS))
 
 
+def _balance_mode(mode: str) -> str:
+    """``mode`` if it is a mode of balanced batches, else TraitError (one line naming them)."""
+    if mode not in BALANCE_MODES:
+        raise TraitError(f"balance (or $PDL_BALANCE) must be one of {', '.join(BALANCE_MODES)}, got {mode!r}")
+    return mode
+
+
 @magics_class
 class DistributedMagics(Magics):
     """Run a cell on every rank of the user's cluster with torch.distributed (or Horovod) set up."""
@@ -61,6 +72,30 @@ class DistributedMagics(Magics):
         finishing) after which a cell shows every rank's Python stack; 0 turns the
         watchdog off. --hang-timeout overrides it for one cell.""",
     )
+    balance = Unicode(
+        config=True,
+        help="""How pdl.balanced_batches (and the CINIC-10 recipe's fit) split each step's
+        global batch in a cell without --balance or --no-balance: "auto" (to the ranks'
+        speeds where they differ by over 10 %), "on" (always to their speeds) or "off"
+        (evenly: a run then depends on its seed only, not on the machine's load).
+        Default: $PDL_BALANCE, else "auto".""",
+    )
+
+    @default("balance")
+    def _default_balance(self):
+        return _balance_mode(os.environ.get("PDL_BALANCE") or "auto")
+
+    @validate("balance")
+    def _check_balance(self, proposal):
+        return _balance_mode(proposal.value)
+
+    def default_balance(self) -> str:
+        """:attr:`balance`, or DistributedUsageError (one line) for a bad $PDL_BALANCE."""
+        try:
+            return self.balance
+        except TraitError as e:
+            raise DistributedUsageError(str(e)) from None
+
     preflight = Bool(
         True,
         config=True,
@@ -81,9 +116,10 @@ class DistributedMagics(Magics):
 
     @magic_arguments()
     @_workers_options("run the cell on")
-    @argument("--balance", action="store_const", const="on", dest="balance", default="auto",
+    @argument("--balance", action="store_const", const="on", dest="balance", default=None,
               help="split pdl.balanced_batches' global batch to the ranks' speeds even when they "
-                   "differ by less than 10%% (default: only when they differ more)")
+                   "differ by less than 10%% (default: DistributedMagics.balance, auto: only when "
+                   "they differ more)")
     @argument("--no-balance", action="store_const", const="off", dest="balance",
               help="split pdl.balanced_batches' global batch evenly, whatever the ranks' speeds")
     @argument("--all-output", action="store_true",
@@ -102,7 +138,8 @@ class DistributedMagics(Magics):
         ``--backend horovod`` initialises Horovod instead of torch.distributed and
         also defines ``hvd``; it needs Horovod installed (``scripts/setup --horovod``).
         ``--balance`` / ``--no-balance``: how :func:`pdl.balanced_batches` (and the
-        CINIC-10 recipe's ``fit``) split the global batch in this cell.
+        CINIC-10 recipe's ``fit``) split the global batch in this cell (default:
+        :attr:`balance`).
 
         Rank 0's output streams live; ``--all-output`` prints the others afterwards.
         A failing rank raises here with its remote traceback.
@@ -129,7 +166,7 @@ class DistributedMagics(Magics):
                 timeout_s=args.timeout,
                 hang_timeout_s=hang,
                 preflight=self.preflight,
-                balance=args.balance,
+                balance=args.balance or self.default_balance(),
             )
         except DistributedUsageError as e:
             raise UsageError(str(e)) from None

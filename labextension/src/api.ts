@@ -80,6 +80,8 @@ export interface ICluster {
   session: ISession | null;
   /** Under the hub: its flag on GPUs held idle (0 % use), one line, or null. */
   gpu_idle: string | null;
+  /** the type of the GPUs reserved (Slurm's GRES type, nvidia-smi's name on one machine); null: any */
+  gpu_type: string | null;
   cluster_file: string | null;
   slots: string[];
   nodes: string[];

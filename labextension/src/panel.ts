@@ -206,7 +206,8 @@ export class ClusterPanel extends Widget {
       this._notice.textContent = '';
     }
     const where = model.mode === 'hub' ? 'Reserved' : model.mode === 'local' ? 'Local pool' : '';
-    const kinds = model.slots.some(s => s.startsWith('gpu')) ? 'GPUs' : 'slots';
+    const gpus = model.gpu_type ? `${model.gpu_type} GPUs` : 'GPUs';
+    const kinds = model.slots.some(s => s.startsWith('gpu')) ? gpus : 'slots';
     this._summary.replaceChildren();
     if (where) {
       this._summary.appendChild(

@@ -6,6 +6,7 @@
 - :mod:`pdl_spawner.core.host_server`: the server as a local process tree, as the
   user's own Unix account (the local and Slurm kinds' server part).
 - :mod:`pdl_spawner.core.form`: the spawn form and its messages (pure functions).
+- :mod:`pdl_spawner.core.gpu_types`: the GPU type of a spawn, where a cluster has several.
 - :mod:`pdl_spawner.core.queueing` and :mod:`pdl_spawner.core.wait_queue`: the fair
   queue for busy workers; :mod:`pdl_spawner.core.idle_engines`: idle engines giving
   them back; :mod:`pdl_spawner.core.session_limit`: the longest session, enforced;

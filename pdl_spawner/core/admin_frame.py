@@ -96,14 +96,19 @@ def reservation_row(slot: str, node: str, owner: str, user: str, since: float, n
 
 
 def queue_rows(waiters: list[Waiter], now: float) -> list[dict]:
-    """One row per waiting spawn, head first: ``position`` (1 = next served),
-    ``owner``/``user``/``server``, ``workers`` wanted, ``since`` (ISO UTC) and
-    ``waiting_s`` (whole seconds waited at ``now``, epoch seconds)."""
+    """One row per waiting spawn, head first: ``position`` (1 = next served of all),
+    ``owner``/``user``/``server``, ``workers`` wanted, ``gpu_type`` ("" : any),
+    ``since`` (ISO UTC) and ``waiting_s`` (whole seconds waited at ``now``, epoch seconds)."""
     return [
         {"position": i, "owner": w.owner, "user": w.user, "server": split_owner(w.owner)[1],
-         "workers": w.wanted, "since": iso_utc(w.since), "waiting_s": max(0, int(now - w.since))}
+         "workers": w.wanted, "gpu_type": w.gpu_type, "since": iso_utc(w.since), "waiting_s": max(0, int(now - w.since))}
         for i, w in enumerate(waiters, start=1)
     ]
+
+
+def typed(text, gpu_type: str) -> str:
+    """``text`` with the GPU type after it, where there is one: ``"gpu:0 (a100)"``."""
+    return f"{text} ({gpu_type})" if gpu_type else str(text)
 
 
 def reclaim_rows(reclaims: list[Reclaim]) -> list[dict]:
@@ -137,12 +142,13 @@ def holdings_sections(status: dict, unit: str, none_held: str, none_reclaimed: s
     Reservations and Recent reclaims tables say."""
     reservations = table_html(
         "Reservations", [unit, "Node", "User/server", "Since (UTC)", "Held for"],
-        [[r["slot"], r["node"], r["owner"], r["since"], duration_text(r["held_s"])] for r in status["reservations"]],
+        [[typed(r["slot"], r.get("gpu_type", "")), r["node"], r["owner"], r["since"], duration_text(r["held_s"])]
+         for r in status["reservations"]],
         none_held,
     )
     queue = table_html(
         "Queue", ["Position", "User/server", "Workers wanted", "Waiting since (UTC)", "Waiting for"],
-        [[q["position"], q["owner"], q["workers"], q["since"], duration_text(q["waiting_s"])]
+        [[q["position"], q["owner"], typed(q["workers"], q["gpu_type"]), q["since"], duration_text(q["waiting_s"])]
          for q in status["queue"]],
         "Nobody is waiting.",
     )

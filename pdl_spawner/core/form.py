@@ -149,3 +149,45 @@ def requested_workers(user_options, *, default: int, maximum: int, more: dict[st
 def wants_queue(formdata: dict) -> bool:
     """Whether the spawn form's "wait in the queue" box was ticked."""
     return (formdata.get("queue") or [""])[0] in ("on", "true", "1")
+
+
+# -- the GPU type ----------------------------------------------------------------------
+
+def valid_gpu_types(types: list[str]) -> str:
+    """``"one of 'a100', 't4', or '' for any"``, for refusals."""
+    return "one of " + ", ".join(repr(t) for t in types) + ", or '' for any"
+
+
+def check_gpu_type(value, types: list[str]) -> str:
+    """``value`` if it is one of ``types`` or "" (any type), else ValueError naming them."""
+    if not isinstance(value, str) or (value and value not in types):
+        raise ValueError(f"gpu_type must be {valid_gpu_types(types)}, got {echo(value)}")
+    return value
+
+
+def render_gpu_types(free: dict[str, tuple[int, int]]) -> str:
+    """HTML of the GPU type choice: "Any type" and each type (``free``: type -> (free,
+    total); "" : all types), each with its free count; "" with fewer than two types."""
+    types = [t for t in free if t]
+    if len(types) < 2:
+        return ""
+
+    def option(kind: str, label: str) -> str:
+        available, total = free.get(kind, (0, 0))
+        return f'<option value="{escape(kind)}">{escape(label)} ({available} of {total} free)</option>'
+
+    choices = option("", "Any type") + "".join(option(t, t) for t in sorted(types))
+    return f"""
+<div class="form-group pdl-gpu-type">
+  <label for="pdl-gpu-type">GPU type</label>
+  <select id="pdl-gpu-type" name="gpu_type" class="form-control">{choices}</select>
+</div>"""
+
+
+def parse_gpu_type(formdata: dict, types: list[str]) -> dict:
+    """``{"gpu_type": ...}`` from submitted form data where ``types`` offers a choice (two
+    or more) and one was chosen; else {}. ValueError, one line, for one not offered."""
+    if len(types) < 2:
+        return {}
+    chosen = check_gpu_type((formdata.get("gpu_type") or [""])[0], list(types))
+    return {"gpu_type": chosen} if chosen else {}

@@ -12,9 +12,9 @@ the queue when the spawn is cancelled or ``queue_timeout`` passes, and
 (or engines asked back after an idle release) is refused while anyone waits:
 :meth:`QueueingSpawner.refuse_while_others_wait`.
 
-The spawner provides :attr:`queue_db` (the queue's SQLite file), ``owner_key`` and
+The spawner provides :attr:`queue_db` (the queue's SQLite file), ``owner_key``,
 :meth:`QueueingSpawner.worker_usage` (a :class:`~pdl_spawner.core.usage.WorkerUsage`: the
-workers, and who holds them). :class:`~pdl_spawner.core.spawner.SpawnerCore` builds on it.
+workers, and who holds them) and, where spawns choose a GPU type, ``chosen_gpu_type``. :class:`~pdl_spawner.core.spawner.SpawnerCore` builds on it.
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ class QueueingSpawner(HasTraits):
         """The workers there are, and who holds them (this server's own not counted)."""
         raise NotImplementedError
 
+    #: The spawn's GPU type ("" : any), which its place in the queue is for:
+    #: :class:`~pdl_spawner.core.gpu_types.GpuTypeChoice`'s where a spawner offers a choice.
+    chosen_gpu_type = ""
+
     def ready_to_start(self) -> bool:
         """True once this spawn holds its workers (it waits no longer)."""
         raise NotImplementedError
@@ -96,7 +100,9 @@ class QueueingSpawner(HasTraits):
 
     async def waiting_ahead(self) -> int:
         """How many wait in the queue ahead of this server (0 with the queue off)."""
-        return len(await off_loop(self.wait_queue.ahead_of, self.owner_key)) if self.queue_timeout else 0
+        if not self.queue_timeout:
+            return 0
+        return len(await off_loop(self.wait_queue.ahead_of, self.owner_key, self.chosen_gpu_type))
 
     async def refuse_while_others_wait(self, *, spawning: bool = True) -> None:
         """HTTP 409 (one line) when others wait in the queue ahead of this server;
@@ -123,7 +129,7 @@ class QueueingSpawner(HasTraits):
         if not self.queue_timeout:
             raise web.HTTPError(400, "the queue is off on this hub (queue_timeout = 0)")
         queue = self.wait_queue
-        await off_loop(queue.join, self.owner_key, self.user.name, n)
+        await off_loop(queue.join, self.owner_key, self.user.name, n, self.chosen_gpu_type)
         self.log.info("%s waits in the queue for %d %s", self.owner_key, n, self.worker_unit)
         try:
             while True:

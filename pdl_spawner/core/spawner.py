@@ -138,13 +138,14 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
 
     def told_contract(self) -> dict[str, Any]:
         """The :class:`~pdl.contract.ServerContract` fields every kind tells its server: the
-        idle timeout, the user's limits (:attr:`told_limits`), and the session's warning,
-        limit and end (the limit only with an end: Slurm's session is its job's)."""
+        idle timeout, the user's limits (:attr:`told_limits`), the session's warning,
+        limit and end (the limit only with an end: Slurm's session is its job's), and the
+        spawn's GPU type."""
         workers_limit, limits_note = self.told_limits
         return dict(idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit, limits_note=limits_note,
                     session_warn_s=self.session_warning_s, session_ends_at=self.session_ends_at,
                     session_limit_s=self.session_limit_s if self.session_ends_at else 0.0,
-                    session_extendable=self.session_extendable)
+                    session_extendable=self.session_extendable, gpu_type=self.chosen_gpu_type)
 
     async def read_capacity(self) -> None:
         """Learn what :attr:`worker_capacity` needs, off the event loop, before a count
@@ -210,9 +211,12 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
     # -- reserving ----------------------------------------------------------------------
 
     def not_enough(self, wanted: int, usage: WorkerUsage) -> web.HTTPError:
-        """HTTP 409: one line saying what is free, names of holders only to admins."""
+        """HTTP 409: one line saying what is free (of the spawn's GPU type, where it chose
+        one), names of holders only to admins."""
+        kind = self.chosen_gpu_type
         message = form.not_enough_message(wanted, usage.free, usage.total, usage.holders,
-                                          show_names=bool(self.user.admin), unit=self.worker_unit)
+                                          show_names=bool(self.user.admin),
+                                          unit=f"{kind} {self.worker_unit}" if kind else self.worker_unit)
         return web.HTTPError(409, message, reason=message)
 
     def take_lock(self) -> asyncio.Lock:

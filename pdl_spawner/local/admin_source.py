@@ -8,7 +8,9 @@ same file. Environment (set by ``jupyterhub_config.py`` in the service definitio
 - ``PDL_RESERVATIONS_DB``: the ledger file, the same as
   ``c.PDLLocalSpawner.reservations_db`` (required);
 - ``PDL_POOL``: the spawner's slots, comma-separated, when configured; otherwise the
-  spawner's default pool (:func:`pdl.slots.default_pool`, with ``PDL_CPU_SLOTS``).
+  spawner's default pool (:func:`pdl.slots.default_pool`, with ``PDL_CPU_SLOTS``);
+- ``PDL_NVIDIA_SMI``: the nvidia-smi that names the GPUs' types, as
+  ``c.PDLLocalSpawner.nvidia_smi`` (unset: the one on PATH).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from pdl.nvidia_smi import query_gpus
 from pdl.slots import default_pool, slot_index
 from pdl_spawner.core.admin_frame import (
     RECENT_RECLAIMS, PageParts, gpu_idle_rows, gpu_idle_section, holdings_sections, iso_utc, queue_rows, reclaim_rows,
@@ -29,16 +32,21 @@ from pdl_spawner.core.reservations import Holding, Reclaim, SlotLedger
 from pdl_spawner.core.wait_queue import Waiter, WaitQueue
 
 
-def reservation_rows(holdings: list[Holding], node: str, now: float) -> list[dict]:
+def reservation_rows(holdings: list[Holding], node: str, now: float,
+                     slot_types: dict[str, str] | None = None) -> list[dict]:
     """One row per reserved slot (:func:`~pdl_spawner.core.admin_frame.reservation_row`),
-    in slot order, ``node`` the machine the slot is on; ``now`` is epoch seconds."""
+    in slot order, ``node`` the machine the slot is on, ``gpu_type`` its type where
+    ``slot_types`` names one (else ""); ``now`` is epoch seconds."""
     ordered = sorted(holdings, key=lambda h: (h.slot.partition(":")[0], slot_index(h.slot), h.slot))
-    return [reservation_row(h.slot, node, h.owner, split_owner(h.owner)[0], h.since, now) for h in ordered]
+    types = slot_types or {}
+    return [{**reservation_row(h.slot, node, h.owner, split_owner(h.owner)[0], h.since, now),
+             "gpu_type": types.get(h.slot, "")} for h in ordered]
 
 
 def status_model(
     holdings: list[Holding], waiters: list[Waiter], reclaims: list[Reclaim], *,
     node: str, pool: list[str] | None, now: float, gpu_idle: dict[str, float] | None = None,
+    slot_types: dict[str, str] | None = None,
 ) -> dict:
     """Everything the view shows, JSON-ready: ``source`` (``"local"``), ``node`` (this
     machine's hostname), ``now`` (ISO UTC), ``pool`` and ``free`` (slot names; None when
@@ -47,7 +55,7 @@ def status_model(
     :func:`~pdl_spawner.core.admin_frame.reclaim_rows` as ``reservations``, ``queue``
     and ``reclaims``, and the flags on GPUs held idle (``gpu_idle``: owner -> since) as
     the rows of :func:`~pdl_spawner.core.admin_frame.gpu_idle_rows`, ``gpu_idle``.
-    ``now`` is epoch seconds."""
+    ``slot_types``: GPU slot -> its type, for the reservations. ``now`` is epoch seconds."""
     held = {h.slot for h in holdings}
     return {
         "source": "local",
@@ -55,7 +63,7 @@ def status_model(
         "now": iso_utc(now),
         "pool": list(pool) if pool is not None else None,
         "free": [s for s in pool if s not in held] if pool is not None else None,
-        "reservations": reservation_rows(holdings, node, now),
+        "reservations": reservation_rows(holdings, node, now, slot_types),
         "queue": queue_rows(waiters, now),
         "reclaims": reclaim_rows(reclaims),
         "gpu_idle": gpu_idle_rows(gpu_idle or {}, now),
@@ -74,12 +82,16 @@ PAGE = PageParts(summary=summary, sections=lambda status: holdings_sections(
     status, "Slot", "No slot is reserved.", "No slot was reclaimed.") + "\n" + gpu_idle_section(status))
 
 
-def read_status(db_path: str | Path, *, node: str, pool: list[str] | None) -> dict:
-    """:func:`status_model` for the ledger (and queue) file ``db_path``, now."""
+def read_status(db_path: str | Path, *, node: str, pool: list[str] | None, nvidia_smi: str = "") -> dict:
+    """:func:`status_model` for the ledger (and queue) file ``db_path``, now; the GPUs'
+    types from ``nvidia_smi`` ("" : the one on PATH) where the pool has GPU slots."""
     ledger = SlotLedger(db_path)
+    types = {}
+    if any(s.startswith("gpu:") for s in pool or []):
+        types = {f"gpu:{r['index']}": r["name"] for r in query_gpus(("index", "name"), nvidia_smi=nvidia_smi or None)}
     return status_model(
         ledger.holdings(), WaitQueue(db_path).waiters(), ledger.reclaims(RECENT_RECLAIMS),
-        node=node, pool=pool, now=time.time(), gpu_idle=ledger.gpu_idle_flags(),
+        node=node, pool=pool, now=time.time(), gpu_idle=ledger.gpu_idle_flags(), slot_types=types,
     )
 
 
@@ -92,5 +104,7 @@ def pool_from_env(env=os.environ) -> list[str]:
 
 
 def reader_from_env(env=os.environ) -> Callable[[], dict]:
-    """The local reader: the ledger ``PDL_RESERVATIONS_DB``, the pool of ``PDL_POOL``."""
-    return partial(read_status, env["PDL_RESERVATIONS_DB"], node=socket.gethostname(), pool=pool_from_env(env))
+    """The local reader: the ledger ``PDL_RESERVATIONS_DB``, the pool of ``PDL_POOL``, the
+    GPUs' types from ``PDL_NVIDIA_SMI``."""
+    return partial(read_status, env["PDL_RESERVATIONS_DB"], node=socket.gethostname(), pool=pool_from_env(env),
+                   nvidia_smi=env.get("PDL_NVIDIA_SMI", ""))

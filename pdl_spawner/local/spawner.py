@@ -49,13 +49,14 @@ from pdl.nvidia_smi import query_gpus
 from pdl.slots import cpu_count, default_pool, parse_slot
 from pdl_spawner.core import device_cgroup
 from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
 
 
-class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
+class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawner):
     """Spawn a user's server plus one ipyparallel engine per reserved GPU or CPU slot."""
 
     pool = List(
@@ -129,24 +130,65 @@ class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
     def worker_capacity(self) -> int:
         return len(self.pool)
 
-    async def worker_usage(self) -> WorkerUsage:
-        return await off_loop(self._usage)
+    # -- GPU types --------------------------------------------------------------
 
-    def _usage(self) -> WorkerUsage:
-        """The pool, and the users holding its slots other than this server; blocks on the ledger."""
+    #: nvidia-smi path -> GPU slot -> its type (nvidia-smi's name), read once per hub process.
+    _slot_types: dict[str, dict[str, str]] = {}
+
+    @property
+    def slot_types(self) -> dict[str, str]:
+        """GPU slot (``gpu:<index>``) -> its type, as read ({} before :meth:`read_capacity`)."""
+        return PDLLocalSpawner._slot_types.get(self.nvidia_smi, {})
+
+    async def read_capacity(self) -> None:
+        """Read the GPUs' types (``nvidia-smi --query-gpu=index,name``) the first time this
+        hub process needs them, where the pool has GPU slots."""
+        if self.nvidia_smi not in PDLLocalSpawner._slot_types and any(s.startswith("gpu:") for s in self.pool):
+            rows = await asyncio.to_thread(query_gpus, ("index", "name"), nvidia_smi=self.nvidia_smi or None)
+            PDLLocalSpawner._slot_types[self.nvidia_smi] = {f"gpu:{r['index']}": r["name"] for r in rows}
+
+    def gpu_types_for(self, options: dict) -> list[str]:
+        """The types of the pool's GPUs (the same whatever the options)."""
+        types = self.slot_types
+        return sorted({types[s] for s in self.pool if s in types})
+
+    @property
+    def spawn_pool(self) -> list[str]:
+        """The slots this spawn may take: the pool's GPUs of its chosen type, else the pool."""
+        chosen = self.chosen_gpu_type
+        return [s for s in self.pool if self.slot_types.get(s) == chosen] if chosen else list(self.pool)
+
+    async def gpu_type_usage(self) -> dict[str, tuple[int, int]]:
+        """GPU type ("" : any) -> (free, total) slots of the pool, for the form."""
+        held = {h.slot for h in await off_loop(self.ledger.holdings)}
+        found = {}
+        for kind in ["", *self.gpu_types_for({})]:
+            slots = [s for s in self.pool if not kind or self.slot_types.get(s) == kind]
+            found[kind] = (sum(s not in held for s in slots), len(slots))
+        return found
+
+    # -- usage ------------------------------------------------------------------
+
+    async def worker_usage(self) -> WorkerUsage:
+        await self.read_capacity()
+        return await off_loop(self._usage, self.spawn_pool)
+
+    def _usage(self, pool: list[str]) -> WorkerUsage:
+        """``pool``, and the users holding its slots other than this server; blocks on the ledger."""
         holders: dict[str, int] = {}
         for h in self.ledger.holdings():
-            if h.slot in self.pool and h.owner != self.owner:
+            if h.slot in pool and h.owner != self.owner:
                 user = h.owner.split("/", 1)[0]
                 holders[user] = holders.get(user, 0) + 1
-        return WorkerUsage(total=len(self.pool), holders=holders)
+        return WorkerUsage(total=len(pool), holders=holders)
 
     async def take_workers(self, n: int) -> list[str]:
-        """``n`` free slots of the pool from the ledger (all or nothing)."""
+        """``n`` free slots of :attr:`spawn_pool` from the ledger (all or nothing)."""
+        pool = self.spawn_pool
         try:
-            return await off_loop(self.ledger.reserve, self.owner, n, self.pool)
+            return await off_loop(self.ledger.reserve, self.owner, n, pool)
         except NotEnoughSlots as e:
-            raise NotEnoughWorkers(e.wanted, WorkerUsage(total=len(self.pool), holders=e.holders)) from None
+            raise NotEnoughWorkers(e.wanted, WorkerUsage(total=len(pool), holders=e.holders)) from None
 
     def release_blocking(self) -> list[str]:
         """Free every slot the ledger holds for this server (blocks on the ledger)."""

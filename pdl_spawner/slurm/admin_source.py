@@ -36,7 +36,7 @@ from functools import partial
 from html import escape
 
 from pdl_spawner.core.admin_frame import (
-    PageParts, duration_text, gpu_idle_rows, gpu_idle_section, gpu_name, iso_utc, nodes_summary, table_html,
+    PageParts, duration_text, gpu_idle_rows, gpu_idle_section, gpu_name, iso_utc, nodes_summary, table_html, typed,
 )
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
@@ -60,10 +60,13 @@ def slurm_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX)
 
 
 def job_columns(job: SlurmJob, account_prefix: str) -> dict:
-    """The columns every row of a job has: :func:`slurm_job_owner`'s, ``account``, ``job``, ``pdl``, ``partition``."""
+    """The columns every row of a job has: :func:`slurm_job_owner`'s, ``account``, ``job``,
+    ``pdl``, ``partition`` and ``gpu_type`` (the GRES type it holds or asks for; "": untyped or any)."""
     owner, user, server = slurm_job_owner(job, account_prefix)
     return {"owner": owner, "user": user, "server": server, "account": job.user, "job": job.id,
-            "pdl": pdl_job_owner(job, account_prefix) is not None, "partition": job.partition}
+            "pdl": pdl_job_owner(job, account_prefix) is not None, "partition": job.partition,
+            "gpu_type": job.gpu_type}
+
 
 
 def node_order(name: str) -> list:
@@ -160,14 +163,14 @@ def sections(status: dict) -> str:
     """The tables Reservations and Queue of a Slurm model, and where its reclaims are."""
     reservations = table_html(
         "Reservations", ["GPU", "Node", "User/server", "Account", "Job", "State", "Since (UTC)", "Held for"],
-        [[r["slot"], r["node"], r["owner"], r["account"], r["job"], r["state"], r["since"],
+        [[typed(r["slot"], r["gpu_type"]), r["node"], r["owner"], r["account"], r["job"], r["state"], r["since"],
           "" if r["held_s"] is None else duration_text(r["held_s"])] for r in status["reservations"]],
         "No GPU is held.",
     )
     queue = table_html(
         "Queue", ["Position", "Partition", "User/server", "Account", "Job", "GPUs", "Slurm's reason",
                   "Expected start (UTC)"],
-        [[q["position"], q["partition"], q["owner"], q["account"], q["job"], q["gpus"],
+        [[q["position"], q["partition"], q["owner"], q["account"], q["job"], typed(q["gpus"], q["gpu_type"]),
           q["reason"] + (" (will not start)" if q["never_starts"] else ""), q["expected_start"] or "unknown"]
          for q in status["queue"]],
         "Nobody is waiting.",

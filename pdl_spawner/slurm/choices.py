@@ -1,5 +1,7 @@
 """What a Slurm user may choose at spawn, where the admin offers it: a partition and a
-time limit (settings, the form's fields, the options' checks). A mixin of
+time limit (settings, the form's fields, the options' checks); and the GPU types of each
+partition, Slurm's GRES types as last read from ``sinfo`` (no setting), for the GPU type
+choice (:mod:`pdl_spawner.core.gpu_types`). A mixin of
 :class:`~pdl_spawner.slurm.spawner.PDLSlurmSpawner`, before the core in its bases (it
 adds to the core's form and options); the fields themselves are :mod:`pdl_spawner.slurm.form`."""
 
@@ -13,7 +15,12 @@ from pdl_spawner.slurm import form as slurm_form
 
 
 class SlurmChoices(HasTraits):
-    """Mixin: the partition and time limit of a spawn (see the module docstring)."""
+    """Mixin: the partition and time limit of a spawn, and the GPU types of its
+    partition (see the module docstring); the spawner records the types it reads in
+    :attr:`known_gpu_types`."""
+
+    #: GPU types of each partition ("" : the default), as last read from Slurm.
+    known_gpu_types: dict[str, list[str]] = {}
 
     partition = Unicode(
         "", config=True,
@@ -45,6 +52,17 @@ class SlurmChoices(HasTraits):
         if self.max_time_limit:
             more["time_limit"] = slurm_form.valid_time_limits(self.max_time_limit)
         return more
+
+    def partition_in(self, options: dict) -> str:
+        """The partition ``options`` name when it is one offered, else the default one
+        (unchecked: :attr:`chosen_partition` refuses a bad choice)."""
+        if len(self.partitions) > 1:
+            return options.get("partition") if options.get("partition") in self.partitions else self.partitions[0]
+        return self.partition
+
+    def partition_gpu_types(self, options: dict) -> list[str]:
+        """The GPU types of the partition ``options`` name, as last read ([] before a read)."""
+        return SlurmChoices.known_gpu_types.get(self.partition_in(options), [])
 
     def chosen_option(self, name: str, check, *args):
         """``check(value, *args)`` of the user's option ``name`` when it is one this

@@ -99,11 +99,14 @@ class SlurmCommands:
             raise SlurmError(argv[0], _what_slurm_said(argv[0], done.stderr or done.stdout, done.returncode))
         return done.stdout.decode(errors="replace")
 
-    def partition_gpus_sync(self, partition: str) -> int:
-        """GPUs of the usable nodes of ``partition`` ("" : the default one), blocking."""
+    def partition_gpus_sync(self, partition: str) -> tuple[int, list[str]]:
+        """GPUs of the usable nodes of ``partition`` ("" : the default one) and their
+        types (:func:`~pdl_spawner.slurm.jobs.partition_gpu_types`), blocking."""
         default = slurm_jobs.default_partition(self.run_sync(["scontrol", "-o", "show", "partition"]))
-        nodes = slurm_jobs.in_partition(partition, slurm_jobs.parse_nodes(self.run_sync(["sinfo", "--json"])), default)
-        return sum(n.gpus for n in nodes if n.usable)
+        nodes = slurm_jobs.parse_nodes(self.run_sync(["sinfo", "--json"]))
+        mine = slurm_jobs.in_partition(partition, nodes, default)
+        return (sum(n.gpus for n in mine if n.usable),
+                slurm_jobs.partition_gpu_types(nodes, partition=partition, default_partition=default))
 
     async def jobs(self) -> list[SlurmJob]:
         """Every job in Slurm's queue (pending, running, completing), all users."""

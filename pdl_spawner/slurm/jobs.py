@@ -41,8 +41,19 @@ HOLDING_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
 #: Job states of a job still in the queue.
 WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING")
 
-_GPU_COUNT = re.compile(r"\bgpu(?::[\w.-]+)?[:=](\d+)")
+#: One GPU entry of a GRES or TRES text: its type (None: untyped) and count, e.g.
+#: ``gpu:a100:2(S:0-1)``, ``gpu:2``, ``gres:gpu:a100:1``, ``gres/gpu:a100=2``.
+_GPU_ENTRY = re.compile(r"\bgpu(?::([\w.-]+?))?[:=](\d+)(?![\w.-])")
 _GPU_INDEXES = re.compile(r"\bgpu(?::[\w.-]+)?:\d+\(IDX:([\d,-]+)\)")
+
+
+def gpu_types(text: str) -> dict[str, int]:
+    """GPU type -> count of every GPU entry of a GRES or TRES text (``""``: untyped),
+    e.g. ``"gpu:a100:2(S:0),gpu:t4:1"`` -> ``{"a100": 2, "t4": 1}``."""
+    found: dict[str, int] = {}
+    for kind, count in _GPU_ENTRY.findall(str(text or "")):
+        found[kind] = found.get(kind, 0) + int(count)
+    return found
 
 
 def job_name(user: str, server: str = "") -> str:
@@ -68,13 +79,15 @@ def pdl_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -
 
 
 def sbatch_argv(name: str, gpus: int, *, partition: str = "", time_limit_min: int = 0, cpus_per_gpu: int = 1,
-                account: str = "", extra: tuple[str, ...] = ()) -> list[str]:
+                account: str = "", extra: tuple[str, ...] = (), gpu_type: str = "") -> list[str]:
     """``sbatch`` arguments for a reservation of ``gpus`` GPUs, one task each, under
     ``name``; the job's only step sleeps until it is cancelled or its time is up.
     ``time_limit_min``: minutes (0: the partition's default); ``cpus_per_gpu``: cores
     each engine gets; ``account``: the Slurm account charged ("": the user's default);
-    ``extra``: the admin's own sbatch options (e.g. ``--qos=lab``), never the user's."""
-    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--ntasks={gpus}", "--gpus-per-task=1",
+    ``extra``: the admin's own sbatch options (e.g. ``--qos=lab``), never the user's;
+    ``gpu_type``: a GRES type each GPU must be (``--gpus-per-task=a100:1``; "": any)."""
+    per_task = f"{gpu_type}:1" if gpu_type else "1"
+    argv = ["sbatch", "--parsable", f"--job-name={name}", f"--ntasks={gpus}", f"--gpus-per-task={per_task}",
             f"--cpus-per-task={cpus_per_gpu}", "--output=/dev/null", "--error=/dev/null", "--export=NONE",
             "--no-requeue"]
     if partition:
@@ -148,6 +161,9 @@ class SlurmJob:
     start_time: float = 0.0  #: epoch s it started, or Slurm's estimate while pending (0: unknown)
     #: node -> GPU indexes it holds there (running jobs)
     node_gpus: dict[str, list[int]] = field(default_factory=dict)
+    #: the GPU type it holds (running) or asks for (pending), as Slurm's GRES names it;
+    #: "" for untyped GPUs, a request for any type, or more than one type
+    gpu_type: str = ""
 
     @property
     def holding(self) -> bool:
@@ -181,14 +197,20 @@ def _word(value) -> str:
     return str(value or "")
 
 
-def _requested_gpus(job: dict) -> int:
-    """GPUs a job asks for: per task times tasks, per node times nodes, or per job."""
+def _requested_gpus(job: dict) -> tuple[int, str]:
+    """GPUs a job asks for (per task times tasks, per node times nodes, or per job) and
+    their type ("" : any, or several)."""
     for key, times in (("tres_per_task", _number(job.get("tasks")) or 1),
                        ("tres_per_node", _number(job.get("node_count")) or 1), ("tres_per_job", 1)):
-        found = _GPU_COUNT.search(str(job.get(key) or ""))
+        found = gpu_types(job.get(key))
         if found:
-            return int(found.group(1)) * int(times)
-    return 0
+            return sum(found.values()) * int(times), _one_type(found)
+    return 0, ""
+
+
+def _one_type(types: dict[str, int]) -> str:
+    """The one type of ``types`` (type -> count), or "" for untyped or several."""
+    return next(iter(types)) if len(types) == 1 else ""
 
 
 def _held_gpus(job: dict) -> dict[str, list[int]]:
@@ -198,9 +220,17 @@ def _held_gpus(job: dict) -> dict[str, list[int]]:
     names = [n.get("nodename", "") for n in resources.get("allocated_nodes") or [] if isinstance(n, dict)]
     held = {}
     for name, detail in zip(names, job.get("gres_detail") or []):
-        found = _GPU_INDEXES.search(str(detail))
-        held[name] = expand_indexes(found.group(1)) if found else []
+        held[name] = [index for found in _GPU_INDEXES.findall(str(detail)) for index in expand_indexes(found)]
     return held
+
+
+def _held_type(job: dict) -> str:
+    """The one GPU type of a job's allocation (``gres_detail``), "" for untyped or several."""
+    types: dict[str, int] = {}
+    for detail in job.get("gres_detail") or []:
+        for kind, count in gpu_types(detail).items():
+            types[kind] = types.get(kind, 0) + count
+    return _one_type(types)
 
 
 def parse_jobs(text: str) -> list[SlurmJob]:
@@ -210,11 +240,13 @@ def parse_jobs(text: str) -> list[SlurmJob]:
     for job in json.loads(text).get("jobs", []):
         held = _held_gpus(job)
         held_count = sum(len(v) for v in held.values())
+        requested, requested_type = _requested_gpus(job)
         jobs.append(SlurmJob(
             id=int(_number(job.get("job_id"))), name=str(job.get("name") or ""), user=str(job.get("user_name") or ""),
             state=_word(job.get("job_state")), reason=str(job.get("state_reason") or "None"),
-            partition=str(job.get("partition") or ""), gpus=held_count or _requested_gpus(job),
+            partition=str(job.get("partition") or ""), gpus=held_count or requested,
             priority=int(_number(job.get("priority"))), start_time=_number(job.get("start_time")), node_gpus=held,
+            gpu_type=_held_type(job) if held_count else requested_type,
         ))
     return jobs
 
@@ -225,9 +257,11 @@ class SlurmNode:
 
     name: str
     addr: str
-    gpus: int                 #: GPUs it declares (gres gpu:N)
+    gpus: int                 #: GPUs it declares (gres gpu:N, or gpu:<type>:N of each type)
     state: str                #: idle, mixed, allocated, down, drain, ... (lower case)
     partitions: tuple[str, ...] = ()
+    #: its GPUs by type, as its gres names them ("" : untyped)
+    gpu_types: dict[str, int] = field(default_factory=dict)
 
     @property
     def usable(self) -> bool:
@@ -243,13 +277,13 @@ def parse_nodes(text: str) -> list[SlurmNode]:
         if not name or name in seen:
             continue
         seen.add(name)
-        gres = _GPU_COUNT.search(str(node.get("gres") or ""))
+        types = gpu_types(node.get("gres"))
         state = node.get("state")
         words = [str(w) for w in state] if isinstance(state, list) else [str(state or "")]
         words += [str(f) for f in node.get("state_flags") or []]
-        nodes.append(SlurmNode(name=name, addr=str(node.get("address") or ""), gpus=int(gres.group(1)) if gres else 0,
+        nodes.append(SlurmNode(name=name, addr=str(node.get("address") or ""), gpus=sum(types.values()),
                                state="+".join(w for w in words if w),
-                               partitions=tuple(str(p) for p in node.get("partitions") or [])))
+                               partitions=tuple(str(p) for p in node.get("partitions") or []), gpu_types=types))
     return nodes
 
 
@@ -260,18 +294,29 @@ def in_partition(partition: str, nodes: list[SlurmNode], default: str = "") -> l
 
 
 def gpu_usage(nodes: list[SlurmNode], jobs: list[SlurmJob], *, partition: str = "", default_partition: str = "",
-              exclude_job: int | None = None, users: dict[str, str] | None = None) -> WorkerUsage:
+              exclude_job: int | None = None, users: dict[str, str] | None = None,
+              gpu_type: str = "") -> WorkerUsage:
     """The GPUs of the partition's usable nodes and who holds them, from Slurm's view:
     every holding job there counts, PDL's or not. ``exclude_job``: the asking server's
-    own; ``users``: Unix account -> the name to show (hub user), others shown as is."""
+    own; ``users``: Unix account -> the name to show (hub user), others shown as is;
+    ``gpu_type``: only the GPUs of that type and the jobs that hold it ("": all)."""
     names = partition or default_partition
-    total = sum(n.gpus for n in in_partition(partition, nodes, default_partition) if n.usable)
+    usable = [n for n in in_partition(partition, nodes, default_partition) if n.usable]
+    total = sum(n.gpu_types.get(gpu_type, 0) if gpu_type else n.gpus for n in usable)
     holders: dict[str, int] = {}
     for job in jobs:
+        if gpu_type and job.gpu_type != gpu_type:
+            continue
         if job.holding and job.gpus and job.id != exclude_job and (not names or job.partition == names):
             who = (users or {}).get(job.user, job.user)
             holders[who] = holders.get(who, 0) + job.gpus
     return WorkerUsage(total=total, holders=holders)
+
+
+def partition_gpu_types(nodes: list[SlurmNode], *, partition: str = "", default_partition: str = "") -> list[str]:
+    """The GPU types of the partition's usable nodes, sorted; [] where its GPUs are untyped."""
+    return sorted({kind for n in in_partition(partition, nodes, default_partition) if n.usable
+                   for kind in n.gpu_types if kind})
 
 
 def queue_position(job: SlurmJob, jobs: list[SlurmJob]) -> int:
@@ -287,7 +332,8 @@ def pending_message(job: SlurmJob, jobs: list[SlurmJob]) -> str:
     and the estimated start when Slurm gives one."""
     start = (f"; Slurm expects it to start at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(job.start_time))}"
              if job.start_time else "")
-    return (f"Waiting in Slurm's queue for {job.gpus} GPU(s): job {job.id}, number "
+    gpus = f"{job.gpus} {job.gpu_type} GPU(s)" if job.gpu_type else f"{job.gpus} GPU(s)"
+    return (f"Waiting in Slurm's queue for {gpus}: job {job.id}, number "
             f"{queue_position(job, jobs)} in partition {job.partition}, reason {job.reason}{start}. "
             f"Cancel to leave the queue.")
 

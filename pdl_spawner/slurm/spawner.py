@@ -55,6 +55,7 @@ from pdl.contract import ServerContract
 from pdl.lease import ExtendAnswer, Extended, Grant, Refusal
 from pdl_spawner.core import unix_accounts
 from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
@@ -77,7 +78,7 @@ JOB_POLL_S = 1.0
 UNREAD_CAPACITY = 1 << 20
 
 
-class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner):
+class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner):
     """A user's server on the login node or in its job; their GPUs a Slurm job, their engines its steps."""
 
     cpus_per_gpu = Integer(1, config=True, help="CPU cores each engine's task gets (sbatch --cpus-per-task).")
@@ -185,10 +186,11 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
         partition = self.chosen_partition
         if partition not in PDLSlurmSpawner._capacity:
             try:
-                gpus = await asyncio.to_thread(self.slurm.partition_gpus_sync, partition)
+                gpus, types = await asyncio.to_thread(self.slurm.partition_gpus_sync, partition)
             except SlurmError as e:
                 raise web.HTTPError(503, str(e), reason=str(e)) from None
             PDLSlurmSpawner._capacity[partition] = gpus
+            SlurmChoices.known_gpu_types[partition] = types
 
     @property
     def holder_name(self) -> str:
@@ -256,10 +258,28 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
         nodes, jobs, default_part = await asyncio.gather(self.slurm.nodes(), self.slurm.jobs(),
                                                          self.slurm.default_partition())
         partition = self.chosen_partition
-        usage = slurm_jobs.gpu_usage(nodes, jobs, partition=partition, default_partition=default_part,
-                                     exclude_job=self.job_id or None)
-        PDLSlurmSpawner._capacity[partition] = usage.total
-        return usage
+        SlurmChoices.known_gpu_types[partition] = slurm_jobs.partition_gpu_types(
+            nodes, partition=partition, default_partition=default_part)
+        PDLSlurmSpawner._capacity[partition] = slurm_jobs.gpu_usage(
+            nodes, jobs, partition=partition, default_partition=default_part).total
+        return slurm_jobs.gpu_usage(nodes, jobs, partition=partition, default_partition=default_part,
+                                    exclude_job=self.job_id or None, gpu_type=self.chosen_gpu_type)
+
+    def gpu_types_for(self, options: dict) -> list[str]:
+        """The GRES types of the partition ``options`` name, as last read from Slurm."""
+        return self.partition_gpu_types(options)
+
+    async def gpu_type_usage(self) -> dict[str, tuple[int, int]]:
+        """GPU type ("" : any) -> (free, total) GPUs of this spawn's partition, for the form."""
+        nodes, jobs, default_part = await asyncio.gather(self.slurm.nodes(), self.slurm.jobs(),
+                                                         self.slurm.default_partition())
+        partition = self.chosen_partition
+        found = {}
+        for kind in ["", *slurm_jobs.partition_gpu_types(nodes, partition=partition, default_partition=default_part)]:
+            usage = slurm_jobs.gpu_usage(nodes, jobs, partition=partition, default_partition=default_part,
+                                         gpu_type=kind)
+            found[kind] = (usage.free, usage.total)
+        return found
 
     # -- the reservation: one job -------------------------------------------------------
 
@@ -281,8 +301,9 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
         await self.read_capacity()
         n = self.requested_workers()
         partition, time_limit = self.chosen_partition, self.chosen_time_limit  # a bad choice: 400, nothing made
-        self.log.info("%s asks Slurm for %d GPU(s) in partition %s, time limit %s", self.owner, n,
-                      partition or "(default)", f"{time_limit} min" if time_limit else "(default)")
+        self.log.info("%s asks Slurm for %d %sGPU(s) in partition %s, time limit %s", self.owner, n,
+                      f"{self.chosen_gpu_type} " if self.chosen_gpu_type else "", partition or "(default)",
+                      f"{time_limit} min" if time_limit else "(default)")
         await self.ensure_account()
         if self.slurm_account:
             try:
@@ -304,7 +325,7 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
         argv = slurm_jobs.sbatch_argv(self.job_name, n, partition=self.chosen_partition,
                                       time_limit_min=self.chosen_time_limit,
                                       cpus_per_gpu=self.cpus_per_gpu, account=self.slurm_account,
-                                      extra=tuple(self.sbatch_args))
+                                      extra=tuple(self.sbatch_args), gpu_type=self.chosen_gpu_type)
         try:
             self.job_id = await self.slurm.submit(argv, account=self.account)
         except SlurmError as e:
@@ -343,10 +364,11 @@ class PDLSlurmSpawner(SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner
             await asyncio.sleep(JOB_POLL_S)
 
     def _refusal(self, n: int, job: SlurmJob, *, waited: bool) -> web.HTTPError:
+        gpus = f"{n} {self.chosen_gpu_type} GPU(s)" if self.chosen_gpu_type else f"{n} GPU(s)"
         if waited:
-            message = f"Waited {self.queue_timeout} s in Slurm's queue for {n} GPU(s) (reason {job.reason}); try again"
+            message = f"Waited {self.queue_timeout} s in Slurm's queue for {gpus} (reason {job.reason}); try again"
         else:
-            message = (f"Slurm cannot start {n} GPU(s) for you now (reason {job.reason}). Tick 'wait in the "
+            message = (f"Slurm cannot start {gpus} for you now (reason {job.reason}). Tick 'wait in the "
                        f"queue' to wait in Slurm's queue, or ask for fewer.")
         return web.HTTPError(409, message, reason=message)
 

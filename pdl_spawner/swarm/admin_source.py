@@ -48,9 +48,10 @@ DOCKER_TIMEOUT_S = 10
 def gpu_reservation_rows(holdings: list[GpuHolding], now: float) -> list[dict]:
     """One row per GPU held (:func:`~pdl_spawner.core.admin_frame.reservation_row`), in
     the holdings' order (node, then GPU): the GPU id as ``slot`` (``"(pending)"`` for a
-    task not placed yet), its node's hostname as ``node``."""
-    return [reservation_row(h.gpu, h.node, h.owner, h.user or split_owner(h.owner)[0], h.since, now)
-            for h in holdings]
+    task not placed yet), its node's hostname as ``node``, its type as ``gpu_type``
+    (:attr:`~pdl_spawner.swarm.gpus.GpuHolding.gpu_type`)."""
+    return [{**reservation_row(h.gpu, h.node, h.owner, h.user or split_owner(h.owner)[0], h.since, now),
+             "gpu_type": h.gpu_type} for h in holdings]
 
 
 def swarm_status_model(

@@ -26,6 +26,16 @@ What is held, counted as Swarm counts it (one definition, :func:`gpu_holdings`):
 - **The pool** (:func:`gpu_pool`, :func:`node_gpus`): the GPUs of nodes that are
   ``ready`` and ``active``; a node that is down, paused or drained offers nothing.
 
+**GPU types**: a node's GPUs are of the type its label
+:data:`~pdl_spawner.swarm.specs.GPU_TYPE_LABEL` names
+(``docker node update --label-add pdl.gpu-type=a100 <node>``; no label: untyped). An
+engine service of a spawn that chose a type carries the same label (and a placement
+constraint on it). Counted for one type (``gpu_type``), the GPUs are those of that
+type's nodes; held among them are the holdings on those nodes, the pending holdings of
+that type's services and of untyped ones (which Swarm may place on any node), and the
+promises of that type and untyped ones: a GPU is never granted twice, whichever type
+a spawn asks for.
+
 Docker names the GPUs Swarm assigned to a task ``GenericResources`` on the task
 object (its API reference calls them ``AssignedGenericResources``); both are read.
 """
@@ -35,8 +45,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import NamedTuple
 
-from pdl_spawner.swarm.specs import LABEL_PREFIX
+from pdl_spawner.swarm.specs import GPU_TYPE_LABEL, LABEL_PREFIX
 from pdl_spawner.swarm.state import ACTIVE_TASK_STATES, service_replicas
 from pdl_spawner.core.usage import WorkerUsage
 
@@ -54,14 +65,33 @@ _RFC3339 = re.compile(
 class GpuHolding:
     """One GPU held by a PDL engine task: the GPU's id (:data:`PENDING` before Swarm
     placed the task), the node's hostname, the ledger-style ``owner`` (``"user"`` or
-    ``"user/server"``), the ``user``, and ``since`` (epoch seconds: when the task
-    reached its current state, e.g. running)."""
+    ``"user/server"``), the ``user``, ``since`` (epoch seconds: when the task
+    reached its current state, e.g. running) and ``gpu_type``: its node's type once
+    placed, before that the type its service asked for ("": untyped, or any)."""
 
     gpu: str
     node: str
     owner: str
     user: str
     since: float
+    gpu_type: str = ""
+
+    def counts_for(self, gpu_type: str) -> bool:
+        """Whether this holding takes a GPU of type ``gpu_type`` ("": any type): a
+        pending holding of no type might, wherever Swarm places it."""
+        return not gpu_type or self.gpu_type == gpu_type or (self.gpu == PENDING and not self.gpu_type)
+
+
+class Promise(NamedTuple):
+    """GPUs granted to a spawn whose engine tasks do not all exist yet."""
+
+    user: str
+    gpus: int
+    gpu_type: str = ""  #: the type the spawn asked for ("": any)
+
+    def counts_for(self, gpu_type: str) -> bool:
+        """Whether the promise takes GPUs of type ``gpu_type`` ("": any type)."""
+        return not gpu_type or self.gpu_type in ("", gpu_type)
 
 
 @dataclass(frozen=True)
@@ -132,11 +162,25 @@ def is_active(task: dict) -> bool:
     return task.get("DesiredState") == "running" and task.get("Status", {}).get("State") in ACTIVE_TASK_STATES
 
 
+def node_gpu_type(node: dict) -> str:
+    """The type of ``node``'s GPUs: its label ``pdl.gpu-type`` ("" without one)."""
+    return (node.get("Spec", {}).get("Labels") or {}).get(GPU_TYPE_LABEL, "")
+
+
+def declared_gpus(node: dict, resource: str) -> int:
+    """GPUs ``node`` declares, whether or not it offers them now."""
+    return _count(node.get("Description", {}).get("Resources", {}).get("GenericResources") or [], resource)
+
+
+def gpu_types(nodes: list[dict], resource: str) -> list[str]:
+    """The types of the GPUs ``nodes`` declare (a drained or down node's too, so that the
+    choice stays while it is back), sorted; untyped GPUs name none."""
+    return sorted({node_gpu_type(n) for n in nodes if declared_gpus(n, resource)} - {""})
+
+
 def node_gpus(node: dict, resource: str) -> int:
     """GPUs (units of generic resource ``resource``) a ready, active node offers."""
-    if not is_available(node):
-        return 0
-    return _count(node.get("Description", {}).get("Resources", {}).get("GenericResources") or [], resource)
+    return declared_gpus(node, resource) if is_available(node) else 0
 
 
 def task_gpus(task: dict, resource: str) -> int:
@@ -196,6 +240,7 @@ def gpu_holdings(nodes: list[dict], services: list[dict], tasks: list[dict], res
     pending holdings last. ``starting``: owners whose spawn is in progress; their
     services hold only what their tasks do (the spawn's promise counts the rest)."""
     hosts = {n.get("ID"): hostname(n) for n in nodes}
+    types = {n.get("ID"): node_gpu_type(n) for n in nodes}
     engines = {svc.get("ID"): svc for svc in services if _labels(svc).get(LABEL_PREFIX + "role") == "engine"}
     holdings = []
     by_service: dict[str, int] = {}
@@ -205,40 +250,48 @@ def gpu_holdings(nodes: list[dict], services: list[dict], tasks: list[dict], res
             continue
         owner, user = _owner(svc)
         node_id = task.get("NodeID") or ""
-        gpus = assigned_gpus(task, resource) or [PENDING] * task_gpus(task, resource)
-        holdings.extend(GpuHolding(gpu, hosts.get(node_id) or node_id, owner, user, _task_since(task)) for gpu in gpus)
+        assigned = assigned_gpus(task, resource)
+        kind = types.get(node_id, "") if assigned else _labels(svc).get(GPU_TYPE_LABEL, "")
+        gpus = assigned or [PENDING] * task_gpus(task, resource)
+        holdings.extend(GpuHolding(gpu, hosts.get(node_id) or node_id, owner, user, _task_since(task), kind)
+                        for gpu in gpus)
         by_service[svc["ID"]] = by_service.get(svc["ID"], 0) + len(gpus)
     for sid, svc in engines.items():
         owner, user = _owner(svc)
         if owner in starting or not service_replicas(svc):
             continue
         missing = reserved_gpus(svc, resource) * service_replicas(svc) - by_service.get(sid, 0)
-        holdings.extend(GpuHolding(PENDING, "", owner, user, _task_since(svc)) for _ in range(missing))
+        kind = _labels(svc).get(GPU_TYPE_LABEL, "")
+        holdings.extend(GpuHolding(PENDING, "", owner, user, _task_since(svc), kind) for _ in range(missing))
     return sorted(holdings, key=lambda h: (h.gpu == PENDING, _natural(h.node), _natural(h.gpu), h.owner, h.since))
 
 
 def gpu_usage(
     nodes: list[dict], services: list[dict], tasks: list[dict], resource: str, *,
-    promised: dict[str, tuple[str, int]] | None = None, exclude_owner: str | None = None,
+    promised: dict[str, Promise] | None = None, exclude_owner: str | None = None, gpu_type: str = "",
 ) -> WorkerUsage:
     """How many GPUs the swarm offers and who holds them: each PDL user their
     :func:`gpu_holdings`, :data:`OTHER_SERVICES` what other services' active tasks
-    reserve, and ``promised`` (owner -> (user, GPUs)) what was granted to spawns whose
+    reserve, and ``promised`` (owner -> :class:`Promise`) what was granted to spawns whose
     engine tasks do not all exist yet. ``exclude_owner``'s own GPUs are not counted (a
-    server replacing itself)."""
+    server replacing itself). ``gpu_type``: count that type's GPUs only (see the
+    module docstring; "": every GPU)."""
     promised = promised or {}
+    typed_nodes = [n for n in nodes if not gpu_type or node_gpu_type(n) == gpu_type]
+    node_ids = {n.get("ID") for n in typed_nodes}
     holders: dict[str, int] = {}
     for h in gpu_holdings(nodes, services, tasks, resource, starting=set(promised)):
-        if h.owner != exclude_owner:
+        if h.owner != exclude_owner and h.counts_for(gpu_type):
             holders[h.user] = holders.get(h.user, 0) + 1
     engines = {svc.get("ID") for svc in services if _labels(svc).get(LABEL_PREFIX + "role") == "engine"}
-    others = sum(task_gpus(t, resource) for t in tasks if t.get("ServiceID") not in engines)
+    others = sum(task_gpus(t, resource) for t in tasks if t.get("ServiceID") not in engines
+                 and (not gpu_type or t.get("NodeID") in node_ids or not t.get("NodeID")))
     if others:
         holders[OTHER_SERVICES] = holders.get(OTHER_SERVICES, 0) + others
-    for owner, (user, n) in promised.items():
-        if owner != exclude_owner:
-            holders[user] = holders.get(user, 0) + n
-    return WorkerUsage(total=sum(node_gpus(n, resource) for n in nodes), holders=holders)
+    for owner, promise in promised.items():
+        if owner != exclude_owner and promise.counts_for(gpu_type):
+            holders[promise.user] = holders.get(promise.user, 0) + promise.gpus
+    return WorkerUsage(total=sum(node_gpus(n, resource) for n in typed_nodes), holders=holders)
 
 
 def gpu_pool(nodes: list[dict], resource: str) -> list[tuple[str, str]]:

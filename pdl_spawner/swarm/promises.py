@@ -1,11 +1,15 @@
-"""The Swarm spawner's GPU accounting: what is free now, and GPUs promised to spawns in progress.
+"""The Swarm spawner's GPU accounting: what is free now, GPUs promised to spawns in
+progress, and the GPU types a spawn may choose among (its nodes' labels,
+:data:`~pdl_spawner.swarm.specs.GPU_TYPE_LABEL`).
 
 :class:`SwarmGpuPromises` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`.
 Free GPUs are read from the swarm on every call (:func:`pdl_spawner.swarm.gpus.gpu_usage`,
 the one definition of held) on the nodes PDL uses. Between the take of a spawn (or
 of engines a cell asks back) and the moment every one of its engine tasks exists,
 Swarm does not count its GPUs yet: the spawn's promise does, in this hub process
-(:data:`SwarmGpuPromises._promised`), so no GPU is granted twice.
+(:data:`SwarmGpuPromises._promised`), so no GPU is granted twice. Where a spawn
+chose a GPU type, what is free and what it promises are of that type
+(:func:`~pdl_spawner.swarm.gpus.gpu_usage`).
 """
 
 from __future__ import annotations
@@ -13,14 +17,14 @@ from __future__ import annotations
 from tornado import web
 from traitlets import HasTraits, List, Unicode
 
-from pdl_spawner.swarm.gpus import excluded_hostnames, gpu_usage, select_nodes
+from pdl_spawner.swarm.gpus import Promise, excluded_hostnames, gpu_types, gpu_usage, select_nodes
 from pdl_spawner.swarm.specs import LABEL_PREFIX
 from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
 
 
 class SwarmGpuPromises(HasTraits):
-    """Mixin: free GPUs and promises (see the module docstring). The spawner provides
-    ``docker`` (dockerspawner's seam), ``owner`` and ``user``."""
+    """Mixin: free GPUs, promises and GPU types (see the module docstring). The spawner
+    provides ``docker`` (dockerspawner's seam), ``owner``, ``user`` and ``chosen_gpu_type``."""
 
     gpu_resource = Unicode(
         "NVIDIA-GPU", config=True,
@@ -35,19 +39,45 @@ class SwarmGpuPromises(HasTraits):
     )
 
     #: GPUs granted to spawns of this hub whose engine tasks don't exist yet:
-    #: owner -> (user, GPUs). Shared by every spawner of the process.
-    _promised: dict[str, tuple[str, int]] = {}
+    #: owner -> :class:`~pdl_spawner.swarm.gpus.Promise`. Shared by every spawner of the process.
+    _promised: dict[str, Promise] = {}
 
-    async def worker_usage(self) -> WorkerUsage:
-        """GPUs of the swarm and their holders, this server's own not counted."""
+    #: The GPU types of PDL's nodes, as last read (shared by every spawner of the process).
+    _known_types: list[str] = []
+
+    async def read_swarm(self) -> tuple[list[dict], list[dict], list[dict]]:
+        """PDL's nodes, the engine services and the tasks on PDL's nodes (or not placed
+        yet); the nodes' GPU types are remembered (:meth:`gpu_types_for`)."""
         nodes = await self.cluster_nodes()
         services = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=engine"]})
         tasks = await self.docker("tasks", filters={"desired-state": ["running"]})
         if self.nodes:  # tasks placed on the other nodes hold none of these GPUs
             ids = {n["ID"] for n in nodes}
             tasks = [t for t in tasks if t.get("NodeID") in ids or not t.get("NodeID")]
-        return gpu_usage(nodes, services, tasks, self.gpu_resource,
-                         promised=SwarmGpuPromises._promised, exclude_owner=self.owner.key)
+        SwarmGpuPromises._known_types = gpu_types(nodes, self.gpu_resource)
+        return nodes, services, tasks
+
+    async def read_capacity(self) -> None:
+        """Read the nodes' GPU types, which the spawn's options are checked against."""
+        SwarmGpuPromises._known_types = gpu_types(await self.cluster_nodes(), self.gpu_resource)
+
+    def gpu_types_for(self, options: dict) -> list[str]:
+        """The GPU types of PDL's nodes, as last read (the same whatever the options)."""
+        return list(SwarmGpuPromises._known_types)
+
+    async def worker_usage(self) -> WorkerUsage:
+        """GPUs of the swarm (of the spawn's chosen type) and their holders, this server's own not counted."""
+        return gpu_usage(*await self.read_swarm(), self.gpu_resource, promised=SwarmGpuPromises._promised,
+                         exclude_owner=self.owner.key, gpu_type=self.chosen_gpu_type)
+
+    async def gpu_type_usage(self) -> dict[str, tuple[int, int]]:
+        """GPU type ("" : any) -> (free, total) GPUs of PDL's nodes, for the form."""
+        swarm = await self.read_swarm()
+        found = {}
+        for kind in ["", *SwarmGpuPromises._known_types]:
+            usage = gpu_usage(*swarm, self.gpu_resource, promised=SwarmGpuPromises._promised, gpu_type=kind)
+            found[kind] = (usage.free, usage.total)
+        return found
 
     async def cluster_nodes(self) -> list[dict]:
         """The swarm's nodes that PDL uses (:attr:`nodes`), or HTTP 500 naming the bad names."""
@@ -66,7 +96,7 @@ class SwarmGpuPromises(HasTraits):
         usage = await self.worker_usage()
         if n > usage.free:
             raise NotEnoughWorkers(n, usage)
-        SwarmGpuPromises._promised[self.owner.key] = (self.user.name, n)
+        SwarmGpuPromises._promised[self.owner.key] = Promise(self.user.name, n, self.chosen_gpu_type)
 
     def holds_promise(self) -> bool:
         """Whether GPUs are promised to this server now (its spawn took them)."""

@@ -12,8 +12,11 @@ queue are :mod:`pdl_spawner.core.spawner`'s, as for every PDL spawner.
 Contract:
 
 - ``start()`` first checks ``user_options``: ``workers`` and ``queue`` are the only
-  keys a user may set; any other (``image``, ``mounts``, ``env``, ...) fails with HTTP
-  400 naming the valid options, before any Docker call. It then counts free GPUs (what
+  keys a user may set (and ``gpu_type`` where PDL's nodes are labelled with two GPU
+  types or more, :class:`~pdl_spawner.core.gpu_types.GpuTypeChoice`: then the GPUs
+  counted are that type's and the engines run on its nodes only); any other
+  (``image``, ``mounts``, ``env``, ...) fails with HTTP 400 naming the valid options,
+  before any Docker call but the one that reads the types. It then counts free GPUs (what
   the nodes offer minus what :func:`~pdl_spawner.swarm.gpus.gpu_usage` counts held,
   and GPUs promised to spawns in progress in this hub). If the request can't
   be met, or others wait in the queue, it raises HTTP 409 at once, with one line saying
@@ -61,6 +64,7 @@ from pdl.contract import ServerContract
 
 from pdl_spawner.swarm import specs as swarm_specs
 from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.swarm.gpu_use import SwarmGpuUse
@@ -88,7 +92,7 @@ class TaskFailed(web.HTTPError, RuntimeError):
         self.jupyterhub_message = message
 
 
-class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpuUse, SwarmTeardown, SpawnerCore,
+class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpuUse, SwarmTeardown, SpawnerCore,
                       SwarmSpawner):
     """A user's notebook (with its ipyparallel controller) plus one engine service per
     GPU: the worker rules of :class:`~pdl_spawner.core.spawner.SpawnerCore`, GPUs counted and
@@ -225,7 +229,10 @@ class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpu
     # -- dockerspawner hooks -----------------------------------------------------------
 
     async def start(self):
+        if isinstance(self.user_options, dict) and "gpu_type" in self.user_options:
+            await self.read_capacity()  # the GPU types it may name
         self.requested_workers()  # refuse other options (image, mounts, ...) before any Docker call
+        _ = self.chosen_gpu_type  # and a GPU type PDL's nodes lack
         self.storage_mounts()  # and storage settings that cannot work
         try:
             url = await super().start()
@@ -295,6 +302,7 @@ class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpu
                 owner=self.owner, index=index, env=self.user_environment(), secret_id=secret_id,
                 secret_name=secret_name, user=self.run_as, home=self.container_home,
                 gpu_resource=self.gpu_resource, network=self.swarm.network, mounts=mounts, avoid_hosts=avoid,
+                gpu_type=self.chosen_gpu_type,
             )
             self.swarm.engine_services.append((await self.docker("create_service", **spec))["ID"])
         await self.wait_tasks(self.swarm.engine_services, "engine", holds_gpus=True)

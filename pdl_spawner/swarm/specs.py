@@ -53,6 +53,8 @@ from pdl.engine_contract import EngineContract
 
 #: Prefix of every label PDL puts on services and secrets.
 LABEL_PREFIX = "pdl."
+#: The label of a node naming its GPUs' type, and of an engine service naming the type it asked for.
+GPU_TYPE_LABEL = LABEL_PREFIX + "gpu-type"
 #: Where Docker mounts secrets in a container.
 SECRETS_DIR = "/run/secrets"
 #: File names of the two secrets inside their containers.
@@ -251,11 +253,13 @@ def notebook_service(
 def engine_service(
     *, name: str, image: str, owner: Owner, index: int, env: dict[str, str], secret_id: str,
     secret_name: str, user: str, home: str, gpu_resource: str, network: str, mounts: list[dict] = (),
-    avoid_hosts: list[str] = (),
+    avoid_hosts: list[str] = (), gpu_type: str = "",
 ) -> dict:
     """Engine ``index`` of the user's server: ``pdl-engine`` on one GPU of any node
-    except those named in ``avoid_hosts``, on the server's private ``network``."""
-    labels = owner.labels("engine", index=str(index))
+    except those named in ``avoid_hosts`` (and, with a ``gpu_type``, only on nodes whose
+    label ``pdl.gpu-type`` names it; the service carries that label too), on the
+    server's private ``network``."""
+    labels = owner.labels("engine", index=str(index), **({"gpu-type": gpu_type} if gpu_type else {}))
     env = {
         **env,
         "HOME": home,
@@ -274,8 +278,11 @@ def engine_service(
         "Placement": {"Preferences": [{"Spread": {"SpreadDescriptor": "node.id"}}]},
         "RestartPolicy": ENGINE_RESTART,
     }
-    if avoid_hosts:
-        task["Placement"]["Constraints"] = [f"node.hostname!={host}" for host in avoid_hosts]
+    constraints = [f"node.hostname!={host}" for host in avoid_hosts]
+    if gpu_type:
+        constraints.append(f"node.labels.{GPU_TYPE_LABEL}=={gpu_type}")
+    if constraints:
+        task["Placement"]["Constraints"] = constraints
     return _service(name, labels, task)
 
 

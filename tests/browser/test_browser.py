@@ -22,8 +22,7 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser-hub")
-    env = {"CINIC10_DIR": str(root / "no-cinic10-here"), "CINIC10_EPOCHS": "6", "CINIC10_WIDTH": "16",
-           "CINIC10_BATCH": "32"}
+    env = {"CINIC10_DIR": str(root / "no-cinic10-here"), "CINIC10_EPOCHS": "6"}  # else the recipe's choices
     notebooks = root / "home" / "ada" / "notebooks"
     notebooks.mkdir(parents=True)
     shutil.copy(REPO / "notebooks" / "cinic10_distributed.ipynb", notebooks)

@@ -276,11 +276,13 @@ train, test = load_split({root!r}, "train", workers=1), load_split({root!r}, "te
 # lr 0.0375 per 256: fit scales it by 0.5 (48 images a step is under LR_SCALE's floor),
 # the 0.01875 this test learned with before that floor: 0.82 to 0.86 test accuracy in 5
 # runs; at the floor's 0.05 it ended at 0.43 to 0.47 in 3 of 4 runs (CI failed on it)
+# An even split (balance off): balanced to the engines' timing, the split (and with it
+# the run, 21 steps an epoch) would change from one machine load to the next
 hp = Hyper(epochs=4, batch_size=16, width=16, lr=0.0375)
 model = ResNet18(width=hp.width)
 before = digest(model)
 lines = []
-result = fit(model, train, test, hp, device=device, log=lines.append, backend="horovod")
+result = fit(model, train, test, hp, device=device, log=lines.append, backend="horovod", balance="off")
 (before, digest(result["model"]), result["test_acc"], sum(line.startswith("epoch ") for line in lines),
  [line for line in lines if not line.startswith("epoch ")])
 """
@@ -303,8 +305,7 @@ def test_cinic10_fit_with_horovod_learns_and_ends_identical_on_every_rank(pdl_se
     accuracy = {r[2] for r in ranks}
     assert len(accuracy) == 1 and accuracy.pop() >= 0.5  # chance is 0.1
     assert [r[3] for r in ranks] == [4, 0, 0]  # one log line per epoch, on rank 0 only
-    # and, where the ranks' speeds differ (two engines on one core), rank 0's word on the split
-    assert all(line.startswith("pdl: ") for line in ranks[0][4]) and ranks[1][4] == ranks[2][4] == []
+    assert [r[4] for r in ranks] == [[], [], []]  # and no other line
 
 
 @pytest.mark.integration

@@ -63,6 +63,38 @@ def open_path_to(path: Path) -> None:
             part.chmod(part.stat().st_mode | 0o011)
 
 
+def gpu_type_choices(hub: Hub, user: str) -> dict[str, str]:
+    """The spawn form's GPU type choices as ``user`` sees them, fetched as a browser does:
+    value -> label ("" : "Any type (3 of 3 free)"); {} where the form has no such field."""
+    page = hub.login(user).get(f"{hub.url}/hub/spawn").text
+    field = re.search(r'<select[^>]*name="gpu_type"[^>]*>(.*?)</select>', page, re.S)
+    return dict(re.findall(r'<option value="([^"]*)">([^<]*)</option>', field.group(1))) if field else {}
+
+
+def stand_in_gpus(folder: Path, count: int, answer: str) -> str:
+    """Stand-in GPUs in ``folder`` (character devices ``nvidia<i>`` with no driver behind
+    them; root only: mknod) and a fake ``nvidia-smi`` that prints ``folder/readings``
+    (first ``answer``; a test rewrites it to change what nvidia-smi says). Returns the
+    hub config lines that use them (:func:`stand_in_gpu_config`)."""
+    for index in range(count):
+        node = folder / f"nvidia{index}"
+        os.mknod(node, 0o666 | 0o020000, os.makedev(240, index))
+        node.chmod(0o666)
+    (folder / "readings").write_text(answer)
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat {folder / 'readings'}\n")
+    smi.chmod(0o755)
+    open_path_to(folder)
+    return stand_in_gpu_config(folder)
+
+
+def stand_in_gpu_config(folder: Path) -> str:
+    """The hub config lines that give the embedded default the stand-in GPUs of
+    :func:`stand_in_gpus` (``c.PDLLocalSpawner.gpu_device_template`` and ``nvidia_smi``)."""
+    return (f"c.PDLLocalSpawner.gpu_device_template = {str(folder / 'nvidia{index}')!r}\n"
+            f"c.PDLLocalSpawner.nvidia_smi = {str(folder / 'nvidia-smi')!r}\n")
+
+
 #: The tests' hubs' public host name: each user's server is then ``<name>.hub.localhost``,
 #: which resolves as every ``*.localhost`` does (host_names). A dotted name, because
 #: Python's cookie jar files the dotless ``localhost`` as ``localhost.local`` and never

@@ -9,9 +9,11 @@ gives the root namespace 10.78.0.1/24 on that bridge, so a hub in the root names
 reaches the nodes (and a client command there reaches the controller). Nothing else is
 routed.
 
-Each node declares one GPU as the GRES ``gpu:1``: a character device made with mknod
+Each node declares one GPU as a typed GRES, two kinds as labs have (:func:`gpu_type`:
+``gpu:a100:1`` on n1 and n2, ``gpu:t4:1`` on n3): a character device made with mknod
 (``<run dir>/dev/gpu-<node>``, the numbers of /dev/null) named by ``File=`` in
-gres.conf; a task that is given it sees ``CUDA_VISIBLE_DEVICES=0``.
+gres.conf; a task that is given it sees ``CUDA_VISIBLE_DEVICES=0``. A job that asks for
+untyped GPUs (``--gpus-per-task=1``) gets either kind.
 
 Everything lives under one run directory (``$PDL_SLURM_DIR``, default
 ``/var/tmp/pdl-slurm``): ``etc/`` (slurm.conf, gres.conf), the controller's state, the
@@ -128,6 +130,11 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def gpu_type(node: str) -> str:
+    """The GRES type of ``node``'s GPU: ``t4`` on n3 (and every third node), else ``a100``."""
+    return "t4" if int(node[1:]) % 3 == 0 else "a100"
+
+
 def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str, str]], cpus: int,
                partition: str = "", extra_conf: str = "") -> str:
     """slurm.conf for a controller ``(name, address)`` and ``nodes`` ``[(name, address)]``
@@ -175,7 +182,8 @@ def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str
     if extra_conf:
         lines.append(extra_conf.strip())
     for name, addr in nodes:
-        lines.append(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory=1000 Gres=gpu:1 State=UNKNOWN")
+        lines.append(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory=1000 Gres=gpu:{gpu_type(name)}:1 "
+                     f"State=UNKNOWN")
     names = ",".join(name for name, _ in nodes)
     lines.append(f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP {partition}".rstrip())
     # a second partition over the same nodes, as labs have for short, small jobs
@@ -207,9 +215,9 @@ def slurmdbd_conf(run_dir: Path, controller: tuple[str, str], db_port: int, db_p
 
 
 def gres_conf(nodes: list[str], device) -> str:
-    """gres.conf: one GPU per node, ``device(node)`` its device file (``Count=`` alone
-    registers no GPU and the node goes INVAL)."""
-    return "".join(f"NodeName={name} Name=gpu File={device(name)}\n" for name in nodes)
+    """gres.conf: one GPU per node, of :func:`gpu_type`, ``device(node)`` its device file
+    (``Count=`` alone registers no GPU and the node goes INVAL)."""
+    return "".join(f"NodeName={name} Name=gpu Type={gpu_type(name)} File={device(name)}\n" for name in nodes)
 
 
 class SlurmSim(SimulatedCluster):
@@ -313,7 +321,7 @@ class SlurmSim(SimulatedCluster):
         return int(self.run("sbatch", "--parsable", *args, user=user, check=True).stdout.strip().split(";")[0])
 
     def nodes(self) -> dict[str, dict[str, str]]:
-        """Node -> {"state": "idle"/"mix"/"alloc"/..., "gres": "gpu:1", "cpus": "2"} (sinfo)."""
+        """Node -> {"state": "idle"/"mix"/"alloc"/..., "gres": "gpu:a100:1", "cpus": "2"} (sinfo)."""
         out = self.run("sinfo", "-N", "-h", "-o", "%N|%t|%G|%c", check=True).stdout
         found = {}
         for line in out.splitlines():

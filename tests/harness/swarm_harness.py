@@ -178,7 +178,15 @@ class SwarmSim(SimulatedCluster):
         return {n.id: n.attrs["Description"]["Hostname"] for n in self.manager.nodes.list()}
 
     def set_availability(self, node_id: str, availability: str, timeout: float = 30) -> None:
-        """Set a node's availability ("active", "pause", "drain").
+        """Set a node's availability ("active", "pause", "drain")."""
+        self.update_node_spec(node_id, {"Availability": availability}, timeout)
+
+    def set_labels(self, node_id: str, labels: dict[str, str], timeout: float = 30) -> None:
+        """Set a node's labels (replacing those it had), as ``docker node update --label-add`` does."""
+        self.update_node_spec(node_id, {"Labels": dict(labels)}, timeout)
+
+    def update_node_spec(self, node_id: str, change: dict, timeout: float = 30) -> None:
+        """Set fields of a node's spec (``Availability``, ``Labels``, ...).
 
         Swarm itself writes the node object too (its status, and a network
         attachment whenever a task on a new overlay lands there), and an update
@@ -190,17 +198,18 @@ class SwarmSim(SimulatedCluster):
 
         def swapped():
             node = self.manager.nodes.get(node_id)
-            if node.attrs["Spec"]["Availability"] == availability:
+            spec = node.attrs["Spec"]
+            if all(spec.get(k, {} if k == "Labels" else None) == v for k, v in change.items()):
                 return True
             try:
-                node.update({**node.attrs["Spec"], "Availability": availability})
+                node.update({**spec, **change})
             except APIError as e:
                 if "update out of sequence" in str(e.explanation):
                     return False
                 raise
             return True
 
-        wait_until(swapped, timeout, interval=0.1, what=f"node {node_id} set to {availability}")
+        wait_until(swapped, timeout, interval=0.1, what=f"node {node_id}'s spec set to {change}")
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -39,11 +39,11 @@ def test_status_rows_in_slot_order_with_iso_times_and_seconds():
         "source": "local", "node": "box", "now": "2023-11-14T22:14:25Z", "pool": ["cpu:2", "cpu:3", "cpu:10"], "free": ["cpu:3"],
         "reservations": [
             {"slot": "cpu:2", "node": "box", "owner": "alice", "user": "alice", "server": "",
-             "since": "2023-11-14T22:11:50Z", "held_s": 155},
+             "since": "2023-11-14T22:11:50Z", "held_s": 155, "gpu_type": ""},
             {"slot": "cpu:10", "node": "box", "owner": "bob/big", "user": "bob", "server": "big",
-             "since": "2023-11-14T22:13:20Z", "held_s": 65},
+             "since": "2023-11-14T22:13:20Z", "held_s": 65, "gpu_type": ""},
         ],
-        "queue": [{"position": 1, "owner": "carol", "user": "carol", "server": "", "workers": 2,
+        "queue": [{"position": 1, "owner": "carol", "user": "carol", "server": "", "workers": 2, "gpu_type": "",
                    "since": "2023-11-14T22:13:25Z", "waiting_s": 60}],
         "reclaims": [{"at": "2023-11-14T22:13:20Z", "owner": "dave", "user": "dave", "slots": ["cpu:3"],
                       "reason": "engines idle for 600 s"}],
@@ -148,3 +148,14 @@ def test_the_view_dies_with_its_hub_and_comes_back_with_it(hub):
     hub.start()
     assert len(views()) == 1
     assert api_status(hub, hub.user_token("admin")).json()["reservations"] == []
+
+
+
+@pytest.mark.unit
+def test_typed_gpus_and_waiters_show_their_type():
+    holdings = [Holding("gpu:1", "alice", T0)]
+    status = status_model(holdings, [Waiter("carol", "carol", 2, T0 + 5, "Tesla T4")], [], node="box",
+                          pool=["gpu:0", "gpu:1"], now=T0 + 65, slot_types={"gpu:0": "Tesla T4", "gpu:1": "NVIDIA A100"})
+    assert status["reservations"][0]["gpu_type"] == "NVIDIA A100" and status["queue"][0]["gpu_type"] == "Tesla T4"
+    page = render_page(status)
+    assert "<td>gpu:1 (NVIDIA A100)</td>" in page and "<td>2 (Tesla T4)</td>" in page

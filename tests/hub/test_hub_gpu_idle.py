@@ -13,7 +13,8 @@ import pytest
 from browser_harness import chromium_page
 from fault_cells import SUM, magic
 from hub_harness import (
-    GPU_IDLE_FLAG, Hub, Kernel, admin_status, check_gpu_idle_flag, open_path_to, running, wait_gpu_idle_release,
+    GPU_IDLE_FLAG, Hub, Kernel, admin_status, check_gpu_idle_flag, running, stand_in_gpu_config, stand_in_gpus,
+    wait_gpu_idle_release,
 )
 from waiting import wait_until
 
@@ -30,26 +31,13 @@ PANEL = "#pdl-cluster-panel"
 def gpus(tmp_path_factory):
     """Stand-in GPU nodes (no driver behind them), and the fake nvidia-smi's readings."""
     folder = tmp_path_factory.mktemp("gpus")
-    for index in range(len(POOL)):
-        node = folder / f"nvidia{index}"
-        os.mknod(node, 0o666 | 0o020000, os.makedev(240, index))
-        node.chmod(0o666)
-    readings = folder / "readings"
-    readings.write_text("0, 50\n1, 50\n")
-    smi = folder / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat {readings}\n")
-    smi.chmod(0o755)
+    stand_in_gpus(folder, len(POOL), "0, 50\n1, 50\n")
     return folder
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, gpus):
-    open_path_to(gpus)
-    config = f"""
-c.PDLLocalSpawner.gpu_device_template = {str(gpus / 'nvidia{index}')!r}
-c.PDLLocalSpawner.nvidia_smi = {str(gpus / 'nvidia-smi')!r}
-c.PDLLocalSpawner.gpu_sample_s = 1
-"""
+    config = stand_in_gpu_config(gpus) + "c.PDLLocalSpawner.gpu_sample_s = 1\n"
     # the stand-in GPUs are no GPUs to torch: the preflight would stop every cell
     hub = Hub(tmp_path_factory.mktemp("gpu-idle-hub"), ["admin", "alice"], POOL,
               spawner_env={"PDL_PREFLIGHT_SKIP": "gpu"}, extra_config=config,

@@ -129,7 +129,7 @@ print(json.dumps({"port": c.JupyterHub.port, "time_limit": c.PDLSlurmSpawner.get
                   "host_ports": c.HostServer.get("port_range"), "swarm_ports": c.PDLSwarmSpawner.get("port_range"),
                   "session_limit_s": c.PDLLocalSpawner.get("session_limit_s"),
                   "session_warning_s": c.PDLLocalSpawner.get("session_warning_s"),
-                  "services": [s["name"] for s in services],
+                  "services": [s["name"] for s in services], "user_env": c.Spawner.get("environment"),
                   "admin_view_pool": admin_view["environment"].get("PDL_POOL")}))
 """
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PDL_")}
@@ -161,6 +161,14 @@ def test_the_admins_config_file_wins_and_the_admin_view_sees_its_settings(tmp_pa
     assert (got["time_limit"], got["port"]) == (480, 8123)  # over PDL_HUB_PORT too
     assert got["admin_view_pool"] == "cpu:0,cpu:1"  # the admin view is told the final pool
     assert {"idle-culler", "pdl-admin", "lab-extra"} <= set(got["services"])  # added to, not replaced
+
+
+def test_pdl_balance_reaches_every_users_server_and_a_bad_one_stops_the_hub_in_one_line(tmp_path):
+    got = settings(load_config(tmp_path, PDL_BALANCE="off", PDL_PREFLIGHT_SKIP="gpu"))
+    assert got["user_env"] == {"PDL_BALANCE": "off", "PDL_PREFLIGHT_SKIP": "gpu"}
+    assert settings(load_config(tmp_path))["user_env"] is None  # unset: each server's own default, auto
+    assert refusal(load_config(tmp_path, PDL_BALANCE="sometimes")) == (
+        "PDL_BALANCE must be one of auto, on, off, got 'sometimes'")
 
 
 def test_an_unsafe_config_file_stops_the_hub_in_one_line(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 import pytest
@@ -32,3 +33,29 @@ def test_a_waiter_that_stops_beating_is_dropped(tmp_path):
         time.sleep(0.3)
         q.beat("bob")
     assert [w.owner for w in q.waiters()] == ["bob"]
+
+
+def test_waiters_for_different_gpu_types_neither_hold_up_nor_overtake_each_other(tmp_path):
+    q = WaitQueue(tmp_path / "q.sqlite")
+    q.join("ann", "ann", 1, "T4")
+    q.join("bob", "bob", 2, "A100")
+    q.join("cat", "cat", 1)            # any type: behind everyone before her
+    q.join("dan", "dan", 1, "T4")
+    assert [(w.owner, w.gpu_type) for w in q.waiters()] == [("ann", "T4"), ("bob", "A100"), ("cat", ""), ("dan", "T4")]
+    assert q.position("ann") == 1 and q.position("bob") == 1  # each at the head of their type's line
+    assert q.position("cat") == 3 and q.position("dan") == 3   # dan waits behind ann and cat
+    assert [w.owner for w in q.ahead_of(None, "A100")] == ["bob", "cat"]  # a new A100 spawn waits for them
+    assert [w.owner for w in q.ahead_of(None, "")] == ["ann", "bob", "cat", "dan"]
+
+
+def test_a_queue_file_from_before_gpu_types_gets_the_column(tmp_path):
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE queue (owner TEXT PRIMARY KEY, user TEXT NOT NULL, wanted INTEGER NOT NULL, "
+               "since REAL NOT NULL, beat REAL NOT NULL)")
+    db.execute("INSERT INTO queue VALUES ('ann', 'ann', 2, ?, ?)", (time.time(), time.time()))
+    db.commit()
+    db.close()
+    q = WaitQueue(path)
+    assert q.waiters()[0].gpu_type == "" and q.join("bob", "bob", 1, "T4") == 2  # behind ann, who takes any
+    assert [(w.owner, w.gpu_type) for w in q.waiters()] == [("ann", ""), ("bob", "T4")]

@@ -145,6 +145,27 @@ def test_balance_and_no_balance_set_every_ranks_mode_for_the_cell_only(ip):
         assert strip_ansi(cap.stdout).count(f"mode {mode}") == 3, cap.stdout
 
 
+def test_pdl_balance_sets_the_mode_of_cells_without_a_flag_and_a_bad_one_is_one_line(pdl_session, marker,
+                                                                                   monkeypatch):
+    cell = "from pdl.balance.plan import current_mode\nprint(f'mode {current_mode()}')"
+    shell = InteractiveShell.instance()
+    monkeypatch.setenv("PDL_BALANCE", "off")  # e.g. in the spawner's environment, for reproducible runs
+    magics = DistributedMagics(shell, session=pdl_session)
+    shell.register_magics(magics)
+    try:
+        for line, mode in (("-n 3", "off"), ("-n 3 --balance", "on")):
+            with capture_output() as cap:
+                shell.run_cell_magic("distributed", line + " --all-output", cell)
+            assert strip_ansi(cap.stdout).count(f"mode {mode}") == 3, cap.stdout
+        monkeypatch.setenv("PDL_BALANCE", "sometimes")
+        shell.register_magics(DistributedMagics(shell, session=pdl_session))
+        assert_usage_error_and_nothing_ran(shell, marker, "-n 2",
+                                           "balance (or $PDL_BALANCE) must be one of auto, on, off, got 'sometimes'")
+    finally:
+        monkeypatch.delenv("PDL_BALANCE")
+        shell.register_magics(DistributedMagics(shell, session=pdl_session))
+
+
 def test_a_bad_balance_mode_through_the_python_api_is_one_line_naming_the_modes(pdl_session, marker):
     with pytest.raises(DistributedUsageError, match=r"^balance must be one of auto, on, off, got 'yes'$"):
         pdl_session.run(marker_cell(marker), 2, balance="yes")

@@ -36,6 +36,7 @@ def test_a_swarm_servers_contract_is_exactly_these_variables():
     ServerContract(workers=8, controller_secret="/run/secrets/x", cluster_dir="/tmp/pdl-cluster"),
     ServerContract(slots=("cpu:1",), session_warn_s=600, session_limit_s=28800, session_ends_at=1_800_000_000.25,
                    session_extendable=True),
+    ServerContract(workers=2, slurm_job=42, gpu_type="a100"),
 ])
 def test_what_the_builder_writes_the_parser_reads_back(contract):
     assert ServerContract.from_env(contract.env()) == contract

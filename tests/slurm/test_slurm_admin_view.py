@@ -278,3 +278,13 @@ def test_gpus_held_idle_are_listed_for_the_pdl_job_that_holds_them_since_the_fla
     missing = tmp_path / "none.sqlite"  # no flag yet: none shown, and the view makes no file
     assert read_slurm_status(partition="gpu", slurm_env=env, flags_db=str(missing))["gpu_idle"] == []
     assert not missing.exists()
+
+
+def test_a_typed_gpu_shows_its_type_in_the_reservations_and_the_queue():
+    jobs = squeue(sjob(1, "pdl:ann", "t1a2-ann", "RUNNING", start=at(23), placed={"n1": "gpu:a100:1(IDX:1)"}),
+                  sjob(2, "pdl:ben", "t1a2-ben", "PENDING", reason="Resources", per_task="gres:gpu:t4:1"))
+    status = model(jobs=jobs)
+    assert [(r["slot"], r["gpu_type"]) for r in status["reservations"]] == [("gpu:1", "a100")]
+    assert [(q["gpus"], q["gpu_type"]) for q in status["queue"]] == [(1, "t4")]
+    page = slurm_source.sections(status)
+    assert "<td>gpu:1 (a100)</td>" in page and "<td>1 (t4)</td>" in page

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_harness import ANN, BEN
+from slurm_harness import ANN, BEN, gpu_type
 from waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -30,13 +30,14 @@ def wait_job(slurm, job_id: int, timeout: float = 30, **expected: str) -> dict:
     return wait_until(shows, timeout, what=lambda: f"job {job_id} with {expected}: {slurm.job(job_id)}")
 
 
-def test_sinfo_shows_three_idle_nodes_with_one_gpu_each(clean_slurm):
+def test_sinfo_shows_three_idle_nodes_with_one_typed_gpu_each(clean_slurm):
     sinfo = ("sinfo", "-N", "-h", "-p", "gpu", "-o", "%N %t %G")
-    expected = [f"{n} idle gpu:1" for n in NODES]
+    expected = [f"{n} idle gpu:{gpu_type(n)}:1" for n in NODES]
     assert clean_slurm.run(*sinfo, user=ANN, check=True).stdout.splitlines() == expected
     # the same from the root namespace (over pdl-sl-host), where PDL's hub runs
     assert clean_slurm.run(*sinfo, user=ANN, netns=None, check=True).stdout.splitlines() == expected
-    assert {n: (v["state"], v["gres"]) for n, v in clean_slurm.nodes().items()} == {n: ("idle", "gpu:1") for n in NODES}
+    assert {n: (v["state"], v["gres"]) for n, v in clean_slurm.nodes().items()} == \
+        {n: ("idle", f"gpu:{gpu_type(n)}:1") for n in NODES}
 
 
 def test_a_three_node_step_runs_one_task_per_node_each_with_its_gpu(clean_slurm):

@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 import pytest
 
 from pdl_spawner.slurm.jobs import (
-    JOB_NAME_PREFIX, SlurmJob, SlurmNode, default_partition, gpu_usage, gpu_use_argv, job_name, parse_gpu_use,
+    JOB_NAME_PREFIX, SlurmJob, SlurmNode, default_partition, gpu_types, gpu_usage, gpu_use_argv, job_name,
+    parse_gpu_use, partition_gpu_types,
     parse_job_id, parse_jobs, parse_nodes, pdl_job_owner, pending_message, queue_position, sbatch_argv,
 )
 
@@ -173,9 +174,13 @@ def test_gpu_indexes_per_node_keyed_by_node_name():
 
 def test_nodes_as_sinfo_shows_them_each_once():
     [n2] = parse_nodes(sinfo(NODE))
-    assert n2 == SlurmNode(name="n2", addr="10.78.0.12", gpus=1, state="mixed", partitions=("gpu", "debug"))
+    assert n2 == SlurmNode(name="n2", addr="10.78.0.12", gpus=1, state="mixed", partitions=("gpu", "debug"),
+                           gpu_types={"": 1})
     assert n2.usable
-    assert parse_nodes(sinfo(changed(NODE, gres="gpu:a100:4(S:0-1)", state="idle")))[0].gpus == 4
+    typed = parse_nodes(sinfo(changed(NODE, gres="gpu:a100:4(S:0-1)", state="idle")))[0]
+    assert (typed.gpus, typed.gpu_types) == (4, {"a100": 4})
+    mixed = parse_nodes(sinfo(changed(NODE, gres="gpu:a100:2(S:0),gpu:t4:1(S:1),shard:8")))[0]
+    assert (mixed.gpus, mixed.gpu_types) == (3, {"a100": 2, "t4": 1})  # every type of a node counts
     assert parse_nodes(sinfo(changed(NODE, gres="")))[0].gpus == 0
     n1 = changed(NODE, name="n1", address="10.78.0.11")
     assert [n.name for n in parse_nodes(sinfo(n1, NODE, n1, changed(NODE, state="idle")))] == ["n1", "n2"]
@@ -273,3 +278,39 @@ def test_a_jobs_gpu_use_is_read_by_one_overlapping_step_task_per_node_of_the_adm
     assert parse_gpu_use("0\n37\n", job) is None          # a node did not answer
     assert parse_gpu_use("0\n[N/A]\n5\n", job) is None    # a GPU without a reading
     assert parse_gpu_use("", job) is None
+
+
+def test_gpu_types_are_read_from_every_gres_and_tres_form_slurm_writes():
+    assert gpu_types("gpu:a100:2(S:0),gpu:t4:1") == {"a100": 2, "t4": 1}
+    assert gpu_types("gpu:4(S:0-1)") == {"": 4} and gpu_types("gres/gpu=2") == {"": 2}
+    assert gpu_types("gres:gpu:a100:1") == {"a100": 1} and gpu_types("gres/gpu:a100=2") == {"a100": 2}
+    assert gpu_types("gpu:1g.10gb:2(IDX:0-1)") == {"1g.10gb": 2}  # a MIG profile as a GRES type
+    assert gpu_types("") == {} and gpu_types(None) == {} and gpu_types("N/A") == {}
+
+
+def test_a_jobs_gpu_type_is_the_one_it_holds_or_asks_for():
+    [held] = parse_jobs(squeue(changed(RUNNING, gres_detail=["gpu:a100:1(IDX:2)", "gpu:a100:1(IDX:0)"])))
+    assert (held.gpu_type, held.gpus, held.node_gpus) == ("a100", 2, {"n1": [2], "n2": [0]})
+    [untyped] = parse_jobs(squeue(RUNNING))
+    assert untyped.gpu_type == ""
+    [asks] = parse_jobs(squeue(changed(PENDING, tres_per_task="gres:gpu:t4:1")))
+    assert (asks.gpu_type, asks.gpus) == ("t4", 3)
+    [mixed] = parse_jobs(squeue(changed(RUNNING, gres_detail=["gpu:a100:1(IDX:0),gpu:t4:1(IDX:1)", "gpu:t4:1(IDX:0)"])))
+    assert (mixed.gpu_type, mixed.gpus, mixed.node_gpus) == ("", 3, {"n1": [0, 1], "n2": [0]})
+
+
+def test_usage_by_gpu_type_counts_only_that_types_gpus_and_holders():
+    nodes = [SlurmNode(name="n1", addr="", gpus=3, state="idle", partitions=("gpu",), gpu_types={"a100": 2, "t4": 1}),
+             SlurmNode(name="n2", addr="", gpus=1, state="idle", partitions=("gpu",), gpu_types={"t4": 1}),
+             SlurmNode(name="n3", addr="", gpus=4, state="down", partitions=("gpu",), gpu_types={"h100": 4})]
+    jobs = [SlurmJob(id=1, name="x", user="ann", state="RUNNING", reason="None", partition="gpu", gpus=1,
+                     gpu_type="t4"),
+            SlurmJob(id=2, name="y", user="ben", state="RUNNING", reason="None", partition="gpu", gpus=2,
+                     gpu_type="a100")]
+    assert partition_gpu_types(nodes, partition="gpu") == ["a100", "t4"]  # not the down node's h100
+    t4 = gpu_usage(nodes, jobs, partition="gpu", gpu_type="t4")
+    assert (t4.total, t4.free, t4.holders) == (2, 1, {"ann": 1})
+    every = gpu_usage(nodes, jobs, partition="gpu")
+    assert (every.total, every.free) == (4, 1)
+    assert "--gpus-per-task=t4:1" in sbatch_argv("pdl:ann", 2, gpu_type="t4")
+    assert "--gpus-per-task=1" in sbatch_argv("pdl:ann", 2)

@@ -214,7 +214,7 @@ def snapshot(owner="alice", host="pdl-node1", gpu="GPU-fake-1"):
         pool=[(host, gpu), ("pdl-node2", "GPU-fake-2"), ("pdl-node2", "GPU-fake-3")],
         in_use=[(host, gpu), ("pdl-node2", "GPU-fake-3"), ("elsewhere", "GPU-x")],
         holdings=[GpuHolding(gpu, host, owner, owner.partition("/")[0], T0 - 90),
-                  GpuHolding(PENDING, "", "bob/x", "bob", T0)],
+                  GpuHolding(PENDING, "", "bob/x", "bob", T0, "t4")],
     )
 
 
@@ -227,11 +227,11 @@ def test_the_swarm_status_names_gpus_by_node_and_counts_other_services_not_free(
         "free": ["pdl-node2/GPU-fake-2"], "other_services": ["pdl-node2/GPU-fake-3"],
         "reservations": [
             {"slot": "GPU-fake-1", "node": "pdl-node1", "owner": "alice/big", "user": "alice", "server": "big",
-             "since": "2023-11-14T22:11:50Z", "held_s": 155},
+             "since": "2023-11-14T22:11:50Z", "held_s": 155, "gpu_type": ""},
             {"slot": PENDING, "node": "", "owner": "bob/x", "user": "bob", "server": "x",
-             "since": "2023-11-14T22:13:20Z", "held_s": 65},
+             "since": "2023-11-14T22:13:20Z", "held_s": 65, "gpu_type": "t4"},
         ],
-        "queue": [{"position": 1, "owner": "carol", "user": "carol", "server": "", "workers": 1,
+        "queue": [{"position": 1, "owner": "carol", "user": "carol", "server": "", "workers": 1, "gpu_type": "",
                    "since": "2023-11-14T22:13:25Z", "waiting_s": 60}],
         "reclaims": [{"at": "2023-11-14T22:13:20Z", "owner": "dave", "user": "dave",
                       "slots": ["pdl-node2/GPU-fake-2"], "reason": "engines idle for 600 s"}],
@@ -258,7 +258,7 @@ def test_the_swarm_page_summarises_the_nodes_and_escapes_every_value():
     assert ("Nodes h&lt;script&gt;alert(1)&lt;/script&gt;, pdl-node2, pdl-node3: 1 of 3 GPU(s) free, "
             "1 held by other services; not available: pdl-node3.") in page
     assert "<th>GPU</th><th>Node</th>" in page and "<th>GPUs</th>" in page
-    assert f"<td>{PENDING}</td><td></td><td>bob/x</td>" in page
+    assert f"<td>{PENDING} (t4)</td><td></td><td>bob/x</td>" in page  # the type it asked for
     assert "pdl-node2/&lt;script&gt;alert(1)&lt;/script&gt;" in page and "Docker could not be read" not in page
 
 

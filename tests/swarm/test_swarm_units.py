@@ -12,7 +12,7 @@ from tornado import web
 from pdl.connection import PORTS_NEEDED, ClusterKeys, controller_files, engine_file
 from pdl.runtime.swarm_boot import gpu_slot_env
 from pdl_spawner.core import form
-from pdl_spawner.swarm.gpus import OTHER_SERVICES, gpu_usage
+from pdl_spawner.swarm.gpus import OTHER_SERVICES, Promise, gpu_types, gpu_usage
 from pdl_spawner.swarm.state import (
     SwarmServer, network_address, node_address, pick_ports, starved_tasks, task_error, used_ports,
 )
@@ -70,7 +70,7 @@ def test_gpu_usage_counts_ready_nodes_and_active_tasks():
     assert usage.holders == {"alice": 2, "bob": 1, OTHER_SERVICES: 1}
     assert usage.free == 1
     # a server's own tasks are not counted against itself; promised GPUs are
-    again = gpu_usage(nodes, services, tasks, GPU, exclude_owner="alice", promised={"carol": ("carol", 1)})
+    again = gpu_usage(nodes, services, tasks, GPU, exclude_owner="alice", promised={"carol": Promise("carol", 1)})
     assert again.holders == {"bob": 1, OTHER_SERVICES: 1, "carol": 1} and again.free == 2
 
 
@@ -86,8 +86,41 @@ def test_an_engine_service_between_a_dead_task_and_its_replacement_keeps_its_gpu
                       [task("x"), task("x"), task("a1", state="running", desired="shutdown")], GPU)
     assert other.holders == {OTHER_SERVICES: 2} and other.free == 2
     # a spawn in progress counts once: by its promise, not also by the services it created
-    starting = gpu_usage(nodes, [service("c1", "carol", gpus=1)], [], GPU, promised={"carol": ("carol", 1)})
+    starting = gpu_usage(nodes, [service("c1", "carol", gpus=1)], [], GPU, promised={"carol": Promise("carol", 1)})
     assert starting.holders == {"carol": 1} and starting.free == 2
+
+
+def typed_node(name, gpu_type, gpus=("GPU-a",), **kw):
+    found = node(name, gpus=gpus, **kw)
+    found["Spec"]["Labels"] = {"pdl.gpu-type": gpu_type} if gpu_type else {}
+    return found
+
+
+def test_gpus_count_per_type_of_their_nodes_and_untyped_claims_count_for_every_type():
+    nodes = [typed_node("n1", "a100", gpus=("GPU-1", "GPU-2")), typed_node("n2", "a100", gpus=("GPU-3",)),
+             typed_node("n3", "t4", gpus=("GPU-4",)), typed_node("n4", "", gpus=("GPU-5",)),
+             typed_node("n5", "v100", gpus=("GPU-6",), availability="drain")]
+    typed_service = service("b1", "bob", gpus=1)
+    typed_service["Spec"]["Labels"]["pdl.gpu-type"] = "t4"
+    services = [service("a1", "alice"), typed_service, service("c1", "carol")]
+    placed = {**task("a1"), "NodeID": "n1", "GenericResources": [{"NamedResourceSpec": {"Kind": GPU, "Value": "GPU-1"}}]}
+    tasks = [placed, task("b1", state="pending"), task("c1", state="pending")]
+    promised = {"dave": Promise("dave", 1, "a100")}
+
+    assert gpu_types(nodes, GPU) == ["a100", "t4", "v100"]  # a drained node's type stays offered
+    any_type = gpu_usage(nodes, services, tasks, GPU, promised=promised)
+    assert any_type.total == 5 and any_type.holders == {"alice": 1, "bob": 1, "carol": 1, "dave": 1}
+    # a100: alice's GPU on n1, dave's promise, and carol's untyped task that Swarm may place there
+    a100 = gpu_usage(nodes, services, tasks, GPU, promised=promised, gpu_type="a100")
+    assert a100.total == 3 and a100.holders == {"alice": 1, "carol": 1, "dave": 1} and a100.free == 0
+    t4 = gpu_usage(nodes, services, tasks, GPU, promised=promised, gpu_type="t4")
+    assert t4.total == 1 and t4.holders == {"bob": 1, "carol": 1} and t4.free == 0
+    v100 = gpu_usage(nodes, services, tasks, GPU, promised=promised, gpu_type="v100")
+    assert v100.total == 0 and v100.free == 0
+    # once bob's task runs on n3 it holds a t4 and nothing of a100; an untyped promise counts everywhere
+    tasks[1] = {**task("b1"), "NodeID": "n3", "GenericResources": [{"NamedResourceSpec": {"Kind": GPU, "Value": "GPU-4"}}]}
+    a100 = gpu_usage(nodes, services, tasks, GPU, promised={"erin": Promise("erin", 1)}, gpu_type="a100")
+    assert a100.holders == {"alice": 1, "carol": 1, "erin": 1}
 
 
 def test_named_servers_count_for_their_user():
