@@ -58,8 +58,9 @@ def rank_main(rank: int, port: int, epochs: int, seed: int, balance: str, batch:
         train, test = load_split(root, "train"), load_split(root, "test")
         hp = Hyper.for_data(len(train[1]), RANKS, epochs=epochs, width=16, batch_size=batch, seed=seed)
         torch.manual_seed(hp.seed)
+        shown = os.environ.get("SPREAD_LOG")  # rank 0's epoch and balancer lines
         result = fit(ResNet18(width=hp.width), train, test, hp, device="cpu", backend="torch", balance=balance,
-                     log=(lambda line: print(line, flush=True)) if os.environ.get("SPREAD_LOG") else (lambda line: None))
+                     log=lambda line: print(line, flush=True) if shown else None)
         if rank == 0:
             results.put([round(h["test_acc"] * 100, 1) for h in result["history"]])
         dist.barrier()  # every rank done before any closes its connections (gloo aborts a peer otherwise)

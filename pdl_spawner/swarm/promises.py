@@ -54,12 +54,16 @@ class SwarmGpuPromises(HasTraits):
         if self.nodes:  # tasks placed on the other nodes hold none of these GPUs
             ids = {n["ID"] for n in nodes}
             tasks = [t for t in tasks if t.get("NodeID") in ids or not t.get("NodeID")]
-        SwarmGpuPromises._known_types = gpu_types(nodes, self.gpu_resource)
+        self.remember_types(nodes)
         return nodes, services, tasks
 
     async def read_capacity(self) -> None:
         """Read the nodes' GPU types, which the spawn's options are checked against."""
-        SwarmGpuPromises._known_types = gpu_types(await self.cluster_nodes(), self.gpu_resource)
+        self.remember_types(await self.cluster_nodes())
+
+    def remember_types(self, nodes: list[dict]) -> None:
+        """Keep the GPU types of ``nodes`` (PDL's) for :meth:`gpu_types_for`."""
+        SwarmGpuPromises._known_types = gpu_types(nodes, self.gpu_resource)
 
     def gpu_types_for(self, options: dict) -> list[str]:
         """The GPU types of PDL's nodes, as last read (the same whatever the options)."""

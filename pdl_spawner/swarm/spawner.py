@@ -92,8 +92,8 @@ class TaskFailed(web.HTTPError, RuntimeError):
         self.jupyterhub_message = message
 
 
-class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpuUse, SwarmTeardown, SpawnerCore,
-                      SwarmSpawner):
+class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpuUse, SwarmTeardown,
+                      SpawnerCore, SwarmSpawner):
     """A user's notebook (with its ipyparallel controller) plus one engine service per
     GPU: the worker rules of :class:`~pdl_spawner.core.spawner.SpawnerCore`, GPUs counted and
     promised by :class:`~pdl_spawner.swarm.promises.SwarmGpuPromises`, storage by

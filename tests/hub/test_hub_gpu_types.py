@@ -66,7 +66,8 @@ def test_each_gpu_type_is_offered_with_its_free_count_and_reserved_as_chosen(hub
                                                   "Tesla T4 (0 of 2 free)"]
         r = hub.api("POST", "/users/bob/server", json={"workers": 1, "gpu_type": "Tesla T4"})
         assert r.status_code == 409, r.text
-        assert r.json()["message"].startswith("Not enough free Tesla T4 workers: you asked for 1, 0 of 2 are free"), r.text
+        assert r.json()["message"].startswith(
+            "Not enough free Tesla T4 workers: you asked for 1, 0 of 2 are free"), r.text
         wait_until(lambda: not hub.server_ready("bob") and "bob" not in hub.reservations().values(), 30,
                    what="bob's refused spawn to leave nothing")
         assert hub.api("POST", "/users/bob/server", json={"workers": 2, "gpu_type": "NVIDIA A100"}).status_code \

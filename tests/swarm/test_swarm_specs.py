@@ -130,7 +130,8 @@ def test_engine_service_spec_reserves_one_gpu():
 
 def test_an_engine_of_a_gpu_type_runs_only_on_that_types_nodes_and_says_its_type():
     spec = engine(gpu_type="t4", avoid_hosts=["pdl-node9"])
-    assert spec["task_template"]["Placement"]["Constraints"] == ["node.hostname!=pdl-node9", "node.labels.pdl.gpu-type==t4"]
+    assert spec["task_template"]["Placement"]["Constraints"] == [
+        "node.hostname!=pdl-node9", "node.labels.pdl.gpu-type==t4"]
     assert spec["labels"]["pdl.gpu-type"] == "t4"
     assert "Constraints" not in engine()["task_template"]["Placement"] and "pdl.gpu-type" not in engine()["labels"]
 

@@ -96,6 +96,11 @@ def typed_node(name, gpu_type, gpus=("GPU-a",), **kw):
     return found
 
 
+def placed_task(sid, node_id, gpu):
+    """A running task of ``sid`` that Swarm placed on ``node_id`` with GPU ``gpu``."""
+    return {**task(sid), "NodeID": node_id, "GenericResources": [{"NamedResourceSpec": {"Kind": GPU, "Value": gpu}}]}
+
+
 def test_gpus_count_per_type_of_their_nodes_and_untyped_claims_count_for_every_type():
     nodes = [typed_node("n1", "a100", gpus=("GPU-1", "GPU-2")), typed_node("n2", "a100", gpus=("GPU-3",)),
              typed_node("n3", "t4", gpus=("GPU-4",)), typed_node("n4", "", gpus=("GPU-5",)),
@@ -103,7 +108,7 @@ def test_gpus_count_per_type_of_their_nodes_and_untyped_claims_count_for_every_t
     typed_service = service("b1", "bob", gpus=1)
     typed_service["Spec"]["Labels"]["pdl.gpu-type"] = "t4"
     services = [service("a1", "alice"), typed_service, service("c1", "carol")]
-    placed = {**task("a1"), "NodeID": "n1", "GenericResources": [{"NamedResourceSpec": {"Kind": GPU, "Value": "GPU-1"}}]}
+    placed = placed_task("a1", "n1", "GPU-1")
     tasks = [placed, task("b1", state="pending"), task("c1", state="pending")]
     promised = {"dave": Promise("dave", 1, "a100")}
 
@@ -118,7 +123,7 @@ def test_gpus_count_per_type_of_their_nodes_and_untyped_claims_count_for_every_t
     v100 = gpu_usage(nodes, services, tasks, GPU, promised=promised, gpu_type="v100")
     assert v100.total == 0 and v100.free == 0
     # once bob's task runs on n3 it holds a t4 and nothing of a100; an untyped promise counts everywhere
-    tasks[1] = {**task("b1"), "NodeID": "n3", "GenericResources": [{"NamedResourceSpec": {"Kind": GPU, "Value": "GPU-4"}}]}
+    tasks[1] = placed_task("b1", "n3", "GPU-4")
     a100 = gpu_usage(nodes, services, tasks, GPU, promised={"erin": Promise("erin", 1)}, gpu_type="a100")
     assert a100.holders == {"alice": 1, "carol": 1, "erin": 1}
 
