@@ -262,9 +262,9 @@ class ClusterMonitor:
                 gone = self._gone[slot]
                 rows.append(self._row(gone["id"], gone, "dead", rank_of))
         seen = {r["slot"] for r in rows}
-        for slot in self.hub_slots:
-            if slot not in seen:
-                rows.append(self._row(None, {"slot": slot}, "starting", rank_of))
+        undescribed = sum(1 for r in rows if not r["slot"])  # registered, slot not yet known
+        for slot in [s for s in self.hub_slots if s not in seen][undescribed:]:
+            rows.append(self._row(None, {"slot": slot}, "starting", rank_of))
         self._sampler.forget_except({r["pid"] for r in rows if r["pid"] and r["state"] != "dead"})
         rows.sort(key=lambda r: rank_order(r["host"], r["slot"], r["id"] if r["id"] is not None else -1))
         return rows

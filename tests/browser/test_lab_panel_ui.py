@@ -39,6 +39,13 @@ def galata_packages():
     return UI_TESTS
 
 
+def _without_browser_logs(report: str) -> str:
+    """Playwright's report less the browser's own log lines (``[pid=N][err] ...``), which it
+    appends to an error when the page or browser closed and which would push the error out of view."""
+    kept = [line for line in report.splitlines() if not line.lstrip().startswith("[pid=")]
+    return "\n".join(kept)
+
+
 def test_the_cluster_panel_in_jupyterlab(galata_packages, tmp_path, monkeypatch):
     import jupyterlab
 
@@ -57,8 +64,9 @@ def test_the_cluster_panel_in_jupyterlab(galata_packages, tmp_path, monkeypatch)
                    PDL_TEST_OUTPUT=str(tmp_path / "playwright"))
         done = subprocess.run(["npx", "playwright", "test"], cwd=galata_packages, env=env,
                               capture_output=True, text=True, timeout=600)
-        print(done.stdout[-6000:])
-        assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}\n--- lab log ---\n{lab.log_tail()}"
+        report = _without_browser_logs(done.stdout)
+        print(report[-6000:])
+        assert done.returncode == 0, f"{report[-6000:]}\n{done.stderr[-3000:]}\n--- lab log ---\n{lab.log_tail()}"
         assert (tmp_path / "panel-galata.png").exists()
     finally:
         lab.stop()

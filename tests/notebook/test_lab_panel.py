@@ -132,6 +132,32 @@ def test_stop_without_a_kernel_signals_the_busy_engines(lab, cluster):
         client.close()
 
 
+def test_a_panel_that_connects_while_the_engines_run_shows_each_engine_once(cluster, monkeypatch):
+    """A server restarted during a long cell: its engines cannot describe their slot
+    until they are free, yet each shows once (busy), not beside a "starting" slot."""
+    from pdl_lab.monitor import ClusterMonitor
+
+    monkeypatch.delenv("PDL_CLUSTER_DIR", raising=False)
+    client = ipp.Cluster.from_file(cluster.cluster_file).connect_client_sync()
+    monitor = ClusterMonitor(hub_cluster_file=cluster.cluster_file, hub_slots=SLOTS)
+    try:
+        ar = client[:].apply_async(time.sleep, 120)
+        deadline = time.monotonic() + 30
+        while not all(q["queue"] for eid, q in client.queue_status().items() if isinstance(eid, int)):
+            assert time.monotonic() < deadline, "the engines never took the task"
+            time.sleep(0.1)
+        for _ in range(3):  # a few refreshes, as the panel polls
+            model = monitor.snapshot_sync()
+            assert [e["state"] for e in model["engines"]] == ["busy", "busy"], model["engines"]
+            assert sorted(e["id"] for e in model["engines"]) == sorted(client.ids)
+        client.send_signal(signal.SIGINT, block=True)
+        with pytest.raises(ipp.error.CompositeError):
+            ar.get(timeout=20)
+    finally:
+        monitor.close()
+        client.close()
+
+
 def test_restart_kills_the_engines_and_the_supervisor_starts_fresh_ones(lab, cluster):
     before = lab.wait_cluster(idle_engines(2), what="2 idle engines")
     old_pids = {e["pid"] for e in before["engines"]}

@@ -46,7 +46,7 @@ class ArchiveServer:
         self.honour_range = honour_range
         self.truncate_next = truncate_next
         self.ranges: list[str | None] = []  # Range header of each request
-        self.sent = 0  # body bytes written, all requests together
+        self.sent = 0  # body bytes handed to the socket, all requests together (counted before the write)
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.httpd.server_port}/{NAME}"
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
@@ -83,8 +83,8 @@ class ArchiveServer:
                 if server.truncate_next:
                     server.truncate_next = False
                     payload = payload[: len(payload) // 2]
+                server.sent += len(payload)  # before the write: the client may return as soon as it has the bytes
                 self.wfile.write(payload)
-                server.sent += len(payload)
 
             def log_message(self, *args):
                 pass

@@ -29,7 +29,8 @@ test.describe('Cluster panel', () => {
   test('Restart engines asks first, and Cancel leaves the engines alone', async ({ page }) => {
     await page.sidebar.openTab('pdl-cluster-panel');
     const panel = page.locator(PANEL);
-    await expect(panel.locator('.pdl-engine[data-state="idle"]')).toHaveCount(ENGINES, { timeout: 60000 });
+    // each engine idle and described (its load shown), so the rows are in their final order
+    await expect(panel.locator('.pdl-engine[data-state="idle"] .pdl-cpu')).toHaveCount(ENGINES, { timeout: 60000 });
     const ids = await panel.locator('.pdl-engine').evaluateAll(els => els.map(e => e.getAttribute('data-engine-id')));
     await panel.locator('button.pdl-restart').click();
     const dialog = page.locator('.jp-Dialog');
