@@ -67,7 +67,7 @@ def admin_threads(environ) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     from pdl.connection import read_secret
-    from pdl.runtime.boot import no_new_privileges, pin_cpus
+    from pdl.runtime.boot import keep_freed_memory, no_new_privileges, pin_cpus
 
     argv = list(sys.argv[1:] if argv is None else argv)
     no_new_privileges()
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     env.update(EngineContract(addr=addr).env(), **collective_iface_env(addr, os.environ))
     os.environ.update(env)
     pin_cpus()
+    keep_freed_memory()
     me = EngineContract.from_env()
     print(f"pdl-engine: slot {me.slot} (GPU {me.gpu or 'none'}), controller {controller}", file=sys.stderr, flush=True)
     from ipyparallel.engine.app import IPEngine
