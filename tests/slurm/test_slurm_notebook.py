@@ -36,9 +36,9 @@ def test_the_cinic10_notebook_trains_across_the_nodes_and_recovers_from_failures
 
     check_notebook(hub, "ann", then=preflight_shows_the_nodes)
 
-    def panel():  # what her Cluster panel shows, once it has looked at the engines
+    def panel():  # what her Cluster panel shows, once each engine has said where it runs
         seen = hub.server_api("ann", "/pdl/api/cluster")
-        return seen if len(seen["engines"]) == 3 else None
+        return seen if len(seen["engines"]) == 3 and all(e["host"] for e in seen["engines"]) else None
 
     shown = wait_until(panel, 30, what="the Cluster panel to list 3 engines")
     assert shown["nodes"] == ["n1", "n2", "n3"] and shown["message"] is None, shown
