@@ -73,6 +73,7 @@ VARIABLES = {
     "session_ends_at": "PDL_SESSION_ENDS_AT",
     "session_extendable": "PDL_SESSION_EXTENDABLE",
     "gpu_type": "PDL_GPU_TYPE",
+    "nvidia_smi": "PDL_NVIDIA_SMI",
 }
 
 
@@ -115,6 +116,8 @@ class ServerContract:
     session_extendable: bool = False
     #: the type of the GPUs reserved (Slurm's GRES type, nvidia-smi's name on one machine); "": any
     gpu_type: str = ""
+    #: the nvidia-smi the hub reads this machine's GPUs with (embedded default); "": the one on PATH
+    nvidia_smi: str = ""
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -134,6 +137,7 @@ class ServerContract:
             "session_ends_at": f"{self.session_ends_at:.3f}" if self.session_ends_at else "",
             "session_extendable": "1" if self.session_extendable else "",
             "gpu_type": self.gpu_type,
+            "nvidia_smi": self.nvidia_smi,
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -171,6 +175,7 @@ class ServerContract:
             session_ends_at=number("session_ends_at", float),
             session_extendable=number("session_extendable", int) > 0,
             gpu_type=env.get(VARIABLES["gpu_type"], ""),
+            nvidia_smi=env.get(VARIABLES["nvidia_smi"], ""),
         )
 
     @property

@@ -1,8 +1,10 @@
 """Worker slots: one slot is one engine's share of the machine.
 
-A slot is named ``"gpu:<index>"`` (one whole GPU) or ``"cpu:<index>"`` (a share of
-the CPU cores when there is no GPU). These functions are pure, apart from
-:func:`detect_gpus`, which asks ``nvidia-smi``.
+A slot is named ``"gpu:<index>"`` (one whole GPU), ``"mig:<n>"`` (the n-th MIG device
+of the machine, in ``nvidia-smi -L``'s order, on a GPU split by MIG) or
+``"cpu:<index>"`` (a share of the CPU cores when there is no GPU). These functions
+are pure, apart from those that ask ``nvidia-smi`` (:func:`detect_gpus`,
+:func:`mig_slots`, :func:`slot_types`, and :func:`engine_env` for a MIG slot).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import os
 import re
 
 from pdl.engine_contract import EngineContract
-from pdl.nvidia_smi import query_gpus
+from pdl.nvidia_smi import MigDevice, mig_devices, query_gpus
 
-_SLOT_RE = re.compile(r"^(gpu|cpu):(\d+)$")
+_SLOT_RE = re.compile(r"^(gpu|mig|cpu):(\d+)$")
+#: The kinds of slot that hold a GPU (a whole one, or a MIG device of one).
+GPU_KINDS = ("gpu", "mig")
 
 
 def cpu_count() -> int:
@@ -32,8 +36,16 @@ def parse_slot(slot: str) -> tuple[str, int]:
     """
     m = _SLOT_RE.match(slot)
     if not m:
-        raise ValueError(f"invalid slot {slot!r}: use 'gpu:<index>' or 'cpu:<index>'")
+        raise ValueError(f"invalid slot {slot!r}: use 'gpu:<index>', 'mig:<index>' or 'cpu:<index>'")
     return m.group(1), int(m.group(2))
+
+
+def holds_gpu(slot: str) -> bool:
+    """True for a slot of a whole GPU or of a MIG device (False for CPU slots and anything else)."""
+    try:
+        return parse_slot(slot)[0] in GPU_KINDS
+    except (TypeError, ValueError):
+        return False
 
 
 def slot_index(slot: str | None) -> int:
@@ -44,13 +56,29 @@ def slot_index(slot: str | None) -> int:
         return 0
 
 
-def detect_gpus(nvidia_smi: str | None = None) -> list[str]:
-    """Return the GPU indices visible on this machine as slot names.
+def mig_slots(nvidia_smi: str | None = None) -> dict[str, MigDevice]:
+    """``"mig:<n>"`` -> the n-th MIG device ``nvidia-smi -L`` lists ({} where no GPU is split)."""
+    return {f"mig:{n}": device for n, device in enumerate(mig_devices(nvidia_smi=nvidia_smi))}
 
-    Uses ``nvidia-smi`` (:mod:`pdl.nvidia_smi`); returns ``[]`` when it is missing or fails.
-    """
-    return [f"gpu:{int(gpu['index'])}" for gpu in query_gpus(("index",), nvidia_smi=nvidia_smi)
-            if gpu["index"].isdigit()]
+
+def detect_gpus(nvidia_smi: str | None = None) -> list[str]:
+    """The GPU slots of this machine: ``gpu:<index>`` for each GPU ``nvidia-smi`` lists
+    that MIG does not split, then ``mig:<n>`` for each MIG device; ``[]`` when
+    nvidia-smi is missing or fails."""
+    migs = mig_slots(nvidia_smi)
+    split = {device.gpu for device in migs.values()}
+    whole = [f"gpu:{int(gpu['index'])}" for gpu in query_gpus(("index",), nvidia_smi=nvidia_smi)
+             if gpu["index"].isdigit() and int(gpu["index"]) not in split]
+    return whole + list(migs)
+
+
+def slot_types(nvidia_smi: str | None = None) -> dict[str, str]:
+    """GPU slot -> its type: nvidia-smi's name for a whole GPU (``"NVIDIA A100"``), the
+    GPU's name and the MIG profile for a MIG device (``"NVIDIA A100 MIG 3g.20gb"``);
+    {} without nvidia-smi."""
+    types = {f"gpu:{r['index']}": r["name"] for r in query_gpus(("index", "name"), nvidia_smi=nvidia_smi)}
+    types.update({slot: device.type for slot, device in mig_slots(nvidia_smi).items()})
+    return types
 
 
 def default_pool(cpu_slots: int | None = None) -> list[str]:
@@ -74,21 +102,32 @@ def cpus_for_slot(slot: str, pool_size: int, n_cpus: int) -> list[int]:
     return [(first + k) % n_cpus for k in range(per)]
 
 
-def engine_env(slot: str, pool_size: int, n_cpus: int | None = None) -> dict[str, str]:
+def engine_env(slot: str, pool_size: int, n_cpus: int | None = None, *,
+               nvidia_smi: str | None = None) -> dict[str, str]:
     """Environment that pins one engine process to ``slot``.
 
     A GPU slot sees only its GPU (``CUDA_VISIBLE_DEVICES``, counted in nvidia-smi's
     order, the PCI bus order, as slots are: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, where
-    CUDA would otherwise put the fastest GPU first); a CPU slot sees no GPU. Both get their share of CPU cores (the engine contract's ``cpus``, applied as CPU affinity by
+    CUDA would otherwise put the fastest GPU first); a MIG slot sees only its MIG
+    device (by its UUID, which ``nvidia_smi`` -L lists; ValueError naming the devices
+    there are where it lists no such one); a CPU slot sees no GPU. All get their share
+    of CPU cores (the engine contract's ``cpus``, applied as CPU affinity by
     :mod:`pdl.runtime.boot`) and a matching thread count for OpenMP/MKL/torch.
     """
     kind, index = parse_slot(slot)
     n_cpus = n_cpus or os.cpu_count() or 1
     cpus = cpus_for_slot(slot, pool_size, n_cpus)
     threads = str(len(cpus))
+    visible = str(index) if kind == "gpu" else ""
+    if kind == "mig":
+        migs = mig_slots(nvidia_smi)
+        if slot not in migs:
+            raise ValueError(f"no MIG device {slot} on this machine: nvidia-smi -L lists "
+                             f"{', '.join(migs) or 'none'}")
+        visible = migs[slot].uuid
     return {
         **EngineContract(slot=slot, cpus=tuple(cpus)).env(),
-        "CUDA_VISIBLE_DEVICES": str(index) if kind == "gpu" else "",
+        "CUDA_VISIBLE_DEVICES": visible,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,

@@ -98,9 +98,11 @@ def start_engine(cluster, slot: str, *, environment: dict[str, str], command: li
 
 def start_slot_engines(cluster, slots: list[str], pool_size: int) -> None:
     """Start one engine per slot of a pool of ``pool_size`` (blocking), each pinned to
-    its slot (its own pinning environment)."""
+    its slot (its own pinning environment; a MIG slot's device as the hub's nvidia-smi,
+    the server contract's, lists it)."""
+    nvidia_smi = ServerContract.from_env().nvidia_smi or None
     for slot in slots:
-        start_engine(cluster, slot, environment=engine_env(slot, pool_size))
+        start_engine(cluster, slot, environment=engine_env(slot, pool_size, nvidia_smi=nvidia_smi))
 
 
 def engine_set_running(engine_set) -> bool:

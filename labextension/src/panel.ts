@@ -207,7 +207,7 @@ export class ClusterPanel extends Widget {
     }
     const where = model.mode === 'hub' ? 'Reserved' : model.mode === 'local' ? 'Local pool' : '';
     const gpus = model.gpu_type ? `${model.gpu_type} GPUs` : 'GPUs';
-    const kinds = model.slots.some(s => s.startsWith('gpu')) ? gpus : 'slots';
+    const kinds = model.slots.some(s => s.startsWith('gpu') || s.startsWith('mig')) ? gpus : 'slots';
     this._summary.replaceChildren();
     if (where) {
       this._summary.appendChild(

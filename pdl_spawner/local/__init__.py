@@ -3,6 +3,7 @@
 - :mod:`pdl_spawner.local.spawner`: :class:`PDLLocalSpawner` (entry point ``pdl-local``),
   the slots of :mod:`pdl_spawner.core.reservations`' ledger.
 - :mod:`pdl_spawner.local.admin_source`: the admin view's source (the ledger's holdings).
+- :mod:`pdl_spawner.local.mig_nodes`: the device nodes a MIG device is opened through.
 """
 
 

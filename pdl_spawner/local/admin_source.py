@@ -22,8 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from pdl.nvidia_smi import query_gpus
-from pdl.slots import default_pool, slot_index
+from pdl.slots import default_pool, holds_gpu, slot_index, slot_types
 from pdl_spawner.core.admin_frame import (
     RECENT_RECLAIMS, PageParts, gpu_idle_rows, gpu_idle_section, holdings_sections, iso_utc, queue_rows, reclaim_rows,
     reservation_row, split_owner,
@@ -86,9 +85,7 @@ def read_status(db_path: str | Path, *, node: str, pool: list[str] | None, nvidi
     """:func:`status_model` for the ledger (and queue) file ``db_path``, now; the GPUs'
     types from ``nvidia_smi`` ("" : the one on PATH) where the pool has GPU slots."""
     ledger = SlotLedger(db_path)
-    types = {}
-    if any(s.startswith("gpu:") for s in pool or []):
-        types = {f"gpu:{r['index']}": r["name"] for r in query_gpus(("index", "name"), nvidia_smi=nvidia_smi or None)}
+    types = slot_types(nvidia_smi or None) if any(map(holds_gpu, pool or [])) else {}
     return status_model(
         ledger.holdings(), WaitQueue(db_path).waiters(), ledger.reclaims(RECENT_RECLAIMS),
         node=node, pool=pool, now=time.time(), gpu_idle=ledger.gpu_idle_flags(), slot_types=types,

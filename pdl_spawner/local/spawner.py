@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import pwd
 import signal
@@ -44,9 +45,10 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Integer, List, Unicode, default, validate
 
+from pdl.contract import ServerContract
 from pdl.lease import Grant
-from pdl.nvidia_smi import query_gpus
-from pdl.slots import cpu_count, default_pool, parse_slot
+from pdl.nvidia_smi import MigDevice, query_gpus
+from pdl.slots import cpu_count, default_pool, holds_gpu, mig_slots, parse_slot, slot_types
 from pdl_spawner.core import device_cgroup
 from pdl_spawner.core.db_thread import off_loop
 from pdl_spawner.core.gpu_types import GpuTypeChoice
@@ -54,6 +56,7 @@ from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
+from pdl_spawner.local import mig_nodes
 
 
 class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawner):
@@ -62,9 +65,11 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
     pool = List(
         Unicode(),
         config=True,
-        help="""Slots users can reserve, e.g. ["gpu:0", "gpu:1"] or ["cpu:0", "cpu:1"].
+        help="""Slots users can reserve, e.g. ["gpu:0", "gpu:1"], ["mig:0", "mig:1"] (MIG
+        devices, numbered in `nvidia-smi -L`'s order) or ["cpu:0", "cpu:1"].
 
-        Default: every GPU nvidia-smi reports, else `cpu_slots` CPU slots.
+        Default: every GPU nvidia-smi reports (each MIG device of a GPU that MIG splits),
+        else `cpu_slots` CPU slots.
         """,
     )
 
@@ -106,8 +111,21 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
 
     gpu_device_template = Unicode(
         "/dev/nvidia{index}", config=True,
-        help="""Device node of GPU slot gpu:{index}. A user's processes may open only the
-        nodes of their own reservation (device cgroup), when the hub runs as root.""",
+        help="""Device node of GPU slot gpu:{index} (and of the GPU a MIG slot's device is
+        on). A user's processes may open only the nodes of their own reservation (device
+        cgroup), when the hub runs as root.""",
+    )
+
+    mig_minors_file = Unicode(
+        mig_nodes.MIG_MINORS_FILE, config=True,
+        help="""Where the driver lists the capability minors of the MIG devices' GPU and
+        compute instances (read for the device cgroup of MIG slots).""",
+    )
+
+    mig_cap_template = Unicode(
+        mig_nodes.CAP_TEMPLATE, config=True,
+        help="""Capability node of minor {minor}: a MIG slot's server may open those of its
+        own device's instances, and none of another's.""",
     )
 
     # -- reservations ----------------------------------------------------------
@@ -124,7 +142,7 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
 
     @property
     def worker_kind(self) -> str:
-        return parse_slot(self.pool[0])[0] if self.pool else "cpu"
+        return "gpu" if self.pool and holds_gpu(self.pool[0]) else "cpu"
 
     @property
     def worker_capacity(self) -> int:
@@ -132,20 +150,26 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
 
     # -- GPU types --------------------------------------------------------------
 
-    #: nvidia-smi path -> GPU slot -> its type (nvidia-smi's name), read once per hub process.
-    _slot_types: dict[str, dict[str, str]] = {}
+    #: nvidia-smi path -> (GPU slot -> its type, MIG slot -> its device), read once per hub process.
+    _machine_gpus: dict[str, tuple[dict[str, str], dict[str, MigDevice]]] = {}
 
     @property
     def slot_types(self) -> dict[str, str]:
-        """GPU slot (``gpu:<index>``) -> its type, as read ({} before :meth:`read_capacity`)."""
-        return PDLLocalSpawner._slot_types.get(self.nvidia_smi, {})
+        """GPU slot (``gpu:<index>``, ``mig:<n>``) -> its type, as read ({} before :meth:`read_capacity`)."""
+        return PDLLocalSpawner._machine_gpus.get(self.nvidia_smi, ({}, {}))[0]
+
+    @property
+    def mig_devices(self) -> dict[str, MigDevice]:
+        """MIG slot -> its device, as read ({} before :meth:`read_capacity`)."""
+        return PDLLocalSpawner._machine_gpus.get(self.nvidia_smi, ({}, {}))[1]
 
     async def read_capacity(self) -> None:
-        """Read the GPUs' types (``nvidia-smi --query-gpu=index,name``) the first time this
-        hub process needs them, where the pool has GPU slots."""
-        if self.nvidia_smi not in PDLLocalSpawner._slot_types and any(s.startswith("gpu:") for s in self.pool):
-            rows = await asyncio.to_thread(query_gpus, ("index", "name"), nvidia_smi=self.nvidia_smi or None)
-            PDLLocalSpawner._slot_types[self.nvidia_smi] = {f"gpu:{r['index']}": r["name"] for r in rows}
+        """Read the GPUs' types and MIG devices (``nvidia-smi``) the first time this hub
+        process needs them, where the pool has GPU slots."""
+        if self.nvidia_smi not in PDLLocalSpawner._machine_gpus and any(map(holds_gpu, self.pool)):
+            smi = self.nvidia_smi or None
+            types, migs = await asyncio.gather(asyncio.to_thread(slot_types, smi), asyncio.to_thread(mig_slots, smi))
+            PDLLocalSpawner._machine_gpus[self.nvidia_smi] = (types, migs)
 
     def gpu_types_for(self, options: dict) -> list[str]:
         """The types of the pool's GPUs (the same whatever the options)."""
@@ -204,12 +228,19 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
     # -- the slots' devices ----------------------------------------------------------
 
     def gpu_nodes(self, slots: list[str]) -> list[Path]:
-        """Device nodes of the GPU slots among ``slots``."""
+        """Device nodes of the GPU slots among ``slots``: a GPU's node; for a MIG device,
+        its GPU's node and the capability nodes of its instances (:mod:`.mig_nodes`)."""
         nodes = []
+        minors = mig_nodes.read_minors(self.mig_minors_file) if any(s.startswith("mig:") for s in slots) else {}
         for slot in slots:
             kind, index = parse_slot(slot)
             if kind == "gpu":
                 nodes.append(Path(self.gpu_device_template.format(index=index)))
+            elif kind == "mig" and slot in self.mig_devices:
+                device = self.mig_devices[slot]
+                gpu = Path(self.gpu_device_template.format(index=device.gpu))
+                nodes += [n for n in [gpu] if n not in nodes]
+                nodes += mig_nodes.cap_nodes(device, minors, self.mig_cap_template)
         return nodes
 
     def restrict_devices(self, slots: list[str]) -> None:
@@ -218,6 +249,11 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         if cgroup is not None:
             all_nodes = [n for n in self.gpu_nodes(self.pool) if n.exists()]
             cgroup.restrict([n for n in self.gpu_nodes(slots) if n.exists()], all_nodes)
+
+    def server_contract(self) -> ServerContract:
+        """:meth:`HostServer.server_contract`, with the nvidia-smi this hub reads the machine's
+        GPUs with, by which the server finds its MIG slots' devices."""
+        return dataclasses.replace(super().server_contract(), nvidia_smi=self.nvidia_smi)
 
     def prepare_account(self) -> None:
         """The account and its cgroups (:meth:`HostServer.prepare_account`), the device
@@ -287,9 +323,11 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
 
     async def gpu_use(self) -> list[float] | None:
         """Each held GPU's use in percent (``nvidia-smi`` on this machine, asked by the hub);
-        None without GPU slots, or when a held GPU has no reading."""
-        indexes = [str(index) for kind, index in map(parse_slot, self.slots) if kind == "gpu"]
-        if not indexes:
+        None without GPU slots, with a MIG slot (nvidia-smi reads no use of a MIG device:
+        the server's use is unknown), or when a held GPU has no reading."""
+        slots = [parse_slot(slot) for slot in self.slots]
+        indexes = [str(index) for kind, index in slots if kind == "gpu"]
+        if not indexes or any(kind == "mig" for kind, _ in slots):
             return None
         rows = await asyncio.to_thread(query_gpus, ("index", "utilization.gpu"), nvidia_smi=self.nvidia_smi or None)
         use = {row["index"]: row["utilization.gpu"] for row in rows}

@@ -71,6 +71,17 @@ def gpu_type_choices(hub: Hub, user: str) -> dict[str, str]:
     return dict(re.findall(r'<option value="([^"]*)">([^<]*)</option>', field.group(1))) if field else {}
 
 
+def gpu_types_in_browser(hub: Hub, page, user: str) -> list[str]:
+    """The GPU type choices of ``user``'s spawn form as a real browser shows them, after
+    logging in as ``user`` on ``page`` (a Playwright page)."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", hub.password(user))
+    page.click("#login_submit")
+    page.wait_for_url("**/hub/spawn**", timeout=30_000)
+    return page.locator("#pdl-gpu-type option").all_inner_texts()
+
+
 def stand_in_gpus(folder: Path, count: int, answer: str) -> str:
     """Stand-in GPUs in ``folder`` (character devices ``nvidia<i>`` with no driver behind
     them; root only: mknod) and a fake ``nvidia-smi`` that prints ``folder/readings``

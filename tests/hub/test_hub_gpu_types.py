@@ -12,7 +12,7 @@ import os
 import pytest
 
 from browser_harness import chromium_page
-from hub_harness import Hub, running, stand_in_gpus
+from hub_harness import Hub, gpu_types_in_browser, running, stand_in_gpus
 from waiting import wait_until
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser,
@@ -38,18 +38,8 @@ def page(tmp_path):
         yield page
 
 
-def form_options(hub: Hub, page, user: str) -> list[str]:
-    """The GPU type choices of ``user``'s spawn form, as the browser shows them."""
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", hub.password(user))
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/spawn**", timeout=30_000)
-    return page.locator("#pdl-gpu-type option").all_inner_texts()
-
-
 def test_each_gpu_type_is_offered_with_its_free_count_and_reserved_as_chosen(hub, page):
-    assert form_options(hub, page, "alice") == ["Any type (4 of 4 free)", "NVIDIA A100 (2 of 2 free)",
+    assert gpu_types_in_browser(hub, page, "alice") == ["Any type (4 of 4 free)", "NVIDIA A100 (2 of 2 free)",
                                                 "Tesla T4 (2 of 2 free)"]
     r = hub.api("POST", "/users/admin/server", json={"workers": 1, "gpu_type": "H100"})
     assert r.status_code == 400, r.text
@@ -62,7 +52,7 @@ def test_each_gpu_type_is_offered_with_its_free_count_and_reserved_as_chosen(hub
         assert hub.server_api("alice", "/pdl/api/cluster")["gpu_type"] == "Tesla T4"
 
         page.context.clear_cookies()
-        assert form_options(hub, page, "bob") == ["Any type (2 of 4 free)", "NVIDIA A100 (2 of 2 free)",
+        assert gpu_types_in_browser(hub, page, "bob") == ["Any type (2 of 4 free)", "NVIDIA A100 (2 of 2 free)",
                                                   "Tesla T4 (0 of 2 free)"]
         r = hub.api("POST", "/users/bob/server", json={"workers": 1, "gpu_type": "Tesla T4"})
         assert r.status_code == 409, r.text

@@ -208,7 +208,7 @@ def test_gpu_slot_sees_only_its_gpu_and_cpu_slots_share_the_cores():
     assert env["OMP_NUM_THREADS"] == "4"
     assert engine_env("cpu:1", pool_size=4, n_cpus=16)["CUDA_VISIBLE_DEVICES"] == ""
     assert cpus_for_slot("cpu:3", pool_size=4, n_cpus=2) == [1]
-    with pytest.raises(ValueError, match="'gpu:<index>' or 'cpu:<index>'"):
+    with pytest.raises(ValueError, match="'gpu:<index>', 'mig:<index>' or 'cpu:<index>'"):
         parse_slot("tpu:0")
 
 
@@ -462,3 +462,26 @@ def test_a_spawn_without_a_free_port_says_who_holds_the_ports(tmp_path):
     assert refused.value.status_code == 503
     assert refused.value.reason == (f"no free port for the server in port_range {low}-{low + 1}: "
                                     f"the servers of bob hold 1; {me} holds 1")
+
+
+def test_a_mig_slot_opens_its_gpus_node_and_its_own_instances_capability_nodes(tmp_path):
+    from mig_machine import MIG_TYPE, MINORS, fake_nvidia_smi
+
+    from pdl_spawner.local.spawner import PDLLocalSpawner
+
+    (tmp_path / "mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in MINORS.items()))
+    spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["gpu:1", "mig:0", "mig:1"],
+                              reservations_db=str(tmp_path / "r.sqlite"),
+                              nvidia_smi=fake_nvidia_smi(tmp_path / "smi", readings="0, 55\n1, 0\n"),
+                              gpu_device_template=str(tmp_path / "nvidia{index}"),
+                              mig_minors_file=str(tmp_path / "mig-minors"),
+                              mig_cap_template=str(tmp_path / "cap{minor}"))
+    asyncio.run(spawner.read_capacity())
+    assert spawner.worker_kind == "gpu" and spawner.gpu_types_for({}) == [MIG_TYPE, "Tesla T4"]
+    assert spawner.gpu_nodes(["mig:1"]) == [tmp_path / "nvidia0", tmp_path / "cap21", tmp_path / "cap22"]
+    assert spawner.gpu_nodes(spawner.pool) == [tmp_path / n for n in
+                                               ["nvidia1", "nvidia0", "cap12", "cap13", "cap21", "cap22"]]
+    spawner.slots = ["gpu:1"]
+    assert asyncio.run(spawner.gpu_use()) == [0.0]
+    spawner.slots = ["gpu:1", "mig:0"]  # no use is read of a MIG device: the server's is unknown, never idle
+    assert asyncio.run(spawner.gpu_use()) is None

@@ -111,6 +111,8 @@ def test_a_tie_is_decided_by_the_lowest_rank():
     ({"reserved_gpu": UUIDS[1], "host_gpus": {}}, f"reserved GPU {UUIDS[1]} but torch sees {UUIDS[0]}"),
     ({"slot": "cpu:0", "reserved_gpu": ""}, f"CPU slot cpu:0 but torch sees 1 GPU(s): {UUIDS[0]}"),
     ({"slot": "", "reserved_gpu": ""}, f"no GPU reserved but torch sees 1 GPU(s): {UUIDS[0]}"),
+    # a MIG slot is a GPU slot: its engine must see its MIG device
+    ({"slot": "mig:1", "reserved_gpu": "MIG-cba663e8", "gpus_seen": []}, "reserved GPU MIG-cba663e8 but torch sees none"),
 ])
 def test_the_gpu_torch_sees_must_be_the_reserved_one(changes, reason):
     probes = [gpu_probe("node1"), gpu_probe("node2", **changes)]
