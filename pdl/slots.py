@@ -72,12 +72,13 @@ def detect_gpus(nvidia_smi: str | None = None) -> list[str]:
     return whole + list(migs)
 
 
-def slot_types(nvidia_smi: str | None = None) -> dict[str, str]:
+def slot_types(nvidia_smi: str | None = None, migs: dict[str, MigDevice] | None = None) -> dict[str, str]:
     """GPU slot -> its type: nvidia-smi's name for a whole GPU (``"NVIDIA A100"``), the
     GPU's name and the MIG profile for a MIG device (``"NVIDIA A100 MIG 3g.20gb"``);
-    {} without nvidia-smi."""
+    {} without nvidia-smi. ``migs``: the :func:`mig_slots` already read (None: read them)."""
     types = {f"gpu:{r['index']}": r["name"] for r in query_gpus(("index", "name"), nvidia_smi=nvidia_smi)}
-    types.update({slot: device.type for slot, device in mig_slots(nvidia_smi).items()})
+    migs = mig_slots(nvidia_smi) if migs is None else migs
+    types.update({slot: device.type for slot, device in migs.items()})
     return types
 
 

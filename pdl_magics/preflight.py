@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import ipyparallel as ipp
 
-from pdl.slots import holds_gpu, parse_slot
+from pdl.slots import GPU_KINDS, parse_slot
 
 #: Seconds every rank has to answer the probe (the first one may import torch).
 PROBE_TIMEOUT_S = 60.0
@@ -70,10 +70,11 @@ def _slot_kind(probe: dict) -> str | None:
     """"gpu" (a whole GPU or a MIG device) or "cpu" for what the rank reserved, None when
     that is unknown."""
     try:
-        return "gpu" if holds_gpu(probe.get("slot") or "") else parse_slot(probe.get("slot") or "")[0]
+        kind = parse_slot(probe.get("slot") or "")[0]
     except ValueError:
         reserved = probe.get("reserved_gpu")
         return None if reserved is None else "gpu" if reserved else "cpu"
+    return "gpu" if kind in GPU_KINDS else kind
 
 
 def gpu_reason(probe: dict) -> str | None:

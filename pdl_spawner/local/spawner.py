@@ -168,7 +168,8 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         process needs them, where the pool has GPU slots."""
         if self.nvidia_smi not in PDLLocalSpawner._machine_gpus and any(map(holds_gpu, self.pool)):
             smi = self.nvidia_smi or None
-            types, migs = await asyncio.gather(asyncio.to_thread(slot_types, smi), asyncio.to_thread(mig_slots, smi))
+            migs = await asyncio.to_thread(mig_slots, smi)
+            types = await asyncio.to_thread(slot_types, smi, migs)
             PDLLocalSpawner._machine_gpus[self.nvidia_smi] = (types, migs)
 
     def gpu_types_for(self, options: dict) -> list[str]:
@@ -239,7 +240,8 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
             elif kind == "mig" and slot in self.mig_devices:
                 device = self.mig_devices[slot]
                 gpu = Path(self.gpu_device_template.format(index=device.gpu))
-                nodes += [n for n in [gpu] if n not in nodes]
+                if gpu not in nodes:  # another MIG device of the same GPU named it already
+                    nodes.append(gpu)
                 nodes += mig_nodes.cap_nodes(device, minors, self.mig_cap_template)
         return nodes
 

@@ -70,6 +70,12 @@ esac
     return str(smi)
 
 
+def write_minors(path: Path) -> None:
+    """The driver's ``mig-minors`` file of :data:`MINORS` at ``path`` (readable by all)."""
+    path.write_text("".join(f"{name} {minor}\n" for name, minor in MINORS.items()))
+    path.chmod(0o644)
+
+
 def stand_in_mig_machine(folder: Path) -> str:
     """:func:`fake_nvidia_smi`, the driver's minors file and stand-in nodes (``nvidia0``,
     ``nvidia1``, ``caps/nvidia-cap<minor>``: char devices no driver has, mode 0666) in
@@ -80,8 +86,7 @@ def stand_in_mig_machine(folder: Path) -> str:
     for minor, node in enumerate(nodes):
         os.mknod(node, 0o666 | 0o020000, os.makedev(240, minor))
         node.chmod(0o666)
-    (folder / "mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in MINORS.items()))
-    (folder / "mig-minors").chmod(0o644)
+    write_minors(folder / "mig-minors")
     return (f"c.PDLLocalSpawner.gpu_device_template = {str(folder / 'nvidia{index}')!r}\n"
             f"c.PDLLocalSpawner.nvidia_smi = {smi!r}\n"
             f"c.PDLLocalSpawner.mig_minors_file = {str(folder / 'mig-minors')!r}\n"

@@ -465,11 +465,11 @@ def test_a_spawn_without_a_free_port_says_who_holds_the_ports(tmp_path):
 
 
 def test_a_mig_slot_opens_its_gpus_node_and_its_own_instances_capability_nodes(tmp_path):
-    from mig_machine import MIG_TYPE, MINORS, fake_nvidia_smi
+    from mig_machine import MIG_TYPE, fake_nvidia_smi, write_minors
 
     from pdl_spawner.local.spawner import PDLLocalSpawner
 
-    (tmp_path / "mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in MINORS.items()))
+    write_minors(tmp_path / "mig-minors")
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=["gpu:1", "mig:0", "mig:1"],
                               reservations_db=str(tmp_path / "r.sqlite"),
                               nvidia_smi=fake_nvidia_smi(tmp_path / "smi", readings="0, 55\n1, 0\n"),
