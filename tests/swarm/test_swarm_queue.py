@@ -60,7 +60,9 @@ def test_the_queue_serves_gpus_in_order_and_skips_who_left(hub, swarm):
     assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
     hub.wait_ready("bob", timeout=240)
     hub.wait_ready("dave", timeout=240)
-    assert bob.ended and bob.ended.get("ready") and dave.ended and dave.ended.get("ready")
+    # the spawn pages say so too (their streams end a moment after the REST model does)
+    wait_until(lambda: bob.ended and dave.ended, 30, what="bob's and dave's spawn pages to end")
+    assert bob.ended.get("ready") and dave.ended.get("ready"), (bob.ended, dave.ended)
     assert engine_users(swarm) == ["bob", "bob", "dave"]
     assert not hub.user_model("carol").get("servers") and pdl_objects(swarm, "carol") == ([], [])
     status = admin_status(hub)
