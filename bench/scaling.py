@@ -98,7 +98,7 @@ from pdl.runtime.boot import pin_cpus
 from pdl.slots import engine_env
 
 slots, result_dir, kwargs = sys.argv[1].split(","), sys.argv[2], json.loads(sys.argv[3])
-os.environ.update(engine_env(slots[int(os.environ["LOCAL_RANK"])], len(slots)))
+os.environ.update(engine_env(slots[int(os.environ["LOCAL_RANK"])], slots))
 pin_cpus()
 
 import torch

@@ -38,6 +38,13 @@ variable                    field                  meaning
                                                    seconds; 0: no limit)
 ``PDL_SESSION_EXTENDABLE``  ``session_extendable`` ``1`` where the user may ask the hub
                                                    for more time (the panel's Extend)
+``PDL_GPU_TYPE``            ``gpu_type``           the type of the GPUs reserved ("":
+                                                   any)
+``PDL_NVIDIA_SMI``          ``nvidia_smi``         the nvidia-smi the hub reads the
+                                                   machine's GPUs with (local spawner)
+``PDL_POOL``                ``pool``               the hub's whole pool on this machine,
+                                                   which the cores are split over (local
+                                                   spawner)
 =========================== ====================== =====================================
 
 The hub writes these into the server's environment; nothing a user writes reaches
@@ -74,6 +81,7 @@ VARIABLES = {
     "session_extendable": "PDL_SESSION_EXTENDABLE",
     "gpu_type": "PDL_GPU_TYPE",
     "nvidia_smi": "PDL_NVIDIA_SMI",
+    "pool": "PDL_POOL",
 }
 
 
@@ -118,6 +126,9 @@ class ServerContract:
     gpu_type: str = ""
     #: the nvidia-smi the hub reads this machine's GPUs with (embedded default); "": the one on PATH
     nvidia_smi: str = ""
+    #: the hub's whole pool on this machine, every user's slots, which the machine's cores
+    #: are split over (:func:`pdl.slots.cpus_for_slot`; embedded default); (): not told
+    pool: tuple[str, ...] = field(default=())
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -138,6 +149,7 @@ class ServerContract:
             "session_extendable": "1" if self.session_extendable else "",
             "gpu_type": self.gpu_type,
             "nvidia_smi": self.nvidia_smi,
+            "pool": ",".join(self.pool),
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -176,6 +188,7 @@ class ServerContract:
             session_extendable=number("session_extendable", int) > 0,
             gpu_type=env.get(VARIABLES["gpu_type"], ""),
             nvidia_smi=env.get(VARIABLES["nvidia_smi"], ""),
+            pool=tuple(parse_slot_list(env.get(VARIABLES["pool"], ""))),
         )
 
     @property

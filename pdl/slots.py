@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 
 from pdl.engine_contract import EngineContract
 from pdl.nvidia_smi import MigDevice, mig_devices, query_gpus
@@ -20,13 +21,18 @@ _SLOT_RE = re.compile(r"^(gpu|mig|cpu):(\d+)$")
 GPU_KINDS = ("gpu", "mig")
 
 
-def cpu_count() -> int:
-    """Cores this process may run on (its CPU affinity, which a container or a
-    Slurm step narrows), at least 1."""
+def usable_cores() -> list[int]:
+    """The ids of the cores this process may run on (its CPU affinity, which a container,
+    a cpuset or a Slurm step narrows), ascending; at least one."""
     try:
-        return len(os.sched_getaffinity(0)) or 1
+        return sorted(os.sched_getaffinity(0)) or [0]
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_count() -> int:
+    """How many cores this process may run on (:func:`usable_cores`), at least 1."""
+    return len(usable_cores())
 
 
 def parse_slot(slot: str) -> tuple[str, int]:
@@ -91,33 +97,38 @@ def default_pool(cpu_slots: int | None = None) -> list[str]:
     return [f"cpu:{i}" for i in range(cpu_slots or cpu_count())]
 
 
-def cpus_for_slot(slot: str, pool_size: int, n_cpus: int) -> list[int]:
-    """The CPU cores an engine in ``slot`` is pinned to.
+def cpus_for_slot(slot: str, pool: Sequence[str], cores: Sequence[int]) -> list[int]:
+    """The CPU cores (ids out of ``cores``) an engine in ``slot`` is pinned to.
 
-    The machine's ``n_cpus`` cores are split evenly over the ``pool_size`` slots;
-    when there are more slots than cores, slots share cores round-robin.
+    ``cores`` are split evenly over the slots of ``pool``, the machine's whole pool
+    (every user's slots, in the pool's order), so that engines of different slots,
+    one user's or two neighbours', never share a core while the machine has as many
+    cores as the pool has slots; with more slots than cores, slots share cores
+    round-robin. A slot outside ``pool`` counts as the one after its last.
     """
-    _, index = parse_slot(slot)
-    per = max(1, n_cpus // max(1, pool_size))
-    first = (index * per) % n_cpus
-    return [(first + k) % n_cpus for k in range(per)]
+    parse_slot(slot)
+    order = list(pool) if slot in pool else [*pool, slot]
+    cores = sorted(cores) or [0]
+    per = max(1, len(cores) // len(order))
+    first = order.index(slot) * per
+    return [cores[(first + k) % len(cores)] for k in range(per)]
 
 
-def engine_env(slot: str, pool_size: int, n_cpus: int | None = None, *,
+def engine_env(slot: str, pool: Sequence[str], cores: Sequence[int] | None = None, *,
                nvidia_smi: str | None = None) -> dict[str, str]:
-    """Environment that pins one engine process to ``slot``.
+    """Environment that pins one engine process to ``slot`` of the machine's ``pool``.
 
     A GPU slot sees only its GPU (``CUDA_VISIBLE_DEVICES``, counted in nvidia-smi's
     order, the PCI bus order, as slots are: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, where
     CUDA would otherwise put the fastest GPU first); a MIG slot sees only its MIG
     device (by its UUID, which ``nvidia_smi`` -L lists; ValueError naming the devices
     there are where it lists no such one); a CPU slot sees no GPU. All get their share
-    of CPU cores (the engine contract's ``cpus``, applied as CPU affinity by
+    of the ``cores`` (default: :func:`usable_cores`) as :func:`cpus_for_slot` splits
+    them over ``pool`` (the engine contract's ``cpus``, applied as CPU affinity by
     :mod:`pdl.runtime.boot`) and a matching thread count for OpenMP/MKL/torch.
     """
     kind, index = parse_slot(slot)
-    n_cpus = n_cpus or os.cpu_count() or 1
-    cpus = cpus_for_slot(slot, pool_size, n_cpus)
+    cpus = cpus_for_slot(slot, pool, usable_cores() if cores is None else cores)
     threads = str(len(cpus))
     visible = str(index) if kind == "gpu" else ""
     if kind == "mig":

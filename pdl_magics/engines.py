@@ -160,7 +160,7 @@ class Engines:
             started = len(self._cluster.engines)
             missing = [s for s in self.pool()[started:n] if s not in running]
             if missing:
-                clusters.start_slot_engines(self._cluster, missing, len(self.pool()))
+                clusters.start_slot_engines(self._cluster, missing, self.pool())
             target = n
         # ipyparallel's wait shows engines starting (a progress bar); ours then waits until the
         # registered engines are live ones (not killed but still listed)
@@ -222,7 +222,7 @@ class Engines:
             if info["host"] == here and not status_file.pid_alive(info["pid"]):
                 del self._info[eid]
                 self._replaced.add(eid)
-                clusters.restart_slot_engine(self._cluster, info["slot"], len(self.pool()))
+                clusters.restart_slot_engine(self._cluster, info["slot"], self.pool())
 
     def _wait_until_live(self, target: int) -> None:
         """Wait until ``target`` live engines are known, or raise :class:`RanksStuck`."""
@@ -311,7 +311,7 @@ class Engines:
             except ProcessLookupError:
                 pass
             if not self.is_hub:
-                clusters.restart_slot_engine(self._cluster, info["slot"], len(self.pool()))
+                clusters.restart_slot_engine(self._cluster, info["slot"], self.pool())
         self._wait_until_live(target)
 
     def close(self) -> None:

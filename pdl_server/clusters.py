@@ -96,13 +96,15 @@ def start_engine(cluster, slot: str, *, environment: dict[str, str], command: li
                        environment=environment, engine_cmd=command or [*_BOOT, "engine"])
 
 
-def start_slot_engines(cluster, slots: list[str], pool_size: int) -> None:
-    """Start one engine per slot of a pool of ``pool_size`` (blocking), each pinned to
-    its slot (its own pinning environment; a MIG slot's device as the hub's nvidia-smi,
-    the server contract's, lists it)."""
-    nvidia_smi = ServerContract.from_env().nvidia_smi or None
+def start_slot_engines(cluster, slots: list[str], pool: list[str]) -> None:
+    """Start one engine per slot (blocking), each pinned to its slot (its own pinning
+    environment: its share of the cores, split over the hub's whole pool as the server
+    contract tells it, else over ``pool``; a MIG slot's device as the hub's nvidia-smi,
+    the contract's, lists it)."""
+    contract = ServerContract.from_env()
     for slot in slots:
-        start_engine(cluster, slot, environment=engine_env(slot, pool_size, nvidia_smi=nvidia_smi))
+        start_engine(cluster, slot, environment=engine_env(slot, contract.pool or pool,
+                                                           nvidia_smi=contract.nvidia_smi or None))
 
 
 def engine_set_running(engine_set) -> bool:
@@ -130,10 +132,11 @@ def stop_slot_engine(cluster, slot: str) -> None:
         cluster.stop_engines_sync(esid)
 
 
-def restart_slot_engine(cluster, slot: str, pool_size: int) -> None:
-    """Replace the (dead or killed) engine of ``slot`` with a fresh one, pinned to it."""
+def restart_slot_engine(cluster, slot: str, pool: list[str]) -> None:
+    """Replace the (dead or killed) engine of ``slot`` with a fresh one, pinned to it
+    (:func:`start_slot_engines`)."""
     stop_slot_engine(cluster, slot)
-    start_slot_engines(cluster, [slot], pool_size)
+    start_slot_engines(cluster, [slot], pool)
 
 
 def hub_cluster_file() -> str | None:

@@ -116,7 +116,7 @@ class LocalSlots(SlotEngines):
     """Engines on this machine's reserved slots, each pinned to its slot."""
 
     def launch(self, slot: str) -> None:
-        clusters.start_slot_engines(self.cluster, [slot], len(self.slots))
+        clusters.start_slot_engines(self.cluster, [slot], self.slots)
 
 
 class SlurmSteps(SlotEngines):

@@ -49,9 +49,9 @@ def gpu_slot_env(assigned: str | None, n_cpus: int) -> dict[str, str]:
     """
     assigned = (assigned or "").strip()
     if not assigned:
-        return {**engine_env("cpu:0", 1, n_cpus), **EngineContract(gpu="").env()}
+        return {**engine_env("cpu:0", ["cpu:0"], range(n_cpus)), **EngineContract(gpu="").env()}
     slot = f"gpu:{int(assigned)}" if assigned.isdigit() else "gpu:0"
-    return {**engine_env(slot, 1, n_cpus), "CUDA_VISIBLE_DEVICES": assigned, **EngineContract(gpu=assigned).env()}
+    return {**engine_env(slot, [slot], range(n_cpus)), "CUDA_VISIBLE_DEVICES": assigned, **EngineContract(gpu=assigned).env()}
 
 
 #: Thread counts an admin may set for every engine (``Spawner.environment``); kept over

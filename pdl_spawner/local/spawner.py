@@ -254,8 +254,9 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
 
     def server_contract(self) -> ServerContract:
         """:meth:`HostServer.server_contract`, with the nvidia-smi this hub reads the machine's
-        GPUs with, by which the server finds its MIG slots' devices."""
-        return dataclasses.replace(super().server_contract(), nvidia_smi=self.nvidia_smi)
+        GPUs with, by which the server finds its MIG slots' devices, and the whole pool,
+        which the server splits the machine's cores over (so no two users' engines share one)."""
+        return dataclasses.replace(super().server_contract(), nvidia_smi=self.nvidia_smi, pool=tuple(self.pool))
 
     def prepare_account(self) -> None:
         """The account and its cgroups (:meth:`HostServer.prepare_account`), the device

@@ -47,5 +47,5 @@ def test_a_malformed_core_list_names_the_variable_and_what_is_valid():
 def test_a_pinned_engines_environment_is_read_back_through_the_contract():
     """What pins a local engine says it through the contract (Slurm's and Swarm's boot
     are tested in their kinds' folders)."""
-    local = EngineContract.from_env(engine_env("gpu:1", pool_size=2, n_cpus=4))
+    local = EngineContract.from_env(engine_env("gpu:1", ["gpu:0", "gpu:1"], range(4)))
     assert (local.slot, local.cpus) == ("gpu:1", (2, 3))

@@ -63,9 +63,9 @@ def test_a_machine_with_a_gpu_split_by_mig_pools_its_mig_devices_and_its_whole_g
     assert detect_gpus(smi) == ["gpu:1", "mig:0", "mig:1"]  # GPU 0 only as its MIG devices
     assert slot_types(smi) == {"gpu:0": "NVIDIA A100-SXM4-40GB", "gpu:1": "Tesla T4", "mig:0": MIG_TYPE,
                                "mig:1": MIG_TYPE}
-    assert engine_env("mig:1", 3, 6, nvidia_smi=smi)["CUDA_VISIBLE_DEVICES"] == MIG_UUIDS[1]
+    assert engine_env("mig:1", detect_gpus(smi), range(6), nvidia_smi=smi)["CUDA_VISIBLE_DEVICES"] == MIG_UUIDS[1]
     with pytest.raises(ValueError, match="no MIG device mig:2 on this machine: nvidia-smi -L lists mig:0, mig:1"):
-        engine_env("mig:2", 3, 6, nvidia_smi=smi)
+        engine_env("mig:2", detect_gpus(smi), range(6), nvidia_smi=smi)
     assert holds_gpu("mig:0") and holds_gpu("gpu:3") and not holds_gpu("cpu:0") and not holds_gpu("mig")
 
 

@@ -2,9 +2,9 @@
 
 ``ann`` and ``ben`` both run servers (1 and 2 workers). Tokens and login cookies of
 one are refused on the other's server, Cluster panel and hub API; each user's engines
-see only their own slots; spawn options other than ``workers`` (an image, host
-mounts, ...) are refused before anything is reserved; connection files and secrets
-are private from the start.
+see only their own slots and run on their own share of the cores; spawn options
+other than ``workers`` (an image, host mounts, ...) are refused before anything is
+reserved; connection files and secrets are private from the start.
 
 The pool names GPU slots so that the engines' ``CUDA_VISIBLE_DEVICES`` is checked,
 but nothing here runs on a GPU: no cell runs on an engine.
@@ -12,6 +12,7 @@ but nothing here runs on a GPU: no cell runs on an engine.
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
@@ -147,6 +148,23 @@ def test_engines_see_only_their_users_slots(both):
         seen[user] = set(slots)
     assert len(seen["ann"]) == WORKERS["ann"] and len(seen["ben"]) == WORKERS["ben"]
     assert not seen["ann"] & seen["ben"], seen
+
+
+def test_a_users_engines_get_their_share_of_the_cores_never_a_neighbours(both):
+    """The hub splits the machine's cores over its whole pool: ann's engine and ben's
+    two each run on their slot's share, never on a neighbour's cores (while the machine
+    has a core for each slot of the pool). Before, a server split the cores over its own
+    slots only: ann's one engine took every core, ben's two half each."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // len(POOL))
+    pinned = {pid: {int(c) for c in e["PDL_CPUS"].split(",")}
+              for user in WORKERS for pid, e in engines_of(both, user).items()}
+    assert len(pinned) == sum(WORKERS.values()) and all(len(c) == share for c in pinned.values()), pinned
+    if len(cores) >= len(POOL):
+        taken = [c for pid in pinned for c in pinned[pid]]
+        assert len(taken) == len(set(taken)), pinned
+    wait_until(lambda: all(os.sched_getaffinity(pid) == c for pid, c in pinned.items()), 30,
+               what="the engines to run on their cores only")
 
 
 def test_distributed_asking_beyond_the_reservation_is_a_usage_error(both):

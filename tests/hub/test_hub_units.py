@@ -202,14 +202,28 @@ def test_local_spawner_gives_each_server_a_port_nothing_else_holds(tmp_path):
 
 
 def test_gpu_slot_sees_only_its_gpu_and_cpu_slots_share_the_cores():
-    env = engine_env("gpu:2", pool_size=4, n_cpus=16)
+    env = engine_env("gpu:2", ["gpu:0", "gpu:1", "gpu:2", "gpu:3"], range(16))
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["PDL_CPUS"] == "8,9,10,11"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # slot numbers are nvidia-smi's
     assert env["OMP_NUM_THREADS"] == "4"
-    assert engine_env("cpu:1", pool_size=4, n_cpus=16)["CUDA_VISIBLE_DEVICES"] == ""
-    assert cpus_for_slot("cpu:3", pool_size=4, n_cpus=2) == [1]
+    assert engine_env("cpu:1", ["cpu:0", "cpu:1"], range(16))["CUDA_VISIBLE_DEVICES"] == ""
+    assert cpus_for_slot("cpu:3", ["cpu:0", "cpu:1", "cpu:2", "cpu:3"], [0, 1]) == [1]
     with pytest.raises(ValueError, match="'gpu:<index>', 'mig:<index>' or 'cpu:<index>'"):
         parse_slot("tpu:0")
+
+
+def test_the_cores_are_split_over_the_whole_pool_so_no_two_slots_share_one():
+    """By the slot's place in the machine's pool, not its number: one user's slot and
+    their neighbour's never share a core (the server of a user holding cpu:2 of a pool
+    of 4 on 8 cores once took all 8, as if the pool were its own slots), a whole GPU
+    and a MIG device with the same number neither, and only the cores the hub may use
+    (its affinity) are handed out."""
+    pool = ["gpu:1", "mig:0", "mig:1", "mig:2"]
+    split = [cpus_for_slot(slot, pool, range(8)) for slot in pool]
+    assert split == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert cpus_for_slot("mig:1", pool, [4, 5, 6, 7, 12, 13, 14, 15]) == [12, 13]
+    assert cpus_for_slot("cpu:2", ["cpu:0", "cpu:1", "cpu:2", "cpu:3"], range(8)) == [4, 5]
+    assert cpus_for_slot("cpu:9", ["cpu:0", "cpu:1"], range(6)) == [4, 5]  # not in the pool: after its last
 
 
 def test_the_default_cpu_pool_is_one_worker_per_core_and_never_oversubscribes(monkeypatch):
@@ -220,12 +234,12 @@ def test_the_default_cpu_pool_is_one_worker_per_core_and_never_oversubscribes(mo
 
     monkeypatch.setattr(pdl.slots, "detect_gpus", lambda: [])
     for cores in (1, 2, 3, 8):
-        monkeypatch.setattr(pdl.slots, "cpu_count", lambda: cores)
+        monkeypatch.setattr(pdl.slots, "usable_cores", lambda: list(range(cores)))
         pool = pdl.slots.default_pool()
         assert pool == [f"cpu:{i}" for i in range(cores)]
-        threads = [int(engine_env(slot, len(pool), n_cpus=cores)["OMP_NUM_THREADS"]) for slot in pool]
+        threads = [int(engine_env(slot, pool)["OMP_NUM_THREADS"]) for slot in pool]
         assert sum(threads) <= cores
-        assert sorted(c for slot in pool for c in cpus_for_slot(slot, len(pool), cores)) == list(range(cores))
+        assert sorted(c for slot in pool for c in cpus_for_slot(slot, pool, range(cores))) == list(range(cores))
     assert pdl.slots.default_pool(cpu_slots=3) == ["cpu:0", "cpu:1", "cpu:2"]  # the admin's own count
 
 

@@ -37,6 +37,7 @@ def test_a_swarm_servers_contract_is_exactly_these_variables():
     ServerContract(slots=("cpu:1",), session_warn_s=600, session_limit_s=28800, session_ends_at=1_800_000_000.25,
                    session_extendable=True),
     ServerContract(workers=2, slurm_job=42, gpu_type="a100"),
+    ServerContract(slots=("mig:1",), nvidia_smi="/opt/nvidia/bin/nvidia-smi", pool=("gpu:1", "mig:0", "mig:1")),
 ])
 def test_what_the_builder_writes_the_parser_reads_back(contract):
     assert ServerContract.from_env(contract.env()) == contract
