@@ -23,6 +23,42 @@ import host_names
 host_names.install()
 
 
+#: The machine-wide resources that tests share, each with the fixtures through which a
+#: test uses it: the tests of one never run at the same time, since pytest-xdist's
+#: ``--dist loadgroup`` (scripts/test) gives all of a group to one worker. Every other
+#: resource a test uses is its own (ports, Unix accounts under its hub's prefix, a state
+#: folder under its tmp_path, the servers' ports of its worker: ``hub_harness.server_ports``).
+MACHINE_WIDE = {
+    "swarm": {"swarm"},  # the simulated swarm: its namespaces, daemons and images (tests/swarm/conftest.py)
+    "slurm": {"slurm"},  # the simulated Slurm cluster, its namespaces and Unix accounts (tests/slurm/conftest.py)
+}
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The group whose tests run in one worker, one after another (see scripts/test), or
+    None for a test that may run in any: the machine-wide resource it uses
+    (:data:`MACHINE_WIDE`), else its module where it uses a set-up made once per module
+    (a module-scoped fixture: a hub, a cluster of engines), so that it is made once."""
+    used = set(getattr(item, "fixturenames", ()))
+    resource = next((name for name, fixtures in MACHINE_WIDE.items() if used & fixtures), None)
+    if resource:
+        return resource
+    definitions = getattr(item, "_fixtureinfo", None)
+    for name in used:
+        for fixture in (definitions.name2fixturedefs.get(name, ()) if definitions else ()):
+            if fixture.scope in ("module", "package"):
+                return item.nodeid.split("::")[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = worker_group(item)
+        if group and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="module")
 def pdl_session(tmp_path_factory):
     """A DistributedSession over three local CPU slots (``engines_harness.SLOTS``),

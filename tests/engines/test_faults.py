@@ -67,6 +67,7 @@ def test_an_engine_killed_mid_cell_fails_the_cell_naming_it_and_the_cluster_heal
     assert kept == ["0", None, "20"]
 
 
+@pytest.mark.timing
 def test_the_watchdog_shows_every_ranks_stack_and_ctrl_c_stops_the_hang(pdl_session):
     pids = [p for p, _ in pids_and_slots(pdl_session)]
     pdl_session.run("kept = rank + 100", 3, out=Recorder(), err=Recorder())
@@ -115,6 +116,7 @@ else:
     assert pdl_session.run(ALL_REDUCE, 3, out=Recorder(), err=Recorder()).values == ["6.0"] * 3
 
 
+@pytest.mark.timing
 def test_the_watchdog_stays_quiet_while_ranks_make_progress_or_when_off(pdl_session):
     err = Recorder()
     pdl_session.run("import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.5)",

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(900)]
+# timing: the check's steps have limits in seconds (scripts/gpu-check, scripts/gpu_check.py)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.timing]
 
 REPO = Path(__file__).resolve().parents[2]
 #: Python's own interpreter of this checkout's .venv (the GPU machine's stand-in).

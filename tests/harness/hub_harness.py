@@ -49,6 +49,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The users' servers' ports of one test process's hubs: each pytest-xdist worker (gw0,
+#: gw1, ...; the only process when the tests run one by one) has :data:`PORTS_A_WORKER`
+#: of its own from 20000 on, so hubs of tests that run side by side never pick the same
+#: port, and 29000 and up stay free for the tests that bind fixed ports there.
+FIRST_SERVER_PORT, PORTS_A_WORKER, MAX_WORKERS = 20000, 1000, 9
+
+
+def server_ports(worker: str | None = None) -> tuple[int, int]:
+    """(low, high), inclusive: the servers' port range of the hubs that ``worker``'s tests
+    start (default: this process's, ``$PYTEST_XDIST_WORKER``). ValueError past
+    :data:`MAX_WORKERS` workers."""
+    worker = worker if worker is not None else os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw"))
+    if not 0 <= index < MAX_WORKERS:
+        raise ValueError(f"the tests run in at most {MAX_WORKERS} workers (gw0..gw{MAX_WORKERS - 1}), got {worker}")
+    low = FIRST_SERVER_PORT + index * PORTS_A_WORKER
+    return low, low + PORTS_A_WORKER - 1
+
+
 def runs_as_root() -> bool:
     """Whether the hub (started by these tests) runs as root: each user then has their own account."""
     return os.geteuid() == 0
@@ -138,10 +157,13 @@ class Hub:
         # fixed for the hub's lifetime: running servers keep talking to these after a restart
         self.internal_port, self.proxy_api_port = free_port(), free_port()
         self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin_view.py)
+        self.hub_env = hub_env or {}  # extra environment of the hub process (PDL_* settings)
+        # its users' servers' ports (PDL_PORT_RANGE): this worker's, unless the test sets them
+        self.port_range = (tuple(map(int, self.hub_env["PDL_PORT_RANGE"].split("-")))
+                           if "PDL_PORT_RANGE" in self.hub_env else server_ports())
         self.state_dir = self.root / "state"
         self.log_path = self.root / "hub.log"
         self.spawner_env = spawner_env or {}
-        self.hub_env = hub_env or {}  # extra environment of the hub process (PDL_* settings)
         self.proc: subprocess.Popen | None = None
         self.account_prefix = f"t{secrets.token_hex(2)}-"  # this hub's users' Unix accounts
         self.homes_root = self.root / "homes"
@@ -191,6 +213,7 @@ c.JupyterHub.log_level = "INFO"
             PDL_PROXY_API_PORT=str(self.proxy_api_port),
             PDL_ADMIN_VIEW_PORT=str(self.admin_view_port),
             PDL_POOL=",".join(self.pool),
+            PDL_PORT_RANGE="{}-{}".format(*self.port_range),
             PDL_PUBLIC_URL=self.url,
             PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             **self.hub_env,
@@ -222,7 +245,8 @@ c.JupyterHub.log_level = "INFO"
                 self.proc.kill()
                 self.proc.wait(5)
         # the proxy is the hub's child; with SIGKILL it may be left behind
-        for pid in pids_matching(lambda cmd, cwd: "configurable-http-proxy" in cmd and str(self.port) in cmd):
+        for pid in pids_matching(lambda cmd, cwd: "configurable-http-proxy" in cmd and str(self.port) in cmd
+                                 and cwd.startswith(str(self.root))):
             _kill(pid)
 
     def close(self) -> None:
@@ -254,8 +278,10 @@ c.JupyterHub.log_level = "INFO"
         except KeyError:
             return
         wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
+        # its runtime folder (the spawner's), while the uid is still its own: once the
+        # account is gone, an account another test makes beside this one may get the uid
+        shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)
         subprocess.run(["userdel", "--remove", name], capture_output=True)
-        shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)  # its runtime folder (the spawner's)
         from pdl_spawner.core import device_cgroup
 
         if device_cgroup.support():  # its cgroup, left behind when the hub was killed

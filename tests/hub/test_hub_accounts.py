@@ -107,6 +107,7 @@ def test_passwords_are_stored_as_bcrypt_hashes_only(hub):
 
 
 @pytest.mark.hub
+@pytest.mark.timing
 def test_repeated_failures_lock_a_name_even_for_the_right_password_until_the_lockout_passes(hub):
     """Guards docs/admin.md "Five wrong passwords in a row lock a name for a minute"
     (PDL_LOGIN_ATTEMPTS, PDL_LOGIN_LOCKOUT_S; here 3 and 5 s)."""
@@ -126,6 +127,7 @@ def test_repeated_failures_lock_a_name_even_for_the_right_password_until_the_loc
 
 
 @pytest.mark.hub
+@pytest.mark.timing
 def test_forty_guesses_at_once_get_no_more_checks_than_the_lockout_allows(hub):
     """The attack: 40 simultaneous wrong passwords for ben were all checked (the count
     came after each check), so none was refused as locked. Now each is counted before
@@ -497,6 +499,7 @@ def test_sign_ups_are_limited_per_client_address_whatever_headers_the_client_sen
 
 
 @pytest.mark.unit
+@pytest.mark.timing
 def test_a_sign_ups_password_is_hashed_off_the_event_loop_and_429_beyond_the_cap(authenticator_db, tmp_path,
                                                                                  monkeypatch):
     """The attack (issue 27, 4): each sign-up hashed its password on the hub's event loop,

@@ -74,5 +74,7 @@ def test_an_engine_killed_mid_cell_fails_the_cell_and_its_slot_gets_a_new_engine
     finally:
         kernel.close()
         hub.api("DELETE", "/users/alice/server")
-    wait_until(lambda: not engine_processes(hub.root), 60, what="alice's engines to stop")
+    # the hub frees the slots once her server's stop is done, a moment after the engines end
+    wait_until(lambda: not hub.running_servers(), 60, what="alice's server to stop")
+    assert not engine_processes(hub.root)
     assert hub.reservations() == {}

@@ -177,20 +177,25 @@ def test_ben_cannot_subscribe_to_anns_kernel_or_reach_her_controller_and_engines
     """Guards the kernels' IPC transport (jupyter-config/jupyter_server_config.py) in ann's
     0700 runtime folder (``PDLLocalSpawner.user_env``: ``JUPYTER_RUNTIME_DIR``), and the
     cluster's private connection files (CurveZMQ): while ann's kernel prints a marker,
-    ben subscribes to every TCP port listening on this machine and to her kernel's IPC
-    sockets (their paths follow from her kernel's command line, which anyone can read);
-    he hears nothing, although she was printing all along."""
+    ben subscribes to every TCP port that her processes or the hub listen on (as
+    /proc/net/tcp tells anyone; the rest of the machine's ports belong to tests running
+    beside this one) and to her kernel's IPC sockets (their paths follow from her
+    kernel's command line, which anyone can read); he hears nothing, although she was
+    printing all along."""
     marker = f"ann-secret-{os.getpid()}"
     loop = ann.send(f"import time\nfor _ in range(480):\n    print({marker!r}, flush=True); time.sleep(0.25)")
     kernels = [pid for pid, role in hub.processes_of("ann").items() if role == "kernel"]
+    anns_uid = pwd.getpwnam(hub.account("ann")).pw_uid
+    hubs_ports = {hub.port, hub.internal_port, hub.proxy_api_port, hub.admin_view_port}
     found = run_as_ben(ben, f"""
 import json, os, time, zmq
 endpoints = []
 for table in ("/proc/net/tcp", "/proc/net/tcp6"):
     for line in open(table).read().splitlines()[1:]:
         fields = line.split()
-        if fields[3] == "0A":  # LISTEN
-            endpoints.append(f"tcp://127.0.0.1:{{int(fields[1].rsplit(':', 1)[1], 16)}}")
+        port = int(fields[1].rsplit(':', 1)[1], 16)
+        if fields[3] == "0A" and (int(fields[7]) == {anns_uid} or port in {hubs_ports!r}):  # LISTEN
+            endpoints.append(f"tcp://127.0.0.1:{{port}}")
 for pid in {kernels!r}:  # ann's kernels: "... -f <runtime>/kernel-<id>.json"
     args = open(f"/proc/{{pid}}/cmdline", "rb").read().split(b"\\0")
     connection = args[args.index(b"-f") + 1].decode()
@@ -369,9 +374,7 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers(hub, ben):
     file limit raised to the hard one), and the next user's spawn failed with "503 no
     free port". Guards ``PDLLocalSpawner.restrict_ports`` (port_filter): of the range, a
     server's processes may bind only their own server's port."""
-    from pdl_spawner.local.spawner import PDLLocalSpawner
-
-    low, high = PDLLocalSpawner.class_traits()["port_range"].default()
+    low, high = hub.port_range
     found = squat_ports(ben, low, high)
     try:
         # every port but his own server's (in use: EADDRINUSE) is refused; port 0 still works

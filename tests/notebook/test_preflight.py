@@ -470,6 +470,7 @@ def test_a_new_set_of_engines_is_checked_again(fresh):
 
 
 @pytest.mark.integration
+@pytest.mark.timing
 def test_a_rank_hanging_in_the_all_reduce_is_named_within_the_timeout(pdl_session, monkeypatch):
     """Fault: rank 2's all_reduce never returns. The others give up after the smoke
     test's timeout, rank 2 is interrupted, and the next cell gets a new group."""

@@ -48,6 +48,7 @@ def test_each_rank_sees_its_rank_world_size_local_rank_and_device(pdl_session):
     assert result.values == ["6.0", "6.0", "6.0"]  # 1 + 2 + 3 on every rank
 
 
+@pytest.mark.timing
 def test_rank0_output_streams_live_and_other_ranks_output_is_kept(pdl_session):
     started = time.monotonic()
     _, out, err = run(

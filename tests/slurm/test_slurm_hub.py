@@ -233,9 +233,7 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers_on_the_login_node(hub,
     embedded default), where ben's kernel tried to bind every port of port_range. Guards
     ``PDLLocalSpawner.restrict_ports``, which PDLSlurmSpawner's start keeps: of the range,
     ben's processes may bind only his own server's port (EADDRINUSE: it is in use)."""
-    from pdl_spawner.slurm.spawner import PDLSlurmSpawner
-
-    low, high = PDLSlurmSpawner.class_traits()["port_range"].default()
+    low, high = hub.port_range
     assert hub.spawn("ben", 1).status_code in (201, 202)
     hub.wait_ready("ben", timeout=120)
     kernel = Kernel(hub, "ben")

@@ -13,7 +13,7 @@ import pytest
 import cpu_quota
 from engines_harness import Recorder
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 #: How much slower each rank is: 1x, 2x, 4x.
 SLOWDOWN = (1, 2, 4)

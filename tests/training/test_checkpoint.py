@@ -181,6 +181,7 @@ for command in sys.stdin:
 
 
 @pytest.mark.integration
+@pytest.mark.timing
 def test_killing_the_writer_at_random_points_never_leaves_an_unloadable_checkpoint(tmp_path):
     path = tmp_path / "ckpt.pt"
     helper = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE,

@@ -53,6 +53,7 @@ def test_sample_is_deterministic_given_the_seed(tmp_path):
 
 
 @pytest.mark.unit
+@pytest.mark.timing
 def test_sample_default_sizes_and_speed(tmp_path):
     started = time.perf_counter()
     root = make_sample(tmp_path)

@@ -21,7 +21,7 @@ import pytest
 
 import linked_nodes
 
-pytestmark = [pytest.mark.integration,
+pytestmark = [pytest.mark.integration, pytest.mark.timing,
               pytest.mark.skipif(linked_nodes.problem() is not None, reason=str(linked_nodes.problem()))]
 
 #: The links' rates (Mbit/s): the all-reduce from most to least of the step.

@@ -1,0 +1,74 @@
+"""The closing report of scripts/test, from the JUnit XML files of its pytest runs: the
+slowest tests (set-up, call and tear-down together, in seconds), the counts of the whole
+suite in one line (``tests: N passed, N failed, N skipped``) and where the time went.
+
+Usage: test_report.py [--slowest N] [--setup-s S] [--part "NAME=SECONDS"]... REPORT.xml...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One test of a JUnit report: its pytest-style id, seconds, and how it ended."""
+
+    test: str
+    seconds: float
+    ended: str  # "passed", "failed" (a failure or an error) or "skipped"
+
+
+def outcomes(path: str) -> list[Outcome]:
+    """Every test case of the JUnit XML file ``path`` (a missing file: none: its run died)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    found = []
+    for case in root.iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        ended = ("failed" if case.find("failure") is not None or case.find("error") is not None
+                 else "skipped" if case.find("skipped") is not None else "passed")
+        found.append(Outcome(f"{module}.py::{case.get('name', '?')}", float(case.get("time") or 0), ended))
+    return found
+
+
+def report(tests: list[Outcome], slowest: int, setup_s: float | None, parts: list[tuple[str, float]]) -> str:
+    """The report's text (see the module docstring)."""
+    lines = [f"slowest {min(slowest, len(tests))} tests (set-up, call and tear-down):"]
+    lines += [f"{t.seconds:8.1f} s  {t.test}" for t in sorted(tests, key=lambda t: -t.seconds)[:slowest]]
+    counts = {ended: sum(t.ended == ended for t in tests) for ended in ("passed", "failed", "skipped")}
+    lines.append(f"tests: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    spent = [f"{name} {seconds / 60:.1f} min" for name, seconds in parts]
+    total = sum(seconds for _, seconds in parts)
+    head = f"time: set-up {setup_s / 60:.1f} min, then " if setup_s is not None else "time: "
+    lines.append(f"{head}tests {total / 60:.1f} min ({'; '.join(spent)})")
+    return "\n".join(lines)
+
+
+def _part(text: str) -> tuple[str, float]:
+    name, equals, seconds = text.rpartition("=")
+    try:
+        return name, float(seconds) if equals else float("nan")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a part is NAME=SECONDS, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slowest", type=int, default=25, help="how many of the slowest tests to list")
+    parser.add_argument("--setup-s", type=float, help="seconds the machine's set-up took")
+    parser.add_argument("--part", type=_part, action="append", default=[], help="NAME=SECONDS of one pytest run")
+    parser.add_argument("reports", nargs="+", help="JUnit XML files")
+    args = parser.parse_args(argv)
+    tests = [t for path in args.reports for t in outcomes(path)]
+    print(report(tests, args.slowest, args.setup_s, args.part))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
