@@ -23,40 +23,45 @@ import host_names
 host_names.install()
 
 
-#: The machine-wide resources that tests share, each with the fixtures through which a
-#: test uses it: the tests of one never run at the same time, since pytest-xdist's
-#: ``--dist loadgroup`` (scripts/test) gives all of a group to one worker. Every other
-#: resource a test uses is its own (ports, Unix accounts under its hub's prefix, a state
-#: folder under its tmp_path, the servers' ports of its worker: ``hub_harness.server_ports``).
+#: The folders whose tests share a machine-wide resource (a cluster kind's simulated
+#: cluster: its namespaces, daemons, Unix accounts and images, started once a session).
 MACHINE_WIDE = {
-    "swarm": {"swarm"},  # the simulated swarm: its namespaces, daemons and images (tests/swarm/conftest.py)
-    "slurm": {"slurm"},  # the simulated Slurm cluster, its namespaces and Unix accounts (tests/slurm/conftest.py)
+    "tests/swarm/": "the simulated swarm (tests/swarm/conftest.py)",
+    "tests/slurm/": "the simulated Slurm cluster (tests/slurm/conftest.py)",
 }
 
 
-def worker_group(item: pytest.Item) -> str | None:
-    """The group whose tests run in one worker, one after another (see scripts/test), or
-    None for a test that may run in any: the machine-wide resource it uses
-    (:data:`MACHINE_WIDE`), else its module where it uses a set-up made once per module
-    (a module-scoped fixture: a hub, a cluster of engines), so that it is made once."""
-    used = set(getattr(item, "fixturenames", ()))
-    resource = next((name for name, fixtures in MACHINE_WIDE.items() if used & fixtures), None)
-    if resource:
-        return resource
-    definitions = getattr(item, "_fixtureinfo", None)
-    for name in used:
-        for fixture in (definitions.name2fixturedefs.get(name, ()) if definitions else ()):
-            if fixture.scope in ("module", "package"):
-                return item.nodeid.split("::")[0]
-    return None
+def worker_group(nodeid: str) -> str:
+    """The group of the test ``nodeid`` whose tests run in one worker, one after another,
+    when the tests run side by side (scripts/test: pytest-xdist, ``--dist loadscope``):
+    its folder where that shares a machine-wide resource (:data:`MACHINE_WIDE`), else its
+    module, so that a set-up made once per module (a hub, a cluster of engines) is made
+    once. Every other resource a test uses is its own: ports, Unix accounts under its
+    hub's prefix, a state folder under its tmp_path, its worker's servers' port range
+    (``hub_harness.server_ports``)."""
+    folder = next((f for f in MACHINE_WIDE if nodeid.startswith(f)), None)
+    return folder or nodeid.split("::")[0]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = worker_group(item)
-        if group and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """The machine-wide groups first: they are the longest, so side by side they start
+    at once and the other workers share out the rest meanwhile."""
+    items.sort(key=lambda item: not any(item.nodeid.startswith(f) for f in MACHINE_WIDE))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with :func:`worker_group` as the scope, taken in collection order."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkerGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkerGroups(config, log)
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,9 @@ def load_gpu_check():
 
 def gpu_test_count() -> int:
     """How many tests ``pytest -m gpu`` has (each skips here)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # -v there would change the listing
     done = run(sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-               "tests/engines/test_gpu.py")
+               "tests/engines/test_gpu.py", env=env)
     return sum("::" in line for line in done.stdout.splitlines())
 
 

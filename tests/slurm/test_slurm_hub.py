@@ -329,6 +329,11 @@ def test_a_job_that_ends_under_its_engines_is_a_release_and_the_next_cell_gets_a
     wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
 
 
+#: Seconds the time-limit test needs left of a job when its limit is set: the kernel's
+#: next reading of the end (READ_EVERY_S), a cell and the release's margin, with room.
+LEFT_S = 50
+
+
 def elapsed_s(slurm, job_id: str) -> int:
     """Seconds job ``job_id`` has run (squeue's ``%M``: ``M:SS``, ``H:MM:SS``)."""
     text = slurm.run("squeue", "-h", "-j", job_id, "-o", "%M", check=True).stdout.strip()
@@ -346,13 +351,14 @@ def test_a_jobs_time_limit_is_shown_warned_of_and_ends_in_a_release_the_next_cel
     first, kernel = spawn_and_sum(hub, "ann", 2)
     why = f"Slurm job {first['id']}'s time limit"
     try:
-        # the job's limit, set by an admin: 60 to 120 s from now
-        minutes = elapsed_s(slurm, first["id"]) // 60 + 2
+        # the job's limit, set by an admin, the soonest Slurm's whole minutes allow that
+        # leaves the test its LEFT_S (a panel reading, the kernel's next reading, a cell)
+        minutes = -(-(elapsed_s(slurm, first["id"]) + LEFT_S) // 60)
         slurm.run("scontrol", "update", f"JobId={first['id']}", f"TimeLimit={minutes}", check=True)
         session = wait_until(lambda: hub.server_api("ann", "/pdl/api/cluster")["session"], 30,
                              what="the panel to show the job's time left")
         assert session["text"].startswith("Time left: ") and session["text"].endswith(f" ({why})"), session
-        assert 0 < session["left_s"] <= 120 and session["warning"].startswith("Your session ends in "), session
+        assert 0 < session["left_s"] <= LEFT_S + 60 and session["warning"].startswith("Your session ends in "), session
         time.sleep(READ_EVERY_S)  # the kernel's reading of the end, from its first cell, is due again
         out = kernel.execute_ok(magic(SUM, 2), timeout=120)
         assert f"({why}): save your work, or extend it." in out["stderr"] and "sum 2" in out["stdout"], out
