@@ -204,7 +204,10 @@ class ClusterMonitor:
                     pass
         for eid in ids:
             if eid not in self._info and eid not in self._pending and queues.get(eid, 0) == 0:
-                self._pending[eid] = client[eid].apply_async(_describe)
+                try:
+                    self._pending[eid] = client[eid].apply_async(_describe)
+                except Exception:  # noqa: BLE001 - gone since ``ids`` was read (a release): the next read tells
+                    continue
         for eid in set(self._info) - set(ids):
             info = self._info.pop(eid)
             self._gone[info["slot"]] = {**info, "id": eid}

@@ -200,3 +200,26 @@ def test_the_panels_session_offers_extend_where_the_hub_allows_it_and_says_where
         f"Extended: your session now ends at {time.strftime('%H:%M UTC', time.gmtime(ends_at + 3600))}.")
     LeaseFiles(tmp_path).answer_extension(Refusal("Not extended: 1 other user is waiting for workers"))
     assert monitor.session()["extension"] == "Not extended: 1 other user is waiting for workers"
+
+
+def test_an_engine_gone_between_reading_the_ids_and_asking_it_is_no_error(monkeypatch):
+    """CI of issue 44 (side by side): the panel's read answered 500 while the hub took the
+    engines back: an engine listed by ``client.ids`` had unregistered when the monitor
+    asked it to describe itself (ipyparallel's IndexError). The read now goes on; the
+    next one no longer lists it. The client is the fault double: the one seam."""
+    monkeypatch.setenv("PDL_CLUSTER_DIR", "/nonexistent/pdl-cluster")
+
+    class ClientDuringARelease:
+        ids = [0, 1]
+
+        def queue_status(self):
+            return {0: {"queue": 0}, 1: {"queue": 0}}
+
+        def __getitem__(self, eid):
+            raise IndexError(f"No such engine: {eid}")
+
+    monitor = ClusterMonitor(hub_cluster_file="", hub_slots=[])
+    client = ClientDuringARelease()
+    monitor._client = client
+    rows = monitor._engine_rows(client, None)
+    assert len(rows) == 2 and monitor._pending == {}  # both shown as they are; asked again next read
