@@ -31,6 +31,11 @@ MACHINE_WIDE = {
 }
 
 
+def machine_wide_folder(nodeid: str) -> str | None:
+    """The :data:`MACHINE_WIDE` folder the test ``nodeid`` is in, or None."""
+    return next((folder for folder in MACHINE_WIDE if nodeid.startswith(folder)), None)
+
+
 def worker_group(nodeid: str) -> str:
     """The group of the test ``nodeid`` whose tests run in one worker, one after another,
     when the tests run side by side (scripts/test: pytest-xdist, ``--dist loadscope``):
@@ -39,14 +44,13 @@ def worker_group(nodeid: str) -> str:
     once. Every other resource a test uses is its own: ports, Unix accounts under its
     hub's prefix, a state folder under its tmp_path, its worker's servers' port range
     (``hub_harness.server_ports``)."""
-    folder = next((f for f in MACHINE_WIDE if nodeid.startswith(f)), None)
-    return folder or nodeid.split("::")[0]
+    return machine_wide_folder(nodeid) or nodeid.split("::")[0]
 
 
 def pytest_collection_modifyitems(config, items):
     """The machine-wide groups first: they are the longest, so side by side they start
     at once and the other workers share out the rest meanwhile."""
-    items.sort(key=lambda item: not any(item.nodeid.startswith(f) for f in MACHINE_WIDE))
+    items.sort(key=lambda item: machine_wide_folder(item.nodeid) is None)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -37,6 +37,7 @@ from jupyterhub.utils import subdomain_hook_idna
 
 from pdl.process import pid_alive
 from pdl_spawner.core.credentials import SignupCodes
+from pdl_spawner.core.hub_settings import port_range
 from pdl.contract import cluster_dir_in
 from waiting import wait_until
 
@@ -159,8 +160,8 @@ class Hub:
         self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin_view.py)
         self.hub_env = hub_env or {}  # extra environment of the hub process (PDL_* settings)
         # its users' servers' ports (PDL_PORT_RANGE): this worker's, unless the test sets them
-        self.port_range = (tuple(map(int, self.hub_env["PDL_PORT_RANGE"].split("-")))
-                           if "PDL_PORT_RANGE" in self.hub_env else server_ports())
+        self.port_range = (port_range(self.hub_env["PDL_PORT_RANGE"]) if "PDL_PORT_RANGE" in self.hub_env
+                           else server_ports())
         self.state_dir = self.root / "state"
         self.log_path = self.root / "hub.log"
         self.spawner_env = spawner_env or {}
