@@ -164,7 +164,7 @@ class Hub:
                            else server_ports())
         self.state_dir = self.root / "state"
         self.log_path = self.root / "hub.log"
-        self.spawner_env = spawner_env or {}
+        self.spawner_env = {**openmp_wait_env(), **(spawner_env or {})}
         self.proc: subprocess.Popen | None = None
         self.account_prefix = f"t{secrets.token_hex(2)}-"  # this hub's users' Unix accounts
         self.homes_root = self.root / "homes"
@@ -490,6 +490,17 @@ def running(hub: Hub, start: bool = True):
     finally:
         hub.close()
         hub.check_nothing_left()
+
+
+def openmp_wait_env() -> dict[str, str]:
+    """``OMP_WAIT_POLICY`` as the test run has it, for users' servers and so their engines
+    (empty where it is unset).
+
+    scripts/test sets it to PASSIVE: tests run side by side on a machine's few cores,
+    and OpenMP threads that spin while they wait (its default) take the cores the tests
+    beside them need; a passive thread sleeps until it has work."""
+    value = os.environ.get("OMP_WAIT_POLICY")
+    return {"OMP_WAIT_POLICY": value} if value else {}
 
 
 def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import slurm_harness
 from fault_cells import SUM, magic
-from hub_harness import Hub, Kernel, pids_matching, process_env, running
+from hub_harness import Hub, Kernel, openmp_wait_env, pids_matching, process_env, running
 from waiting import wait_until
 
 
@@ -35,7 +35,7 @@ class SlurmHub(Hub):
     def __init__(self, root, slurm, users: list[str], extra_config: str = "", hub_env: dict | None = None,
                  spawner_env: dict | None = None):
         """``spawner_env``: more of the servers' (and so the engines') environment."""
-        env = {"PDL_PREFLIGHT_SKIP": "gpu", **(spawner_env or {})}
+        env = {"PDL_PREFLIGHT_SKIP": "gpu", **openmp_wait_env(), **(spawner_env or {})}
         config = f"""
 # the simulated nodes declare fake GPUs that torch cannot see: the preflight's GPU check is off
 c.Spawner.environment = {env!r}

@@ -168,6 +168,13 @@ class SwarmSim(SimulatedCluster):
             self._clients[i] = docker.DockerClient(base_url=self.docker_host(i), timeout=120)
         return self._clients[i]
 
+    def containers(self, i: int, all: bool = False, **filters) -> list:
+        """Node ``i``'s containers matching Docker's ``filters`` (``all``: stopped ones too).
+
+        A container removed between Docker's list and its inspection (a task Swarm is
+        ending) is left out, never an error: the list is a snapshot of a moving cluster."""
+        return self.client(i).containers.list(all=all, filters=filters, ignore_removed=True)
+
     @property
     def manager(self):
         """The client of node 1, the swarm manager."""
@@ -306,9 +313,9 @@ class SwarmSim(SimulatedCluster):
         for i in self.node_ids():
             try:
                 c = self.client(i)
-                while c.containers.list(all=True) and time.monotonic() < deadline:
+                while self.containers(i, all=True) and time.monotonic() < deadline:
                     time.sleep(0.2)
-                for ct in c.containers.list(all=True):
+                for ct in self.containers(i, all=True):
                     with contextlib.suppress(Exception):
                         ct.remove(force=True)
                 for volume in c.volumes.list(filters={"label": "pdl.volume"}):  # users' homes and caches
@@ -373,7 +380,7 @@ class SwarmSim(SimulatedCluster):
         m = self.manager
         # a crashed run may have left containers in the image stores we keep
         for i in self.node_ids():
-            for ct in self.client(i).containers.list(all=True):
+            for ct in self.containers(i, all=True):
                 with contextlib.suppress(Exception):
                     ct.remove(force=True)
         m.swarm.init(advertise_addr=self.node_addr(1), listen_addr=f"{self.node_addr(1)}:2377",

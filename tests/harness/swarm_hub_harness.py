@@ -9,7 +9,7 @@ import re
 import requests
 from docker.errors import DockerException
 
-from hub_harness import Hub, admin_status, running  # noqa: F401 - admin_status: the swarm tests' too
+from hub_harness import Hub, admin_status, openmp_wait_env, running  # noqa: F401 - admin_status: the swarm tests' too
 from waiting import wait_until
 
 IMAGE = "pdl-notebook:test"
@@ -49,11 +49,12 @@ class SwarmHub(Hub):
     def __init__(self, root, swarm, users: list[str], extra_config: str = "", hub_env: dict | None = None):
         """``extra_config``: lines appended to the hub's config, e.g. PDLSwarmSpawner settings;
         ``hub_env``: more of the hub's environment (e.g. ``PDL_ENGINE_IDLE_TIMEOUT``)."""
+        env = {"PDL_PREFLIGHT_SKIP": "gpu", **openmp_wait_env()}
         # appended to the config by Hub._write_config, the caller's lines last
         config = f"""
 c.JupyterHub.hub_ip = {swarm.host_addr!r}   # the hub API listens on the sim's bridge only
 # the simulated nodes declare fake GPUs that torch cannot see: the preflight's GPU check is off
-c.Spawner.environment = {{"PDL_PREFLIGHT_SKIP": "gpu"}}
+c.Spawner.environment = {env!r}
 c.Spawner.start_timeout = 180
 c.Spawner.http_timeout = 120
 {extra_config}
@@ -115,7 +116,7 @@ print(json.dumps({
 def inspect_task(swarm, service: str, program: str, secret: str) -> dict:
     """How ``program`` runs in the container of ``service`` (on whichever node has it)."""
     for i in swarm.node_ids():
-        found = swarm.client(i).containers.list(filters={"label": f"com.docker.swarm.service.name={service}"})
+        found = swarm.containers(i, label=f"com.docker.swarm.service.name={service}")
         if found:
             out = found[0].exec_run(["python", "-c", INSPECT, program, secret])
             assert out.exit_code == 0, out.output.decode()

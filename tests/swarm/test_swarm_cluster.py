@@ -58,7 +58,7 @@ def test_one_gpu_task_per_node_and_a_fourth_waits(clean_swarm):
     # each task's own process sees its GPU, and they all differ
     seen = {}
     for i in swarm.node_ids():
-        containers = swarm.client(i).containers.list(filters={"label": f"com.docker.swarm.service.id={svc.id}"})
+        containers = swarm.containers(i, label=f"com.docker.swarm.service.id={svc.id}")
         assert len(containers) == 1, f"{swarm.hostname(i)} runs {len(containers)} GPU tasks"
         seen[swarm.hostname(i)] = wait_until(lambda: containers[0].logs().decode().strip(), 30,
                                              what=f"the task on {swarm.hostname(i)} to print its GPU")

@@ -57,7 +57,7 @@ def containers(swarm, user: str | None = None) -> dict[str, str]:
     name = f"pdl-{user}" if user else "pdl-"
     found = {}
     for i in swarm.node_ids():
-        for c in swarm.client(i).containers.list(all=True, filters={"name": name, "label": "pdl.owner"}):
+        for c in swarm.containers(i, all=True, name=name, label="pdl.owner"):
             if c.labels.get("com.docker.swarm.service.name", "").startswith(name):
                 found[c.id] = c.name
     return found
@@ -66,7 +66,7 @@ def containers(swarm, user: str | None = None) -> dict[str, str]:
 def engine_container(swarm, service: str):
     """(node index, running container) of an engine service's task."""
     for i in swarm.node_ids():
-        found = swarm.client(i).containers.list(filters={"label": f"com.docker.swarm.service.name={service}"})
+        found = swarm.containers(i, label=f"com.docker.swarm.service.name={service}")
         if found:
             return i, found[0]
     raise AssertionError(f"no running container of {service}")

@@ -116,7 +116,7 @@ def hub(swarm, tmp_path_factory):
 def containers_of(swarm, user: str) -> list[tuple[int, object]]:
     """(node index, container) of each running container of ``user``'s services."""
     names = {s.name for s in swarm.manager.services.list(filters={"label": f"pdl.user={user}"})}
-    return [(i, c) for i in swarm.node_ids() for c in swarm.client(i).containers.list()
+    return [(i, c) for i in swarm.node_ids() for c in swarm.containers(i)
             if c.labels.get("com.docker.swarm.service.name") in names]
 
 
@@ -143,7 +143,7 @@ def run_as_ben(swarm, network: str, node: int, argv: list[str]) -> dict:
                    90, what=f"{name} to finish")
         task = service.tasks()[0]
         assert task["Status"]["State"] == "complete", task["Status"]
-        found = swarm.client(node).containers.list(all=True, filters={"label": f"com.docker.swarm.service.name={name}"})
+        found = swarm.containers(node, all=True, label=f"com.docker.swarm.service.name={name}")
         return json.loads(found[0].logs().decode().strip().splitlines()[-1])
     finally:
         service.remove()

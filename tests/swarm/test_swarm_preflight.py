@@ -26,7 +26,7 @@ def hub(swarm, tmp_path_factory):
 def engine_task_container(swarm, service: str):
     """(hostname of its node, running container) of an engine service's task, or None."""
     for i in swarm.node_ids():
-        found = swarm.client(i).containers.list(filters={"label": f"com.docker.swarm.service.name={service}"})
+        found = swarm.containers(i, label=f"com.docker.swarm.service.name={service}")
         if found:
             return swarm.hostname(i), found[0]
     return None
@@ -62,7 +62,7 @@ def test_a_node_with_a_missing_interface_is_named_before_anything_runs(hub, swar
             kernel.close()
         # the marker would be in some engine's container: none has it
         for i in swarm.node_ids():
-            for c in swarm.client(i).containers.list(filters={"name": "pdl-alice"}):
+            for c in swarm.containers(i, name="pdl-alice"):
                 assert c.exec_run(["test", "-e", marker]).exit_code != 0, f"the cell ran on {swarm.hostname(i)}"
     finally:
         hub.api("DELETE", "/users/alice/server")
