@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-# timing: the check's steps have limits in seconds (scripts/gpu-check, scripts/gpu_check.py)
-pytestmark = [pytest.mark.timeout(900), pytest.mark.timing]
+# deadline: the check's steps have limits in seconds (scripts/gpu-check, scripts/gpu_check.py)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.deadline]
 
 REPO = Path(__file__).resolve().parents[2]
 #: Python's own interpreter of this checkout's .venv (the GPU machine's stand-in).

@@ -18,7 +18,7 @@ from hub_harness import (
 )
 from waiting import wait_until
 
-pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.timing,  # timing: flag and release deadlines
+pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.deadline,  # deadline: flag and release
               pytest.mark.skipif(os.geteuid() != 0, reason="stand-in GPU device nodes need root (mknod)")]
 
 POOL = ["gpu:0", "gpu:1"]

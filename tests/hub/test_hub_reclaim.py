@@ -11,8 +11,8 @@ from hub_harness import Kernel, engine_processes, hub_fixture
 from pdl_spawner.core.reservations import SlotLedger
 from waiting import wait_until
 
-# timing: its deadlines (an idle or session limit in seconds) must hold while the test acts
-pytestmark = [pytest.mark.hub, pytest.mark.timing]
+# deadline: its limits (an idle or session limit in seconds) must hold while the test acts
+pytestmark = [pytest.mark.hub, pytest.mark.deadline]
 
 USERS = ["admin", "alice", "bob"]
 POOL = ["cpu:0", "cpu:1"]

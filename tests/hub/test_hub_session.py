@@ -16,8 +16,8 @@ from pdl.lease import Grant, LeaseFiles
 from pdl_spawner.core.session_limit import ENFORCE_AFTER_S
 from waiting import wait_until
 
-# timing: its deadlines (an idle or session limit in seconds) must hold while the test acts
-pytestmark = [pytest.mark.hub, pytest.mark.timing]
+# deadline: its limits (an idle or session limit in seconds) must hold while the test acts
+pytestmark = [pytest.mark.hub, pytest.mark.deadline]
 
 USERS = ["admin", "alice"]
 POOL = ["cpu:0", "cpu:1"]
