@@ -24,6 +24,7 @@ from pdl.contract import ServerContract
 from pdl.engine_contract import EngineContract
 from pdl.lease import Grant, Release
 from pdl_server import clusters
+from pdl_server.session_clock import RUNNING_STATES
 
 
 def log(line: str) -> None:
@@ -182,4 +183,4 @@ def slurm_job_running(slurm_job: int) -> bool:
         return True
     if done.returncode != 0:
         return "Invalid job id" not in done.stderr
-    return done.stdout.strip() in ("RUNNING", "CONFIGURING", "SUSPENDED")
+    return done.stdout.strip() in RUNNING_STATES

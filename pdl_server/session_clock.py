@@ -65,15 +65,30 @@ class SessionEnd:
         return f"{self.why} reached at {time.strftime('%H:%M UTC', time.gmtime(self.ends_at))}"
 
 
+#: ``squeue``'s states (``%T``) of a job that runs: its EndTime is its time limit. In any
+#: other state the job has ended (scancel, a node's failure, the limit itself) and its
+#: EndTime is when that happened, not a limit to count down to.
+RUNNING_STATES = ("RUNNING", "CONFIGURING", "SUSPENDED")
+
+
 def slurm_job_end(job: int) -> float | None:
-    """The end time of Slurm job ``job`` (epoch seconds, from ``squeue``'s EndTime in this
-    machine's time zone), or None when Slurm cannot say (no such job, no limit, no answer)."""
+    """The time limit of Slurm job ``job`` while it runs (epoch seconds, from ``squeue``'s
+    EndTime in this machine's time zone), or None when it has none: ended (then the
+    engines are lost, :mod:`pdl_server.engine_hosts`, not timed out), no such job, no
+    limit, or no answer."""
     try:
-        done = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%e"], capture_output=True, text=True,
+        done = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T %e"], capture_output=True, text=True,
                               timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return end_time(done.stdout) if done.returncode == 0 else None
+    return running_end_time(done.stdout) if done.returncode == 0 else None
+
+
+def running_end_time(text: str) -> float | None:
+    """``squeue -o "%T %e"``'s line (``RUNNING 2026-11-26T23:59:00``) as the job's time
+    limit in epoch seconds; None for a job not in :data:`RUNNING_STATES` or no EndTime."""
+    state, _, end = text.strip().partition(" ")
+    return end_time(end) if state in RUNNING_STATES else None
 
 
 def end_time(text: str) -> float | None:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pdl.limits import duration
-from pdl_server.session_clock import END_MARGIN_S, SessionEnd, end_time, session_end
+from pdl_server.session_clock import END_MARGIN_S, SessionEnd, end_time, running_end_time, session_end
 
 pytestmark = pytest.mark.unit
 
@@ -37,6 +37,17 @@ def test_squeues_end_time_is_read_in_this_machines_time_zone_and_unknown_is_none
     assert end_time("2026-11-26T23:59:00\n") == time.mktime((2026, 11, 26, 23, 59, 0, 0, 0, -1))
     for none in ("Unknown", "N/A", "", "NONE"):
         assert end_time(none) is None
+
+
+def test_only_a_running_jobs_end_time_is_its_time_limit():
+    """A cancelled job's EndTime is when it was cancelled: read as a time limit, the
+    release said "time limit reached" for a job an admin ended (CI of issue 44)."""
+    limit = time.mktime((2026, 11, 26, 23, 59, 0, 0, 0, -1))
+    for state in ("RUNNING", "CONFIGURING", "SUSPENDED"):
+        assert running_end_time(f"{state} 2026-11-26T23:59:00\n") == limit
+    for line in ("COMPLETING 2026-11-26T23:59:00", "CANCELLED 2026-11-26T23:59:00", "TIMEOUT 2026-11-26T23:59:00",
+                 "RUNNING Unknown", "RUNNING", ""):
+        assert running_end_time(line) is None, line
 
 
 def test_under_a_hubs_limit_the_end_is_the_spawns_then_each_grants(tmp_path):
