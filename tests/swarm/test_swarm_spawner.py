@@ -8,7 +8,9 @@ tests/swarm/test_swarm_hub.py.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import shutil
 import tempfile
 import time
 from types import SimpleNamespace
@@ -23,8 +25,11 @@ from swarm_doubles import FakeSwarm
 
 pytestmark = pytest.mark.unit
 
-#: The hub's queue and reclaim log of these spawners.
-STATE_DB = f"{tempfile.mkdtemp(prefix='pdl-swarm-units-')}/swarm.sqlite"
+#: The hub's queue and reclaim log of these spawners, in a folder made when the module is
+#: imported (by each process that collects it) and removed when that process exits.
+_STATE_DIR = tempfile.mkdtemp(prefix="pdl-swarm-units-")
+atexit.register(shutil.rmtree, _STATE_DIR, True)
+STATE_DB = f"{_STATE_DIR}/swarm.sqlite"
 
 
 def make_spawner(swarm: FakeSwarm, name: str, gpus: int | None, admin=False, **config) -> PDLSwarmSpawner:
