@@ -86,9 +86,10 @@ def slurm_job_end(job: int) -> float | None:
 
 def running_end_time(text: str) -> float | None:
     """``squeue -o "%T %e"``'s line (``RUNNING 2026-11-26T23:59:00``) as the job's time
-    limit in epoch seconds; None for a job not in :data:`RUNNING_STATES` or no EndTime."""
+    limit in epoch seconds, also once that limit ended it (``TIMEOUT``); None for a job
+    that ended otherwise, or no EndTime."""
     state, _, end = text.strip().partition(" ")
-    return end_time(end) if state in RUNNING_STATES else None
+    return end_time(end) if state in (*RUNNING_STATES, "TIMEOUT") else None
 
 
 def end_time(text: str) -> float | None:

@@ -43,9 +43,9 @@ def test_only_a_running_jobs_end_time_is_its_time_limit():
     """A cancelled job's EndTime is when it was cancelled: read as a time limit, the
     release said "time limit reached" for a job an admin ended (CI of issue 44)."""
     limit = time.mktime((2026, 11, 26, 23, 59, 0, 0, 0, -1))
-    for state in ("RUNNING", "CONFIGURING", "SUSPENDED"):
+    for state in ("RUNNING", "CONFIGURING", "SUSPENDED", "TIMEOUT"):
         assert running_end_time(f"{state} 2026-11-26T23:59:00\n") == limit
-    for line in ("COMPLETING 2026-11-26T23:59:00", "CANCELLED 2026-11-26T23:59:00", "TIMEOUT 2026-11-26T23:59:00",
+    for line in ("COMPLETING 2026-11-26T23:59:00", "CANCELLED 2026-11-26T23:59:00", "FAILED 2026-11-26T23:59:00",
                  "RUNNING Unknown", "RUNNING", ""):
         assert running_end_time(line) is None, line
 
