@@ -1,13 +1,16 @@
 """The closing report of scripts/test, from the JUnit XML files of its pytest runs: the
 slowest tests (set-up, call and tear-down together, in seconds), the counts of the whole
-suite in one line (``tests: N passed, N failed, N skipped``) and where the time went.
+suite in one line (``tests: N passed, N failed, N skipped``) and where the time went;
+with ``--group-seconds FILE``, also the seconds of each worker group (tests/conftest.py)
+written to FILE as JSON, the order of the next run's groups (tests/group_seconds.json).
 
-Usage: test_report.py [--slowest N] [--setup-s S] [--part "NAME=SECONDS"]... REPORT.xml...
+Usage: test_report.py [--slowest N] [--setup-s S] [--part "NAME=SECONDS"]... [--group-seconds FILE] REPORT.xml...
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ class Outcome:
     test: str
     seconds: float
     ended: str  # "passed", "failed" (a failure or an error) or "skipped"
+    group: str | None = None  # its worker group, where the report names it (a worker_group property)
 
 
 def outcomes(path: str) -> list[Outcome]:
@@ -33,8 +37,18 @@ def outcomes(path: str) -> list[Outcome]:
         module = case.get("classname", "").replace(".", "/")
         ended = ("failed" if case.find("failure") is not None or case.find("error") is not None
                  else "skipped" if case.find("skipped") is not None else "passed")
-        found.append(Outcome(f"{module}.py::{case.get('name', '?')}", float(case.get("time") or 0), ended))
+        group = next((p.get("value") for p in case.iter("property") if p.get("name") == "worker_group"), None)
+        found.append(Outcome(f"{module}.py::{case.get('name', '?')}", float(case.get("time") or 0), ended, group))
     return found
+
+
+def group_seconds(tests: list[Outcome]) -> dict[str, float]:
+    """Seconds of each worker group's tests, summed, longest first (tests without a group left out)."""
+    seconds: dict[str, float] = {}
+    for t in tests:
+        if t.group is not None:
+            seconds[t.group] = seconds.get(t.group, 0.0) + t.seconds
+    return {group: round(s, 1) for group, s in sorted(seconds.items(), key=lambda item: (-item[1], item[0]))}
 
 
 def report(tests: list[Outcome], slowest: int, setup_s: float | None, parts: list[tuple[str, float]]) -> str:
@@ -63,10 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowest", type=int, default=25, help="how many of the slowest tests to list")
     parser.add_argument("--setup-s", type=float, help="seconds the machine's set-up took")
     parser.add_argument("--part", type=_part, action="append", default=[], help="NAME=SECONDS of one pytest run")
+    parser.add_argument("--group-seconds", metavar="FILE", help="write each worker group's seconds here (JSON)")
     parser.add_argument("reports", nargs="+", help="JUnit XML files")
     args = parser.parse_args(argv)
     tests = [t for path in args.reports for t in outcomes(path)]
     print(report(tests, args.slowest, args.setup_s, args.part))
+    if args.group_seconds:
+        with open(args.group_seconds, "w") as out:
+            json.dump(group_seconds(tests), out, indent=0)
+            out.write("\n")
     return 0
 
 

@@ -171,13 +171,14 @@ def test_the_slimmed_hub_keeps_what_its_pages_load_and_not_font_awesomes_sources
 def target(tmp_path_factory) -> Path:
     """The "GPU machine": a Python 3.12 with torch as pip gives it there (a CUDA build,
     with its NCCL and triton wheels), numpy, Pillow and scikit-learn (what the bundle
-    assumes), and nothing of PDL."""
+    assumes), and nothing of PDL (scripts/gpu-machine). scripts/test makes it with the
+    machine's set-up and names it in $PDL_GPU_MACHINE; without that, it is made here."""
     if PYTHON_312 is None:
         pytest.skip("no Python 3.12 here")
-    venv = tmp_path_factory.mktemp("gpu-machine") / "venv"
-    run(PYTHON_312, "-m", "venv", str(venv))
-    run(str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", "constraints.txt", "torch", "numpy",
-        "pillow", "scikit-learn")
+    venv = Path(os.environ.get("PDL_GPU_MACHINE") or tmp_path_factory.mktemp("gpu-machine") / "venv")
+    run("bash", "scripts/gpu-machine", str(venv))
+    found = run(str(venv / "bin" / "python"), "-I", "-c", "import importlib.util as u; print(bool(u.find_spec('pdl')))")
+    assert found.stdout.strip() == "False", f"{venv} has PDL installed: it must be a bare GPU machine"
     return venv
 
 
