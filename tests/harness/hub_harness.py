@@ -318,10 +318,20 @@ c.JupyterHub.log_level = "INFO"
                     continue
         return logs
 
+    #: The tests' own successful polls of the hub's API (every 0.2 s while a test waits): a
+    #: failing test's report leaves them out, or its last 200 lines would be nothing else.
+    OWN_POLLS = re.compile(r"\] 200 GET /hub/api/\S* \(pdl-tests@")
+
     def failure_sections(self) -> list[tuple[str, str]]:
-        """What a failing test's report shows of this hub (tests/conftest.py): the hub's
-        log, then each server log, as (title, text)."""
-        sections = [(f"hub log ({self.log_path})", self.log_tail(200))]
+        """What a failing test's report shows of this hub (tests/conftest.py): the last 200
+        lines of the hub's log but the tests' own polls (:attr:`OWN_POLLS`), then each
+        server log, as (title, text)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        shown = [line for line in lines if not self.OWN_POLLS.search(line)][-200:]
+        sections = [(f"hub log ({self.log_path}; the tests' own polls left out)", "\n".join(shown))]
         sections += [(f"server log ({path})", text) for path, text in self.server_logs().items()]
         return sections
 
