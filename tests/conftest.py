@@ -16,7 +16,6 @@ Slurm daemons' (and the queue) for one on the simulated Slurm cluster.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -96,24 +95,6 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False
     return WorkerGroups(config, log)
-
-
-#: The CPU priority (nice) of every other group's processes while the machine-wide groups
-#: run beside them: scripts/test sets it for its side-by-side part (``PDL_TEST_OTHERS_NICE``).
-OTHERS_NICE_VARIABLE = "PDL_TEST_OTHERS_NICE"
-
-
-def pytest_runtest_setup(item):
-    """With ``$PDL_TEST_OTHERS_NICE`` (a nice value, 1-19): a test outside the machine-wide
-    folders runs in its worker, and so every process it starts (a hub, servers, engines,
-    Chromium) at that nice value; a machine-wide one at 0, as do the simulated clusters'
-    daemons and containers, which those tests start. The machine-wide groups are the
-    longest (:func:`group_order`) and, side by side, the last to end: the CPU goes to them
-    first, and the other tests take what they leave. Set before the test's fixtures are."""
-    nice = os.environ.get(OTHERS_NICE_VARIABLE)
-    if nice:
-        wanted = 0 if machine_wide_folder(item.nodeid) else int(nice)
-        os.setpriority(os.PRIO_PROCESS, 0, wanted)  # raising needs nothing, lowering root's CAP_SYS_NICE
 
 
 @pytest.fixture(scope="module")
