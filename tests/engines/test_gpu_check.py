@@ -12,11 +12,9 @@ way scripts/build-horovod uses it. Without a Python 3.12 these skip, with the re
 """
 from __future__ import annotations
 
-import glob
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -25,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from gpu_machine import REPO, needs_python_312, run
+
 # deadline: the check's steps have limits in seconds (scripts/gpu-check, scripts/gpu_check.py)
 pytestmark = [pytest.mark.timeout(900), pytest.mark.deadline]
 
-REPO = Path(__file__).resolve().parents[2]
 #: Python's own interpreter of this checkout's .venv (the GPU machine's stand-in).
 BASE_PYTHON = os.path.realpath(sys.executable)
 
@@ -48,12 +47,6 @@ def gpu_test_count() -> int:
     done = run(sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                "tests/engines/test_gpu.py", env=env)
     return sum("::" in line for line in done.stdout.splitlines())
-
-
-def run(*cmd, **kwargs) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, **kwargs)
-    assert done.returncode == 0, f"{cmd[:2]} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done
 
 
 @pytest.mark.unit
@@ -103,20 +96,6 @@ def test_a_skipped_test_is_never_counted_as_passed(tmp_path, tests, failures, sk
     assert (result.status, result.figure) == expected
 
 
-def python_312() -> str | None:
-    """A working Python 3.12 (the GPU machine's), or None: ``python3.12`` on PATH, else pyenv's."""
-    candidates = [shutil.which("python3.12"), *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12.*/bin/python3.12")))]
-    for candidate in filter(None, candidates):
-        done = subprocess.run([candidate, "-c", "import venv, sys; print(sys.version_info[:2])"], capture_output=True,
-                              text=True, timeout=60)
-        if done.returncode == 0 and done.stdout.strip() == "(3, 12)":
-            return candidate
-    return None
-
-
-PYTHON_312 = python_312()
-needs_python_312 = pytest.mark.skipif(PYTHON_312 is None, reason="no Python 3.12 here (python3.12 on PATH or pyenv's), "
-                                                                 "the GPU machine's version")
 #: The GPU machine's copy limit (repository and bundle), and what the bundle must leave of it.
 COPY_LIMIT_MIB, HEADROOM_MIB = 64, 8
 
@@ -165,21 +144,6 @@ def test_the_slimmed_hub_keeps_what_its_pages_load_and_not_font_awesomes_sources
     assert set(HUB_PAGE_ASSETS) <= components, set(HUB_PAGE_ASSETS) - components
     assert not [c for c in components if c.startswith("@fortawesome/fontawesome-free/svgs/")]
     assert any(n.endswith("/templates/page.html") for n in wheel.namelist())
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    """The "GPU machine": a Python 3.12 with torch as pip gives it there (a CUDA build,
-    with its NCCL and triton wheels), numpy, Pillow and scikit-learn (what the bundle
-    assumes), and nothing of PDL (scripts/gpu-machine). scripts/test makes it with the
-    machine's set-up and names it in $PDL_GPU_MACHINE; without that, it is made here."""
-    if PYTHON_312 is None:
-        pytest.skip("no Python 3.12 here")
-    venv = Path(os.environ.get("PDL_GPU_MACHINE") or tmp_path_factory.mktemp("gpu-machine") / "venv")
-    run("bash", "scripts/gpu-machine", str(venv))
-    found = run(str(venv / "bin" / "python"), "-I", "-c", "import importlib.util as u; print(bool(u.find_spec('pdl')))")
-    assert found.stdout.strip() == "False", f"{venv} has PDL installed: it must be a bare GPU machine"
-    return venv
 
 
 def offline(*cmd: str) -> list[str]:
@@ -293,24 +257,6 @@ def test_horovods_build_finds_links_and_loads_the_nccl_of_torchs_wheel(bundle, t
                env={**os.environ, "HOROVOD_NCCL_HOME": str(home), "HOROVOD_NCCL_LINK": "SHARED"})
     assert f"Found NCCL (include: {home}/include, library: {home}/lib/libnccl.so)" in done.stdout, done.stdout
     assert f"NCCL_VERSION_CODE: {code}" in done.stdout, done.stdout
-
-
-@needs_python_312
-@pytest.mark.skipif(shutil.which("nvcc") is None,
-                    reason="no CUDA toolkit (nvcc) here: Horovod's GPU build configures only with one")
-@pytest.mark.integration
-def test_horovods_gpu_build_configures_against_the_nccl_of_torchs_wheel(target, tmp_path):
-    """Horovod's CMake configure step for an NCCL build, as scripts/build-horovod runs it
-    for the GPU machine's Python: it finds this machine's CUDA toolkit and the NCCL of
-    torch's wheel, linked shared; no variable is left NOTFOUND."""
-    done = run("bash", "scripts/build-horovod", str(target / "bin" / "python"), "--configure-only",
-               str(tmp_path / "build"), env={**os.environ, "HOROVOD_GPU_OPERATIONS": "NCCL"})
-    wheel_nccl = re.search(r"^build-horovod: NCCL from torch's wheel: (\S+)$", done.stdout, re.M)
-    assert wheel_nccl and Path(wheel_nccl.group(1)).parts[-4:-2] == ("nvidia", "nccl"), done.stdout
-    log = (tmp_path / "build" / "configure.log").read_text()
-    assert "-- Linking against shared NCCL library" in log and "-- Found CUDAToolkit: " in log, log
-    assert re.search(r"^-- Found NCCL \(include: \S+/nccl/include, library: \S+/nccl/lib/libnccl\.so\)$", log, re.M), log
-    assert "NOTFOUND" not in log, log
 
 
 def load_publisher():
