@@ -25,8 +25,13 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
 - **Lockout.** After ``allowed_failed_logins`` (5) wrong passwords for a name in a row,
   every password, the right one too, is refused until ``seconds_before_next_try`` (60)
   seconds after the last failure, and the login page says for how long. Then one more
-  wrong password locks it again; a right one clears the count. Counts live in the hub's
-  memory: a restart clears them. A password is counted before it is checked, and a name
+  wrong password locks it again; a right one clears the count, and so does an hour
+  without one (``FAILED_LOGINS_KEPT_S``). Counts live in the hub's memory: a restart
+  clears them.
+- **Names are not told.** A name without an account gets the answer of a wrong password,
+  after as long (a bcrypt check against a decoy hash of the same cost), and is counted
+  and locked the same way: before, a missing name answered in 53 ms and an account's
+  wrong password in 719 ms, and only existing names were ever locked. A password is counted before it is checked, and a name
   has one check at a time: guesses sent at once get HTTP 429 instead of a check each
   (40 at once were all checked, none refused as locked, before this). Checks run in
   a pool of their own (``LOGIN_CHECK_THREADS``), at most ``LOGIN_CHECKS_AT_MOST`` at
@@ -94,6 +99,9 @@ KNOWN_BROWSER_DAYS = 90
 
 #: The most bytes of a password that bcrypt takes (bcrypt 5 raises ValueError beyond).
 BCRYPT_MAX_BYTES = 72
+#: Seconds a name's count of wrong passwords is kept after its last one, for every name
+#: alike, those without an account too (so the counts of made-up names cannot fill memory).
+FAILED_LOGINS_KEPT_S = 3600
 #: NativeAuthenticator's templates; its page.html adds "Change Password" and, for admins,
 #: "Authorize Users" to every page's bar when it comes first in ``JupyterHub.template_paths``.
 TEMPLATE_DIR = native.TEMPLATE_DIR
@@ -177,6 +185,9 @@ class PDLAuthenticator(NativeAuthenticator):
         self._hashing = 0
         #: client address -> monotonic times of its sign-ups of unlisted names in the window
         self._signups: dict[str, deque[float]] = {}
+        #: the hash a login for a name without an account is checked against (made now, off the loop)
+        self._decoy_hash: bytes | None = None
+        self._check_pool.submit(self.decoy_hash)
         self.ensure_first_admin()
 
     @property
@@ -320,9 +331,20 @@ class PDLAuthenticator(NativeAuthenticator):
     # -- logging in --------------------------------------------------------------
 
     def add_login_attempt(self, key) -> None:
-        """Count one password for ``key``: a name, or a (name, known browser) pair."""
+        """Count one password for ``key``: a name, or a (name, known browser) pair; the
+        counts whose last password is over ``FAILED_LOGINS_KEPT_S`` old are forgotten."""
+        now = time.monotonic()
+        for stale in [k for k, a in self.login_attempts.items() if now - a["time"] >= FAILED_LOGINS_KEPT_S]:
+            del self.login_attempts[stale]
         count = self.login_attempts.get(key, {}).get("count", 0)
-        self.login_attempts[key] = {"count": count + 1, "time": time.monotonic()}
+        self.login_attempts[key] = {"count": count + 1, "time": now}
+
+    def decoy_hash(self) -> bytes:
+        """A bcrypt hash of a random password, of the cost of the accounts' own: what a login
+        for a name without an account is checked against, so that it takes as long."""
+        if self._decoy_hash is None:
+            self._decoy_hash = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt())
+        return self._decoy_hash
 
     def seconds_locked(self, key) -> float:
         """Seconds until ``key`` (as in :meth:`add_login_attempt`) may try a password again (0: now)."""
@@ -338,12 +360,13 @@ class PDLAuthenticator(NativeAuthenticator):
         """The name, for an authorized account's right password (and two-factor token,
         if it has one); None for a wrong one; HTTP 403 with the reason when the name is
         locked or not yet approved, 429 while the same browser kind's last guess for it
-        is being checked. A browser that logged in as the name before counts apart."""
+        is being checked. A browser that logged in as the name before counts apart.
+        A name without an account is answered as one with a wrong password, in as long
+        (checked against :meth:`decoy_hash`), counted and locked the same way: nothing
+        tells which names have accounts."""
         username = self.normalize_username(data.get("username", ""))
         password = data.get("password", "")
         info = self.get_user(username)
-        if info is None:
-            return None
         key = (username, is_known_browser(handler, username))
         wait = self.seconds_locked(key)
         if wait:
@@ -355,10 +378,14 @@ class PDLAuthenticator(NativeAuthenticator):
         self._checking.add(key)
         self.add_login_attempt(key)  # counted before the check; a right password clears it
         try:
-            right = await asyncio.get_running_loop().run_in_executor(
-                self._check_pool, password_matches, info.password, password)
+            loop = asyncio.get_running_loop()
+            hashed = info.password if info is not None else (
+                self._decoy_hash or await loop.run_in_executor(self._check_pool, self.decoy_hash))
+            right = await loop.run_in_executor(self._check_pool, password_matches, hashed, password)
         finally:
             self._checking.discard(key)
+        if info is None:
+            return None
         if right and info.has_2fa:
             right = info.is_valid_token(data.get("2fa"))
         if not right:

@@ -9,6 +9,7 @@ import html
 import os
 import sqlite3
 import stat
+import statistics
 import time
 
 import bcrypt
@@ -145,6 +146,34 @@ def test_forty_guesses_at_once_get_no_more_checks_than_the_lockout_allows(hub):
     time.sleep(LOCKOUT_S + 0.3)
     session, refused_now = hub.try_login("ben")
     assert refused_now == "" and logged_in(session)  # the owner gets in once the lock has passed
+
+
+@pytest.mark.hub
+@pytest.mark.timing
+def test_a_missing_name_and_a_wrong_password_cannot_be_told_apart(hub):
+    """The attack (issue 45, 4): a wrong password for a missing name answered in 53 ms,
+    for an existing one in 719 ms (the password check), and only existing names were
+    ever locked. Now both get the same answer after as long, and the same lock."""
+    time.sleep(LOCKOUT_S + 0.3)  # whatever an earlier test left of ben's lock
+
+    def timed_login(name: str) -> tuple[float, str]:
+        started = time.monotonic()
+        refused = hub.try_login(name, "not-the-password")[1]
+        return time.monotonic() - started, refused
+
+    seconds: dict[str, list[float]] = {"ben": [], "nobody-here": []}
+    for _ in range(ATTEMPTS):
+        for name in seconds:  # taken in turns: a slower moment of the machine hits both
+            took, refused = timed_login(name)
+            assert refused == "Invalid username or password", (name, refused)
+            seconds[name].append(took)
+    for name in seconds:  # ben's own password, and a guess for the missing name: both locked
+        password = hub.password(name) if name == "ben" else "a-good-guess"
+        assert hub.try_login(name, password)[1].startswith(f"Too many failed logins for {name}: try again in"), name
+    existing, missing = (statistics.median(seconds[name]) for name in seconds)
+    assert 1 / 1.3 <= existing / missing <= 1.3, seconds
+    time.sleep(LOCKOUT_S + 0.3)
+    assert logged_in(hub.login("ben"))  # clears his count for the tests below
 
 
 @pytest.mark.hub
@@ -561,3 +590,27 @@ def test_sign_up_codes_are_private_one_per_name_and_work_once(tmp_path):
     assert not codes.use("ann", first["ann"]) and not codes.matches("ann", first["ann"])
     assert codes.ensure(["ann", "ben", "kate"]).keys() == {"ben", "kate"}  # ann's stays used
     assert codes.state("zoe") is None
+
+
+@pytest.mark.unit
+def test_wrong_password_counts_are_forgotten_an_hour_after_the_last_for_every_name(authenticator_db, tmp_path):
+    """Counts of made-up names cannot fill the hub's memory: each count is kept
+    FAILED_LOGINS_KEPT_S after its last wrong password, whether the name has an account or not."""
+    import asyncio
+
+    from pdl_spawner.core.accounts import FAILED_LOGINS_KEPT_S
+
+    auth = make_authenticator(authenticator_db, tmp_path)
+
+    async def wrong(name: str) -> None:
+        assert await auth.authenticate(None, {"username": name, "password": "not-the-password"}) is None
+
+    async def logins() -> None:
+        for name in ("admin", "made-up-0", "made-up-1"):
+            await wrong(name)
+    asyncio.run(logins())
+    assert {key[0] for key in auth.login_attempts} == {"admin", "made-up-0", "made-up-1"}
+    for attempts in auth.login_attempts.values():  # as if their last password came an hour ago
+        attempts["time"] -= FAILED_LOGINS_KEPT_S
+    asyncio.run(wrong("made-up-2"))
+    assert list(auth.login_attempts) == [("made-up-2", False)]
