@@ -15,9 +15,6 @@ Slurm daemons' (and the queue) for one on the simulated Slurm cluster.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 import host_names
@@ -50,36 +47,14 @@ def worker_group(nodeid: str) -> str:
     return machine_wide_folder(nodeid) or nodeid.split("::")[0]
 
 
-#: Seconds each group's tests took in a whole run side by side (scripts/test writes them to
-#: .pdl/test-reports/group-seconds.json after each run; copy that file here to refresh).
-GROUP_SECONDS_FILE = Path(__file__).with_name("group_seconds.json")
-#: The seconds assumed for a group that file does not know yet (a new module).
-NEW_GROUP_S = 30.0
-
-
-def group_seconds() -> dict[str, float]:
-    """:data:`GROUP_SECONDS_FILE` read: ``{worker group: seconds}``."""
-    return json.loads(GROUP_SECONDS_FILE.read_text())
-
-
-def group_order(groups: list[str], seconds: dict[str, float]) -> list[str]:
-    """The order the workers get ``groups`` in: the machine-wide groups first (the longest,
-    and each needs its resource to itself), then the rest longest first by ``seconds``
-    (:data:`NEW_GROUP_S` for one it lacks), so that no long group starts last while the
-    other workers run out of work; ties by name."""
-    return sorted(groups, key=lambda group: (machine_wide_folder(group) is None,
-                                             -seconds.get(group, NEW_GROUP_S), group))
-
-
 def pytest_collection_modifyitems(config, items):
-    """The tests in :func:`group_order`, each group's in their own order, and each test's
-    group recorded in the JUnit XML (a ``worker_group`` property) for
-    ``scripts/test_report.py --group-seconds``."""
-    groups = {item.nodeid: worker_group(item.nodeid) for item in items}
-    rank = {group: i for i, group in enumerate(group_order(list(dict.fromkeys(groups.values())), group_seconds()))}
-    items.sort(key=lambda item: rank[groups[item.nodeid]])
+    """The machine-wide groups first: they are the longest, so side by side they start
+    at once and the other workers share out the rest meanwhile. Each test's group is
+    recorded in the JUnit XML (a ``worker_group`` property): ``scripts/test_report.py
+    --group-seconds`` sums the groups' seconds from it."""
+    items.sort(key=lambda item: machine_wide_folder(item.nodeid) is None)
     for item in items:
-        item.user_properties.append(("worker_group", groups[item.nodeid]))
+        item.user_properties.append(("worker_group", worker_group(item.nodeid)))
 
 
 @pytest.hookimpl(optionalhook=True)

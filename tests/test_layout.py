@@ -156,15 +156,3 @@ def test_a_test_of_a_kinds_code_lives_in_that_kinds_folder():
                 astray.append(f"{path.relative_to(tests)} uses the {kind} kind")
     assert astray == []
 
-
-def test_the_workers_get_the_machine_wide_groups_then_the_longest_first():
-    """Guards the groups' order in tests/conftest.py: a long group handed out last would
-    run alone at the end while the other workers wait (tests/group_seconds.json)."""
-    import conftest
-
-    seconds = {"tests/hub/test_short.py": 5, "tests/hub/test_long.py": 50, "tests/slurm/": 10, "tests/swarm/": 20}
-    groups = ["tests/hub/test_short.py", "tests/slurm/", "tests/hub/test_new.py", "tests/hub/test_long.py",
-              "tests/swarm/"]
-    assert conftest.group_order(groups, seconds) == [
-        "tests/swarm/", "tests/slurm/", "tests/hub/test_long.py", "tests/hub/test_new.py", "tests/hub/test_short.py"]
-    assert conftest.NEW_GROUP_S == 30.0 and conftest.group_seconds()["tests/swarm/"] > 0
