@@ -27,15 +27,15 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   seconds after the last failure, and the login page says for how long. Then one more
   wrong password locks it again; a right one clears the count, and so does an hour
   without one (``FAILED_LOGINS_KEPT_S``). Counts live in the hub's memory: a restart
-  clears them.
-- **Names are not told.** A name without an account gets the answer of a wrong password,
-  after as long (a bcrypt check against a decoy hash of the same cost), and is counted
-  and locked the same way: before, a missing name answered in 53 ms and an account's
-  wrong password in 719 ms, and only existing names were ever locked. A password is counted before it is checked, and a name
+  clears them. A password is counted before it is checked, and a name
   has one check at a time: guesses sent at once get HTTP 429 instead of a check each
   (40 at once were all checked, none refused as locked, before this). Checks run in
   a pool of their own (``LOGIN_CHECK_THREADS``), at most ``LOGIN_CHECKS_AT_MOST`` at
   once hub-wide; beyond, HTTP 429.
+- **Names are not told.** A name without an account gets the answer of a wrong password,
+  after as long (a bcrypt check against a decoy hash of the same cost), and is counted
+  and locked the same way: before, a missing name answered in 53 ms and an account's
+  wrong password in 719 ms, and only existing names were ever locked.
 - **A lock a stranger cannot keep closed.** A browser that logged in as a name keeps a
   signed cookie saying so (:data:`KNOWN_BROWSER_COOKIE`, ``KNOWN_BROWSER_DAYS``, HttpOnly,
   SameSite=Strict, the hub's path). Counts, locks and the one check at a time are kept
