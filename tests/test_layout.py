@@ -155,4 +155,3 @@ def test_a_test_of_a_kinds_code_lives_in_that_kinds_folder():
             if path.parent.name != kind and any(u == p or u.startswith(p + ".") for u in used for p in prefixes):
                 astray.append(f"{path.relative_to(tests)} uses the {kind} kind")
     assert astray == []
-

@@ -3,9 +3,7 @@ GPU machine's version) and, in it, torch as pip gives it there (``scripts/gpu-ma
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,14 +20,11 @@ def run(*cmd, **kwargs) -> subprocess.CompletedProcess:
 
 
 def python_312() -> str | None:
-    """A working Python 3.12 (the GPU machine's), or None: ``python3.12`` on PATH, else pyenv's."""
-    candidates = [shutil.which("python3.12"), *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12.*/bin/python3.12")))]
-    for candidate in filter(None, candidates):
-        done = subprocess.run([candidate, "-c", "import venv, sys; print(sys.version_info[:2])"], capture_output=True,
-                              text=True, timeout=60)
-        if done.returncode == 0 and done.stdout.strip() == "(3, 12)":
-            return candidate
-    return None
+    """A working Python 3.12 (the GPU machine's), or None: the one ``scripts/gpu-machine``
+    makes the GPU machine with (``python3.12`` on PATH, else pyenv's)."""
+    done = subprocess.run(["bash", "scripts/gpu-machine", "--python"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 PYTHON_312 = python_312()
