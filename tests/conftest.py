@@ -18,48 +18,29 @@ from __future__ import annotations
 import pytest
 
 import host_names
+from worker_groups import group_order, group_seconds, worker_group
 
 # each user's server is an origin of its own, <name>.localhost: resolve it as browsers do
 host_names.install()
 
 
-#: The folders whose tests share a machine-wide resource (a cluster kind's simulated
-#: cluster: its namespaces, daemons, Unix accounts and images, started once a session).
-MACHINE_WIDE = {
-    "tests/swarm/": "the simulated swarm (tests/swarm/conftest.py)",
-    "tests/slurm/": "the simulated Slurm cluster (tests/slurm/conftest.py)",
-}
-
-
-def machine_wide_folder(nodeid: str) -> str | None:
-    """The :data:`MACHINE_WIDE` folder the test ``nodeid`` is in, or None."""
-    return next((folder for folder in MACHINE_WIDE if nodeid.startswith(folder)), None)
-
-
-def worker_group(nodeid: str) -> str:
-    """The group of the test ``nodeid`` whose tests run in one worker, one after another,
-    when the tests run side by side (scripts/test: pytest-xdist, ``--dist loadscope``):
-    its folder where that shares a machine-wide resource (:data:`MACHINE_WIDE`), else its
-    module, so that a set-up made once per module (a hub, a cluster of engines) is made
-    once. Every other resource a test uses is its own: ports, Unix accounts under its
-    hub's prefix, a state folder under its tmp_path, its worker's servers' port range
-    (``hub_harness.server_ports``)."""
-    return machine_wide_folder(nodeid) or nodeid.split("::")[0]
-
-
 def pytest_collection_modifyitems(config, items):
-    """The machine-wide groups first: they are the longest, so side by side they start
-    at once and the other workers share out the rest meanwhile. Each test's group is
-    recorded in the JUnit XML (a ``worker_group`` property): ``scripts/test_report.py
-    --group-seconds`` sums the groups' seconds from it."""
-    items.sort(key=lambda item: machine_wide_folder(item.nodeid) is None)
+    """The tests by group (``harness/worker_groups.py``), the groups in
+    :func:`~worker_groups.group_order`, each group's tests in their own order. Each test's
+    group is recorded in the JUnit XML (a ``worker_group`` property): ``scripts/test_report.py
+    --group-seconds`` sums the groups' seconds from it, for tests/group_seconds.json."""
+    groups = {item.nodeid: worker_group(item.nodeid) for item in items}
+    order = group_order(list(dict.fromkeys(groups.values())), group_seconds())
+    rank = {group: i for i, group in enumerate(order)}
+    items.sort(key=lambda item: rank[groups[item.nodeid]])
     for item in items:
-        item.user_properties.append(("worker_group", worker_group(item.nodeid)))
+        item.user_properties.append(("worker_group", groups[item.nodeid]))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadscope`` with :func:`worker_group` as the scope, taken in collection order."""
+    """``--dist loadscope`` with :func:`~worker_groups.worker_group` as the scope, taken in
+    collection order."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling

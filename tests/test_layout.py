@@ -155,3 +155,19 @@ def test_a_test_of_a_kinds_code_lives_in_that_kinds_folder():
             if path.parent.name != kind and any(u == p or u.startswith(p + ".") for u in used for p in prefixes):
                 astray.append(f"{path.relative_to(tests)} uses the {kind} kind")
     assert astray == []
+
+
+def test_the_processes_get_the_machine_wide_groups_then_the_longest_first():
+    """Guards the groups' order (harness/worker_groups.py): a long group handed out last
+    would run alone at the end while the other processes wait."""
+    import worker_groups
+
+    seconds = {"tests/hub/test_short.py": 5, "tests/hub/test_long.py": 50, "tests/slurm/": 10, "tests/swarm/": 20}
+    groups = ["tests/hub/test_short.py", "tests/slurm/", "tests/hub/test_new.py", "tests/hub/test_long.py",
+              "tests/swarm/"]
+    assert worker_groups.group_order(groups, seconds) == [
+        "tests/swarm/", "tests/slurm/", "tests/hub/test_long.py", "tests/hub/test_new.py", "tests/hub/test_short.py"]
+    assert worker_groups.worker_group("tests/swarm/test_x.py::test_y") == "tests/swarm/"
+    assert worker_groups.worker_group("tests/hub/test_x.py::test_y[1]") == "tests/hub/test_x.py"
+    recorded = worker_groups.group_seconds()
+    assert recorded["tests/swarm/"] > 0 and all(Path(ROOT / group).exists() for group in recorded), recorded
