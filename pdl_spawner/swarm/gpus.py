@@ -11,9 +11,11 @@ A node declares its GPUs in ``node-generic-resources``: a ``NamedResourceSpec``
 What is held, counted as Swarm counts it (one definition, :func:`gpu_holdings`):
 
 - **A holding**: a GPU of an *active* task of a PDL engine service (label
-  ``pdl.role=engine``): the task's ``DesiredState`` is ``running`` and its
-  ``Status.State`` one of :data:`~pdl_spawner.swarm.state.ACTIVE_TASK_STATES`. Tasks
-  that stopped or are being stopped hold nothing.
+  ``pdl.role=engine``, :func:`is_active`): a task placed on a node until it has
+  stopped, even while it is being stopped (Swarm gives its GPU to another task only
+  then: counted free earlier, a user waiting in the queue got a spawn whose engines
+  Swarm could not place), and a task not placed yet while it is meant to run. Tasks
+  that stopped hold nothing.
 - **A pending holding** (gpu :data:`PENDING`): what an active PDL engine task reserves
   before Swarm assigned it a GPU; and what a PDL engine service scaled above 0
   reserves while it has no active task (between a task that died and its
@@ -48,7 +50,7 @@ from datetime import datetime, timezone
 from typing import NamedTuple
 
 from pdl_spawner.swarm.specs import GPU_TYPE_LABEL, LABEL_PREFIX
-from pdl_spawner.swarm.state import ACTIVE_TASK_STATES, service_replicas
+from pdl_spawner.swarm.state import ACTIVE_TASK_STATES, PLACED_TASK_STATES, service_replicas
 from pdl_spawner.core.usage import WorkerUsage
 
 #: The gpu of a holding whose task Swarm has not placed yet.
@@ -158,8 +160,13 @@ def is_available(node: dict) -> bool:
 
 
 def is_active(task: dict) -> bool:
-    """Whether ``task`` holds (or waits for) its resources: meant to run and in an active state."""
-    return task.get("DesiredState") == "running" and task.get("Status", {}).get("State") in ACTIVE_TASK_STATES
+    """Whether ``task`` holds (or waits for) its resources, as Swarm's scheduler counts
+    them: a task placed on a node (:data:`~pdl_spawner.swarm.state.PLACED_TASK_STATES`)
+    holds them there until it has stopped, even once it is meant to stop (its service
+    scaled to 0 or removed: its container may take seconds to end); a task not placed
+    yet waits for them only while it is meant to run."""
+    state = task.get("Status", {}).get("State")
+    return state in PLACED_TASK_STATES or (task.get("DesiredState") == "running" and state in ACTIVE_TASK_STATES)
 
 
 def node_gpu_type(node: dict) -> str:
@@ -184,7 +191,7 @@ def node_gpus(node: dict, resource: str) -> int:
 
 
 def task_gpus(task: dict, resource: str) -> int:
-    """GPUs a task reserves while it is active (0 once it stopped or is meant to stop)."""
+    """GPUs a task reserves while it is active (:func:`is_active`; 0 once it stopped)."""
     if not is_active(task):
         return 0
     return _count(task.get("Spec", {}).get("Resources", {}).get("Reservations", {}).get("GenericResources") or [],

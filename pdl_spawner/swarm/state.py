@@ -19,6 +19,8 @@ from pdl_spawner.swarm.specs import LABEL_PREFIX
 ACTIVE_TASK_STATES = frozenset(
     {"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running"}
 )
+#: Task states of a task placed on a node, which holds its resources there until it stops.
+PLACED_TASK_STATES = frozenset({"assigned", "accepted", "preparing", "ready", "starting", "running"})
 #: Task states after which a task will never run.
 FAILED_TASK_STATES = frozenset({"failed", "rejected", "orphaned", "shutdown", "complete", "remove"})
 #: What Swarm says about a task no node has resources for.

@@ -116,13 +116,34 @@ def test_stopped_tasks_and_services_that_are_not_pdl_engines_hold_no_gpu_of_thei
     ]
     # the stopped tasks hold no GPU of their own; the engine service that Swarm will start a
     # new task for still holds one for its user (pending), as the spawner counts it ...
-    assert [(h.gpu, h.node, h.owner) for h in gpu_holdings(nodes, services, tasks, GPU)] == [(PENDING, "", "alice")]
+    stopped = tasks[:3] + tasks[4:]
+    assert [(h.gpu, h.node, h.owner) for h in gpu_holdings(nodes, services, stopped, GPU)] == [(PENDING, "", "alice")]
     # ... and nothing once it is scaled to 0 (its engines released for idleness)
     services[0]["Spec"]["Mode"] = {"Replicated": {"Replicas": 0}}
-    assert gpu_holdings(nodes, services, tasks, GPU) == []
+    assert gpu_holdings(nodes, services, stopped, GPU) == []
     # the GPU other services' running tasks hold is in use all the same; stopped ones free theirs
     assert gpus_in_use(nodes, tasks, GPU) == [("pdl-node1", "GPU-fake-1")]
-    assert gpus_in_use(nodes, tasks[:4], GPU) == []
+    assert gpus_in_use(nodes, tasks[:3], GPU) == []
+
+
+def test_a_task_being_stopped_holds_its_gpu_until_it_has_stopped_as_swarm_counts_it():
+    """The race (issue 44's side-by-side runs, tests/swarm/test_swarm_reclaim.py): alice's
+    idle engines were scaled to 0 and their GPUs counted free at once, while their
+    containers still stopped; bob, first in the queue, got a spawn whose engines Swarm
+    could not place ("insufficient resources") and was refused with "3 of 3 are free"."""
+    nodes = [node("pdl-node1", ["GPU-fake-1"])]
+    services = [engine_service("s1", "alice")]
+    services[0]["Spec"]["Mode"] = {"Replicated": {"Replicas": 0}}  # released for idleness
+    stopping = [task("t1", "s1", "pdl-node1", "GPU-fake-1", state="running", desired="shutdown")]
+    assert [(h.gpu, h.node, h.owner) for h in gpu_holdings(nodes, services, stopping, GPU)] == [
+        ("GPU-fake-1", "pdl-node1", "alice")]
+    assert gpu_usage(nodes, services, stopping, GPU).free == 0
+    assert gpus_in_use(nodes, stopping, GPU) == [("pdl-node1", "GPU-fake-1")]
+    stopped = [task("t1", "s1", "pdl-node1", "GPU-fake-1", state="shutdown", desired="shutdown")]
+    assert gpu_holdings(nodes, services, stopped, GPU) == [] and gpu_usage(nodes, services, stopped, GPU).free == 1
+    # a task never placed holds nothing once it is not meant to run
+    unplaced = [task("t2", "s1", state="pending", desired="shutdown")]
+    assert gpu_holdings(nodes, services, unplaced, GPU) == []
 
 
 def test_a_pending_task_holds_a_pending_gpu_on_no_node_listed_after_the_placed_ones():

@@ -62,7 +62,7 @@ def test_gpu_usage_counts_ready_nodes_and_active_tasks():
         task("a1"), task("a2", state="pending", err="no suitable node (insufficient resources on 3 nodes)"),
         task("b1", state="starting"), task("x"),
         task("b1", state="failed", desired="shutdown"),     # an old, failed task of bob's
-        task("a1", state="running", desired="shutdown"),    # being stopped: not counted
+        task("a1", state="shutdown", desired="shutdown"),   # stopped: not counted
         task("x", gpus=0),                                    # reserves no GPU
     ]
     usage = gpu_usage(nodes, services, tasks, GPU)
@@ -72,6 +72,9 @@ def test_gpu_usage_counts_ready_nodes_and_active_tasks():
     # a server's own tasks are not counted against itself; promised GPUs are
     again = gpu_usage(nodes, services, tasks, GPU, exclude_owner="alice", promised={"carol": Promise("carol", 1)})
     assert again.holders == {"bob": 1, OTHER_SERVICES: 1, "carol": 1} and again.free == 2
+    # a task being stopped holds its GPU until it has stopped, as Swarm counts it
+    stopping = gpu_usage(nodes, services, [*tasks, task("a1", state="running", desired="shutdown")], GPU)
+    assert stopping.holders == {"alice": 3, "bob": 1, OTHER_SERVICES: 1} and stopping.free == 0
 
 
 def test_an_engine_service_between_a_dead_task_and_its_replacement_keeps_its_gpu():
@@ -81,9 +84,9 @@ def test_an_engine_service_between_a_dead_task_and_its_replacement_keeps_its_gpu
              task("a2", state="failed", desired="shutdown")]  # killed; Swarm restarts it after a delay
     usage = gpu_usage(nodes, services, tasks, GPU)
     assert usage.holders == {"alice": 2, "bob": 1} and usage.free == 0
-    # two replicas of another service hold two GPUs; a removed PDL service holds none
+    # two replicas of another service hold two GPUs; a removed PDL service holds none once stopped
     other = gpu_usage(nodes + [node("n4")], [service("x")],
-                      [task("x"), task("x"), task("a1", state="running", desired="shutdown")], GPU)
+                      [task("x"), task("x"), task("a1", state="shutdown", desired="shutdown")], GPU)
     assert other.holders == {OTHER_SERVICES: 2} and other.free == 2
     # a spawn in progress counts once: by its promise, not also by the services it created
     starting = gpu_usage(nodes, [service("c1", "carol", gpus=1)], [], GPU, promised={"carol": Promise("carol", 1)})
