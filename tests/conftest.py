@@ -15,10 +15,22 @@ Slurm daemons' (and the queue) for one on the simulated Slurm cluster.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
 import host_names
 from worker_groups import group_order, group_seconds, worker_group
+
+#: The tests' temporary folders (pytest's ``tmp_path``, :mod:`tempfile`'s), outside /tmp:
+#: each user's server sees a /tmp of its own (pdl_spawner/core/private_tmp.py), never the
+#: machine's, and the tests hand servers folders they made there (stand-in GPUs, data sets).
+TESTS_TMP = Path(__file__).resolve().parent.parent / ".pdl" / "tmp"
+TESTS_TMP.mkdir(parents=True, exist_ok=True)
+os.environ["TMPDIR"] = str(TESTS_TMP)
+tempfile.tempdir = None  # tempfile reads TMPDIR again
 
 # each user's server is an origin of its own, <name>.localhost: resolve it as browsers do
 host_names.install()

@@ -45,7 +45,7 @@ from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from pdl.contract import ServerContract, cluster_dir_in
-from pdl_spawner.core import device_cgroup, port_filter, unix_accounts
+from pdl_spawner.core import device_cgroup, port_filter, private_tmp, unix_accounts
 from pdl_spawner.core.db_thread import submit
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
@@ -113,6 +113,13 @@ class HostServer(LoggingConfigurable):
         "", config=True,
         help="""Folder whose files every new account's home starts with (useradd --skel);
         empty: the system's /etc/skel.""",
+    )
+
+    private_tmp_root = Unicode(
+        private_tmp.DEFAULT_ROOT, config=True,
+        help="""Folder (root's, mode 0700) where each server's own /tmp and /var/tmp are kept
+        while it runs, when the hub runs as root: every server sees its own /tmp, /var/tmp
+        and /dev/shm, never another user's (pdl_spawner.core.private_tmp).""",
     )
 
     home_dir_template = Unicode(
@@ -206,6 +213,15 @@ class HostServer(LoggingConfigurable):
                                           isolation=HostServer._isolation)
 
     @property
+    def private_tmp(self) -> private_tmp.PrivateTmp | None:
+        """This server's own temporary places (:mod:`~pdl_spawner.core.private_tmp`); None
+        without :attr:`system_users`."""
+        if not self.system_users:
+            return None
+        return private_tmp.PrivateTmp(f"{self.account}/{self.name}" if self.name else self.account,
+                                      self.private_tmp_root)
+
+    @property
     def port_cgroup(self) -> port_filter.PortCgroup | None:
         """This server's bind filter's cgroup (:mod:`~pdl_spawner.core.port_filter`); None
         without :attr:`system_users`, or where the machine cannot filter binds (the hub
@@ -257,6 +273,7 @@ class HostServer(LoggingConfigurable):
             leftover = cgroup.kill_all(KILL_WAIT_S)
             if leftover:
                 raise RuntimeError(f"processes {leftover} of {self.owner} do not die")
+        self.private_tmp.prepare()
 
     def end_processes(self) -> None:
         """Kill whatever is left of this server (a process that left its tree) and
@@ -269,6 +286,7 @@ class HostServer(LoggingConfigurable):
             self.log.error("processes %s of %s survived SIGKILL", left, self.owner)
         else:
             cgroup.remove()
+            self.private_tmp.remove()
             ports = self.port_cgroup
             if ports is not None:
                 try:
@@ -282,11 +300,13 @@ class HostServer(LoggingConfigurable):
     def make_preexec_fn(self, name):
         if self.system_users:
             joined = [c.procs_file for c in (self.cgroup, self.port_cgroup) if c is not None]
+            own_tmp = self.private_tmp
             become_user = set_user_setuid(self.account)
 
             def preexec():
                 for procs in joined:  # as root, before giving root up (one folder on cgroup v2 hosts)
                     device_cgroup.join(procs)
+                own_tmp.enter()
                 become_user()
 
             return preexec

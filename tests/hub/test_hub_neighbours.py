@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -262,6 +263,53 @@ for port in {ports!r}:
 print(json.dumps({{"joined": joined}}))
 """)
     assert found == {"joined": []}
+
+
+def test_ben_cannot_plant_a_compile_cache_or_any_file_in_anns_temporary_places(hub, ann, ben):
+    """Guards ``pdl_spawner/core/private_tmp.py`` (each server's own /tmp, /var/tmp and
+    /dev/shm). The attack (issue 45, 1): torch keeps its compile cache in
+    ``/tmp/torchinductor_<account>`` and makes it without checking who owns it; ben made
+    ann's first, opened it to everyone and planted a module that her kernel then ran as
+    her. Now ben's folders are in his places only: ann's kernel and engines never see
+    them, and her torch cache lands in her own /tmp; nor does ben see what ann writes."""
+    victim = hub.account("ann")
+    planted = run_as_ben(ben, f"""
+import json, os
+planted = []
+for place in ("/tmp", "/var/tmp", "/dev/shm"):
+    folder = os.path.join(place, "torchinductor_{victim}")
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o777)
+    with open(os.path.join(folder, "planted.py"), "w") as f:
+        f.write("import os; os.system('touch /tmp/ran-as-ann')")
+    planted.append(os.path.join(folder, "planted.py"))
+print(json.dumps(planted))
+""")
+    assert len(planted) == 3
+    look = f"""
+import json, os
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+folder = cache_dir()  # torch's own default for this account, made if missing
+print(json.dumps({{"seen": [p for p in {planted!r} if os.path.exists(p)], "cache": folder,
+                  "cache_owner": os.stat(folder).st_uid, "me": os.getuid()}}))
+"""
+    in_kernel = json.loads(ann.execute_ok(look)["stdout"].strip().splitlines()[-1])
+    in_engine = json.loads(ann.execute_ok("%%distributed -n 1\n" + look)["stdout"].strip().splitlines()[-1])
+    for seen in (in_kernel, in_engine):
+        assert seen["seen"] == [] and seen["cache"] == f"/tmp/torchinductor_{victim}", seen
+        assert seen["cache_owner"] == seen["me"] == account_of(hub, "ann").pw_uid, seen
+
+    # ann's own places: shared by her kernel and engines (the collectives' /dev/shm), never with ben
+    ann.execute_ok("for place in ('/tmp', '/var/tmp', '/dev/shm'):\n"
+                   "    open(place + '/anns-notes', 'w').write('hers')")
+    assert "hers hers hers" in ann.execute_ok(
+        "%%distributed -n 1\nprint(*(open(p + '/anns-notes').read() for p in ('/tmp', '/var/tmp', '/dev/shm')))")["stdout"]
+    found = run_as_ben(ben, """
+import json, os
+print(json.dumps([p + "/anns-notes" for p in ("/tmp", "/var/tmp", "/dev/shm") if os.path.exists(p + "/anns-notes")]))
+""")
+    assert found == []
+    assert not any(Path(p).exists() for p in planted), "ben's files went to the machine's shared places"
 
 
 def test_ben_cannot_open_anns_gpu_only_his_own(hub, devices, ben):
