@@ -124,9 +124,10 @@ if _embedded and os.geteuid() != 0 and len(users) > 1:
                      "or list one user")
 
 # The hub, and the proxy and admin view it starts, are the last the OOM killer picks: the
-# users' processes (marked by the spawner) and their memory limits go first.
-if os.geteuid() == 0 and (_oom_problem := protect_hub()):
-    print(f"pdl: {_oom_problem}", file=sys.stderr)
+# users' processes (marked by the spawner) and their memory limits go first. Where the hub
+# may not lower its score, the spawner logs so at its first start.
+if os.geteuid() == 0:
+    protect_hub()
 
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = int(os.environ.get("PDL_HUB_PORT", "8000"))

@@ -163,17 +163,25 @@ def _limit_memory(folder: Path, most_bytes: int) -> None:
         memsw.write_text(str(most_bytes))
 
 
-def protect_hub() -> str | None:
+def protect_hub() -> bool:
     """The calling process (the hub) and what it starts from now on: the last the
-    machine-wide OOM killer picks (:data:`HUB_OOM_SCORE_ADJ`). None when done; else one
-    line saying why not (lowering a score needs CAP_SYS_RESOURCE, which some containers
-    drop): the users' processes are still picked first (:func:`mark_user_process`)."""
+    machine-wide OOM killer picks (:data:`HUB_OOM_SCORE_ADJ`). False where it may not
+    (lowering a score needs CAP_SYS_RESOURCE, which some containers drop; :func:`hub_protection`
+    says so): the users' processes are still picked first (:func:`mark_user_process`)."""
     try:
         Path("/proc/self/oom_score_adj").write_text(str(HUB_OOM_SCORE_ADJ))
     except PermissionError:
-        return ("the hub's OOM score stays at the kernel's default: lowering it needs CAP_SYS_RESOURCE; "
-                f"the users' processes are still picked first (oom_score_adj {USER_OOM_SCORE_ADJ})")
-    return None
+        return False
+    return True
+
+
+def hub_protection() -> str:
+    """One line for the hub's log: the calling process's OOM score against its users'."""
+    score = int(Path("/proc/self/oom_score_adj").read_text())
+    if score <= HUB_OOM_SCORE_ADJ:
+        return f"OOM: the hub's score is {score}, its users' processes' {USER_OOM_SCORE_ADJ}: the hub goes last"
+    return (f"OOM: the hub's score stays at {score} (lowering it needs CAP_SYS_RESOURCE); its users' processes' "
+            f"{USER_OOM_SCORE_ADJ}: they are still picked first")
 
 
 def mark_user_process() -> None:

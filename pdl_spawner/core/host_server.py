@@ -264,6 +264,7 @@ class HostServer(LoggingConfigurable):
             every_user = account_limits.limit_all_users(found.mounts, self.memory_kept_for_hub)
             if every_user is not None:
                 self.log.info("Memory: the users' processes take at most %.1f GiB together", every_user / 2**30)
+            self.log.info("%s", account_limits.hub_protection())
         return account_limits.AccountLimits(self.account, HostServer._limits_support.mounts)
 
     @property
