@@ -14,10 +14,8 @@ workers come from (``claim_workers``, ``release``, ``release_blocking``).
   home of mode 0700, inside a device cgroup of their own
   (:mod:`~pdl_spawner.core.device_cgroup`, which also tracks every process of the
   server) and in a cgroup v2 whose bind filter lets them take, of ``port_range``, only
-  their own server's port (:mod:`~pdl_spawner.core.port_filter`), in a mount namespace
-  with a /tmp, /var/tmp and /dev/shm of the server's own (:mod:`~pdl_spawner.core.private_tmp`),
-  and in cgroups of their account that bound their processes and memory
-  (:mod:`~pdl_spawner.core.account_limits`); nothing of a user runs as root. Without root, every server runs as the hub's own user: one person's
+  their own server's port (:mod:`~pdl_spawner.core.port_filter`); nothing of a user
+  runs as root. Without root, every server runs as the hub's own user: one person's
   machine.
 - **Start.** The kind claims the workers, then the account is made (once: a kind
   whose claim is made as the user makes it during the claim, :meth:`HostServer.ensure_account`);
@@ -41,14 +39,13 @@ import sys
 from pathlib import Path
 
 from jupyterhub.spawner import set_user_setuid
-from jupyterhub.traitlets import ByteSpecification
 from jupyterhub.utils import url_path_join
 from tornado import web
 from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from pdl.contract import ServerContract, cluster_dir_in
-from pdl_spawner.core import account_limits, device_cgroup, port_filter, private_tmp, unix_accounts
+from pdl_spawner.core import device_cgroup, port_filter, unix_accounts
 from pdl_spawner.core.db_thread import submit
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
@@ -116,36 +113,6 @@ class HostServer(LoggingConfigurable):
         "", config=True,
         help="""Folder whose files every new account's home starts with (useradd --skel);
         empty: the system's /etc/skel.""",
-    )
-
-    private_tmp_root = Unicode(
-        private_tmp.DEFAULT_ROOT, config=True,
-        help="""Folder (root's, mode 0700) where each server's own /tmp and /var/tmp are kept
-        while it runs, when the hub runs as root: every server sees its own /tmp, /var/tmp
-        and /dev/shm, never another user's (pdl_spawner.core.private_tmp).""",
-    )
-
-    process_limit = Integer(
-        4096, config=True,
-        help="""Processes and threads each user may have at once, all their servers, kernels
-        and engines together, when the hub runs as root (a pids cgroup per account:
-        pdl_spawner.core.account_limits). Past it, starting one more fails in that user's
-        processes only (Python: BlockingIOError, errno 11); everyone else and the hub go
-        on. A PyTorch engine runs some tens of threads. 0: no limit.""",
-    )
-
-    @validate("process_limit")
-    def _validate_process_limit(self, proposal):
-        if proposal.value < 0:
-            raise ValueError(f"process_limit must be 0 (no limit) or a number of processes, got {proposal.value}")
-        return proposal.value
-
-    memory_kept_for_hub = ByteSpecification(
-        "1G", config=True,
-        help="""Memory that the users' processes, all together, never take, when the hub runs
-        as root: it stays for the hub, the proxy and the admin view (every user's account is
-        in one memory cgroup limited to the machine's memory less this). Each user's own
-        limit is JupyterHub's `mem_limit` (default: none of their own).""",
     )
 
     home_dir_template = Unicode(
@@ -239,35 +206,6 @@ class HostServer(LoggingConfigurable):
                                           isolation=HostServer._isolation)
 
     @property
-    def private_tmp(self) -> private_tmp.PrivateTmp | None:
-        """This server's own temporary places (:mod:`~pdl_spawner.core.private_tmp`); None
-        without :attr:`system_users`."""
-        if not self.system_users:
-            return None
-        return private_tmp.PrivateTmp(f"{self.account}/{self.name}" if self.name else self.account,
-                                      self.private_tmp_root)
-
-    #: account_limits.support()'s answer, looked up (and the users' memory limited) once per hub process
-    _limits_support: account_limits.Support | None = None
-
-    @property
-    def account_limits(self) -> account_limits.AccountLimits | None:
-        """The cgroups that bound this server's account (:mod:`~pdl_spawner.core.account_limits`);
-        None without :attr:`system_users`. The first call of a hub process logs what this
-        machine cannot limit, and limits the memory of all users together."""
-        if not self.system_users:
-            return None
-        if HostServer._limits_support is None:
-            HostServer._limits_support = found = account_limits.support()
-            for problem in found.missing:
-                self.log.warning("%s", problem)
-            every_user = account_limits.limit_all_users(found.mounts, self.memory_kept_for_hub)
-            if every_user is not None:
-                self.log.info("Memory: the users' processes take at most %.1f GiB together", every_user / 2**30)
-            self.log.info("%s", account_limits.hub_protection())
-        return account_limits.AccountLimits(self.account, HostServer._limits_support.mounts)
-
-    @property
     def port_cgroup(self) -> port_filter.PortCgroup | None:
         """This server's bind filter's cgroup (:mod:`~pdl_spawner.core.port_filter`); None
         without :attr:`system_users`, or where the machine cannot filter binds (the hub
@@ -319,10 +257,6 @@ class HostServer(LoggingConfigurable):
             leftover = cgroup.kill_all(KILL_WAIT_S)
             if leftover:
                 raise RuntimeError(f"processes {leftover} of {self.owner} do not die")
-        self.private_tmp.prepare()
-        limits = self.account_limits
-        if limits is not None:
-            limits.apply(processes=self.process_limit, memory_bytes=self.mem_limit or 0)
 
     def end_processes(self) -> None:
         """Kill whatever is left of this server (a process that left its tree) and
@@ -335,10 +269,6 @@ class HostServer(LoggingConfigurable):
             self.log.error("processes %s of %s survived SIGKILL", left, self.owner)
         else:
             cgroup.remove()
-            self.private_tmp.remove()
-            limits = self.account_limits
-            if limits is not None:
-                limits.remove()  # kept while another server of the account runs
             ports = self.port_cgroup
             if ports is not None:
                 try:
@@ -352,15 +282,11 @@ class HostServer(LoggingConfigurable):
     def make_preexec_fn(self, name):
         if self.system_users:
             joined = [c.procs_file for c in (self.cgroup, self.port_cgroup) if c is not None]
-            joined += self.account_limits.procs_files
-            own_tmp = self.private_tmp
             become_user = set_user_setuid(self.account)
 
             def preexec():
                 for procs in joined:  # as root, before giving root up (one folder on cgroup v2 hosts)
                     device_cgroup.join(procs)
-                own_tmp.enter()
-                account_limits.mark_user_process()  # the OOM killer picks it before the hub
                 become_user()
 
             return preexec
