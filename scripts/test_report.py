@@ -1,8 +1,9 @@
 """The closing report of scripts/test, from the JUnit XML files of its pytest runs: the
 slowest tests (set-up, call and tear-down together, in seconds), the counts of the whole
 suite in one line (``tests: N passed, N failed, N skipped``) and where the time went;
-with ``--group-seconds FILE``, also the seconds of each worker group (tests/conftest.py)
-written to FILE as JSON (the figures for handing the groups out longest first).
+with ``--group-seconds FILE``, also the seconds of each worker group
+(tests/harness/worker_groups.py) written to FILE as JSON (the figures for handing the
+groups out longest first).
 
 Usage: test_report.py [--slowest N] [--setup-s S] [--part "NAME=SECONDS"]... [--group-seconds FILE] REPORT.xml...
 """
