@@ -23,6 +23,9 @@ from worker_groups import group_order, group_seconds, worker_group
 # each user's server is an origin of its own, <name>.localhost: resolve it as browsers do
 host_names.install()
 
+# CPU seconds a test, with PDL_CPU_PROFILE set (harness/cpu_profile.py)
+pytest_plugins = ("cpu_profile",)
+
 
 def pytest_collection_modifyitems(config, items):
     """The tests by group (``harness/worker_groups.py``), the groups in

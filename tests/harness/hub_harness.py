@@ -296,6 +296,12 @@ c.JupyterHub.log_level = "INFO"
         except OSError:
             return ""
 
+    def wait_for_log(self, text: str, timeout: float, n: int = 2000) -> None:
+        """Wait (up to ``timeout`` s) for ``text`` in the last ``n`` lines of the hub's log:
+        the hub logs what it did once it is done, after the change a test sees elsewhere
+        (a reclaim frees the GPUs, then says so)."""
+        wait_until(lambda: text in self.log_tail(n), timeout, what=lambda: f"{text!r} in the hub's log")
+
     #: Lines an admin should not find in the hub's log (issue 31): a line per look at a
     #: server's engine lease (debug lines), a warning about the options PDL applies itself.
     LOG_NOISE = re.compile(r".*(GET \S*/pdl/api/lease|unhandled user_options).*")

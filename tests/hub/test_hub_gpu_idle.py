@@ -86,7 +86,7 @@ def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub
             " return p.querySelector('.pdl-notice').innerText.startsWith("
             "'Engines released (GPUs held idle (0 % use) since ') && !p.querySelector('.pdl-gpu-idle'); }",
             timeout=15_000, polling=250)
-        assert "from alice: GPUs held idle (0 % use) for " in hub.log_tail(400)
+        hub.wait_for_log("from alice: GPUs held idle (0 % use) for ", 15)
         assert admin_status(hub)["gpu_idle"] == []
 
         (gpus / "readings").write_text("0, 50\n1, 50\n")  # in use again once they are back

@@ -314,7 +314,7 @@ print(json.dumps({{}}))
                            "print(json.dumps({'read': n}))")
     assert read == {"read": 8}
     wait_until(lambda: "ben" not in hub.reservations().values(), 30, what="the hub to free ben's GPU once closed")
-    assert f"Reclaimed {gpu} from ben" in hub.log_tail(200)
+    hub.wait_for_log(f"Reclaimed {gpu} from ben", 15)
 
 
 def test_bens_lease_files_get_him_no_more_than_his_limit_nor_anns_slot(hub, devices, ben):

@@ -53,7 +53,7 @@ def test_a_session_ends_with_a_release_the_next_cell_explains_and_a_forged_lease
         wait_until(lambda: (hub.server_api("alice", "/pdl/api/cluster")["message"] or "").startswith(released),
                    LIMIT_S + 30, what=f"the panel to say: {released}...")
         wait_until(lambda: not hub.reservations(), 30, what="alice's slots to be freed")
-        assert f"Reclaimed cpu:0,cpu:1 from alice: {WHY} reached" in hub.log_tail(400)
+        hub.wait_for_log(f"Reclaimed cpu:0,cpu:1 from alice: {WHY} reached", 15)
 
         # the next cell says why in one line, and gets a new session
         asked_at = time.time()  # the new session starts after this
@@ -73,7 +73,7 @@ def test_a_session_ends_with_a_release_the_next_cell_explains_and_a_forged_lease
         wait_until(lambda: not hub.reservations(), LIMIT_S + ENFORCE_AFTER_S + 30,
                    what="the hub to take alice's slots back")
         assert time.time() >= asked_at + LIMIT_S  # not before her session's end
-        assert f"Took back cpu:0,cpu:1 from alice: {WHY} reached" in hub.log_tail(400)
+        hub.wait_for_log(f"Took back cpu:0,cpu:1 from alice: {WHY} reached", 15)
     finally:
         kernel.close()
         hub.api("DELETE", "/users/alice/server")

@@ -30,7 +30,7 @@ def test_idle_engines_end_the_job_and_the_next_cell_asks_slurm_again(hub, slurm)
         wait_until(lambda: not hub.pdl_jobs("ann"), 90, what=lambda: f"ann's idle job to end: {slurm.jobs()}")
         wait_until(lambda: not slurm_engines(hub.root), 30, what="her engine steps to end")
         assert hub.server_ready("ann")
-        assert f"Reclaimed Slurm job {first['id']} from ann: engines idle for {IDLE_S} s" in hub.log_tail(400)
+        hub.wait_for_log(f"Reclaimed Slurm job {first['id']} from ann: engines idle for {IDLE_S} s", 15)
 
         # Slurm's GPUs go to ben; ann's next cell is refused with Slurm's reason
         hub.spawn("ben", 2)

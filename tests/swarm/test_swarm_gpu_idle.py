@@ -70,7 +70,7 @@ def test_a_gpu_held_idle_is_flagged_then_released_and_the_next_cell_says_why(hub
         check_gpu_idle_flag(hub, "alice", kernel, magic("x = 1", 1), flag_s=FLAG_S, timeout=FLAG_S + 30)
         wait_gpu_idle_release(hub, "alice", RELEASE_S + 20)
         wait_until(lambda: engine_replicas(swarm, "alice") == [0], 30, what="alice's engine service to scale to 0")
-        assert "from alice: GPUs held idle (0 % use) for " in hub.log_tail(2000)
+        hub.wait_for_log("from alice: GPUs held idle (0 % use) for ", 15)
         assert admin_status(hub)["gpu_idle"] == []
 
         set_use(swarm, readings, 50)

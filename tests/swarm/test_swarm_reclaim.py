@@ -53,7 +53,7 @@ def test_idle_engines_release_their_gpus_to_a_waiting_user_and_come_back(hub, sw
         hub.wait_ready("bob", timeout=IDLE_S + 240)
         assert replicas(swarm, "alice") == [0, 0, 0] and replicas(swarm, "bob") == [1, 1]
         assert hub.server_ready("alice"), "alice's notebook server must stay"
-        assert f"from alice: engines idle for {IDLE_S} s" in hub.log_tail(2000)
+        hub.wait_for_log(f"from alice: engines idle for {IDLE_S} s", 15)
         panel = hub.server_api("alice", "/pdl/api/cluster")  # what her Cluster panel shows
         assert panel["message"] == (f"Engines released (engines idle for {IDLE_S} s): "
                                     "the next %%distributed cell asks for them again."), panel
@@ -74,7 +74,7 @@ def test_idle_engines_release_their_gpus_to_a_waiting_user_and_come_back(hub, sw
         wait_until(lambda: pdl_objects(swarm, "bob") == ([], []), 120, what="bob's services to go")
         out = kernel.execute_ok(SUM3, timeout=300)
         assert "sum 3" in out["stdout"] and "asking for 3 again" in out["stderr"], out
-        assert "Granted 3 GPU(s) to alice again" in hub.log_tail(2000)
+        hub.wait_for_log("Granted 3 GPU(s) to alice again", 15)
         assert replicas(swarm, "alice") == [1, 1, 1]
         assert kernel.execute_ok("print(x + 1)")["stdout"].strip() == "42"
     finally:

@@ -51,7 +51,7 @@ def test_a_session_ends_in_a_release_of_the_gpus_and_the_next_cell_starts_a_new_
         wait_until(lambda: (hub.server_api("alice", "/pdl/api/cluster")["message"] or "").startswith(released),
                    LIMIT_S + 30, what=f"the panel to say: {released}...")
         wait_until(lambda: engine_replicas(swarm, "alice") == [0], 30, what="alice's engine service to scale to 0")
-        assert f"from alice: {WHY} reached" in hub.log_tail(2000)
+        hub.wait_for_log(f"from alice: {WHY} reached", 15)
         assert hub.server_ready("alice"), "alice's notebook server must stay"
 
         out = kernel.execute_ok(SUM1, timeout=240)
