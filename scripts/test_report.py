@@ -1,6 +1,8 @@
 """The closing report of scripts/test, from the JUnit XML files of its pytest runs: the
 slowest tests (set-up, call and tear-down together, in seconds), the counts of the whole
-suite in one line (``tests: N passed, N failed, N skipped``) and where the time went;
+suite in one line (``tests: N passed, N failed, N skipped``), where the time went, and
+last each failed test with the first line of why (the end of a long log is what a CI
+page shows);
 with ``--group-seconds FILE``, also the seconds of each worker group
 (tests/harness/worker_groups.py) written to FILE as JSON (the figures for handing the
 groups out longest first).
@@ -25,6 +27,11 @@ class Outcome:
     seconds: float
     ended: str  # "passed", "failed" (a failure or an error) or "skipped"
     group: str | None = None  # its worker group, where the report names it (a worker_group property)
+    why: str = ""  # a failed test's message, on one line, at most WHY_CHARS characters
+
+
+#: Characters of a failed test's message the report keeps.
+WHY_CHARS = 400
 
 
 def outcomes(path: str) -> list[Outcome]:
@@ -36,10 +43,13 @@ def outcomes(path: str) -> list[Outcome]:
     found = []
     for case in root.iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
-        ended = ("failed" if case.find("failure") is not None or case.find("error") is not None
+        failure = case.find("failure") if case.find("failure") is not None else case.find("error")
+        ended = ("failed" if failure is not None
                  else "skipped" if case.find("skipped") is not None else "passed")
         group = next((p.get("value") for p in case.iter("property") if p.get("name") == "worker_group"), None)
-        found.append(Outcome(f"{module}.py::{case.get('name', '?')}", float(case.get("time") or 0), ended, group))
+        why = " ".join((failure.get("message") or "").split())[:WHY_CHARS] if failure is not None else ""
+        found.append(Outcome(f"{module}.py::{case.get('name', '?')}", float(case.get("time") or 0), ended, group,
+                             why))
     return found
 
 
@@ -62,6 +72,9 @@ def report(tests: list[Outcome], slowest: int, setup_s: float | None, parts: lis
     total = sum(seconds for _, seconds in parts)
     head = f"time: set-up {setup_s / 60:.1f} min, then " if setup_s is not None else "time: "
     lines.append(f"{head}tests {total / 60:.1f} min ({'; '.join(spent)})")
+    for t in tests:
+        if t.ended == "failed":
+            lines += [f"failed: {t.test}", f"  {t.why}"]
     return "\n".join(lines)
 
 
