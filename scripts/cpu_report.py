@@ -1,7 +1,8 @@
 """Where a test run's CPU went: the JSON lines of ``tests/harness/cpu_profile.py``
 (``PDL_CPU_PROFILE=<prefix>``) summed by worker group (tests/harness/worker_groups.py),
 most first, in CPU seconds: the group's own processes, the simulated swarm's nodes and
-Docker's containers meanwhile, and its wall seconds.
+Docker's containers meanwhile (counted for the swarm folder's tests only: the others
+do not use them, and their tests run beside the swarm's), and its wall seconds.
 
     python scripts/cpu_report.py [--top N] [--tests] FILE.jsonl...
 """
@@ -18,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "harne
 from worker_groups import worker_group  # noqa: E402
 
 FIELDS = ("own_s", "swarm_s", "docker_s", "wall_s")
+#: The worker group of the tests on the simulated swarm.
+SWARM = "tests/swarm/"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in path.read_text().splitlines():
             row = json.loads(line)
             key = row["test"] if args.tests else worker_group(row["test"])
+            on_swarm = worker_group(row["test"]) == SWARM
             for field in FIELDS:
-                sums[key][field] += row[field]
+                sums[key][field] += row[field] if on_swarm or field in ("own_s", "wall_s") else 0.0
     total = {f: sum(s[f] for s in sums.values()) for f in FIELDS}
     print(f"{'own':>8} {'swarm':>8} {'docker':>8} {'wall':>8}  (CPU seconds; wall seconds)")
     for key, s in sorted(sums.items(), key=lambda kv: -(kv[1]["own_s"] + kv[1]["swarm_s"]))[:args.top]:
