@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import slurm_harness
 from fault_cells import SUM, magic
-from hub_harness import Hub, Kernel, openmp_wait_env, pids_matching, process_env, running
+from hub_harness import Hub, Kernel, openmp_wait_env, pids_matching, process_env, running, runs_as_root
 from waiting import wait_until
 
 
@@ -60,6 +60,20 @@ c.Spawner.start_timeout = 120
         """PDL's reservation jobs in Slurm's queue (of ``user``), as SlurmSim.jobs gives them."""
         return [j for j in self.slurm.jobs() if j["name"].startswith("pdl:")
                 and (user is None or j["name"].split(":")[1] == user)]
+
+    def delete_account(self, user: str) -> None:
+        """Remove ``user``'s account from Slurm's accounting (the hub added it to the lab's
+        account), then delete the Unix account as :meth:`Hub.delete_account` does.
+        slurmctld keeps each association with its uid: a uid that a later test's new
+        account gets would otherwise still have this one's association (the unknown
+        user of ``test_slurm_limits.py`` got a job so)."""
+        if runs_as_root():
+            name = self.account(user)
+            # Slurm keeps the account of a user with jobs in its queue
+            wait_until(lambda: not [j for j in self.slurm.jobs() if j["user"] == name], 60,
+                       what=lambda: f"{name}'s jobs to leave Slurm's queue: {self.slurm.jobs()}")
+            self.slurm.run("sacctmgr", "--immediate", "delete", "user", f"name={name}")
+        super().delete_account(user)
 
     def check_nothing_left(self) -> None:
         """After :meth:`close`: what :meth:`Hub.check_nothing_left` checks, and no job of
