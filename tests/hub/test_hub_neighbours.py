@@ -306,8 +306,7 @@ held_gpu = os.open({str(devices / f'nvidia{BENS_GPU}')!r}, os.O_RDONLY)
 LeaseFiles(Path({str(lease)!r})).write(Release(reason="idle", workers=1))
 print(json.dumps({{}}))
 """)
-    wait_until(lambda: f"Kept {gpu} for ben, whose lease says released" in hub.log_tail(200), 30,
-               what="the hub to keep ben's GPU while he holds it")
+    hub.wait_for_log(f"Kept {gpu} for ben, whose lease says released", 30)  # he holds it open
     time.sleep(3)  # the hub looks at the lease every second: three more looks
     assert hub.reservations().get(gpu) == "ben"
     read = run_as_ben(ben, "import json, os\nn = len(os.read(held_gpu, 8))\nos.close(held_gpu)\n"

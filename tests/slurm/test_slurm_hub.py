@@ -74,8 +74,7 @@ def test_three_gpus_are_one_job_of_the_users_account_and_ddp_trains_across_the_n
     wait_until(lambda: not hub.pdl_jobs("ann") and {n["state"] for n in slurm.nodes().values()} == {"idle"}, 60,
                what=lambda: f"ann's job gone and every node idle: {slurm.jobs()} {slurm.nodes()}")
     # by its id, and the log says which (the stop used to forget the id first: by name only)
-    wait_until(lambda: f"Cancelled Slurm job {job['id']} of ann" in hub.log_tail(2000), 10,
-               what=lambda: f"'Cancelled Slurm job {job['id']} of ann' in the hub log:\n{hub.log_tail(40)}")
+    hub.wait_for_log(f"Cancelled Slurm job {job['id']} of ann", 10)
 
 
 HANG_CELL = """%%distributed -n 3 --hang-timeout 2
