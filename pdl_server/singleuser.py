@@ -53,16 +53,25 @@ class IdleTracker:
         self.cluster, self.client = cluster, None  # connected on first use, by the thread that uses it
         self.last_busy = time.monotonic()
         self._completed = None
+        self._failing: str | None = None  # why the last look failed, said once in the log
 
     def idle_s(self) -> float:
         """Seconds since an engine last had a task (0 now if one has, or if the
-        controller cannot tell now: it is busy or restarting)."""
+        controller cannot tell now: it is busy or restarting; the server's log says
+        why, once until a look succeeds)."""
         try:
             if self.client is None:
                 self.client = self.cluster.connect_client_sync()
             status = self.client.queue_status()
-        except Exception:  # noqa: BLE001 - look again later
+        except Exception as e:  # noqa: BLE001 - look again later
+            why = f"{type(e).__name__}: {e}"
+            if why != self._failing:
+                log(f"idle watch: cannot read the engines' queues now ({why}); trying again")
+            self._failing = why
             return 0.0
+        if self._failing is not None:
+            log("idle watch: reading the engines' queues again")
+            self._failing = None
         engines = {k: v for k, v in status.items() if isinstance(v, dict)}
         completed = sum(v.get("completed", 0) for v in engines.values())
         busy = any(v.get("queue") or v.get("tasks") for v in engines.values()) or status.get("unassigned")

@@ -289,12 +289,14 @@ c.JupyterHub.log_level = "INFO"
             device_cgroup.DeviceCgroup(name).remove()
 
     def log_tail(self, n: int = 80) -> str:
-        """The last ``n`` lines of the hub's log, which also holds what users' servers print
-        (a local spawner's servers write to the hub's stdout and stderr)."""
+        """The last ``n`` lines of the hub's log but the tests' own polls
+        (:attr:`OWN_POLLS`); the log also holds what users' servers print (a local
+        spawner's servers write to the hub's stdout and stderr)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
+        return "\n".join([line for line in lines if not self.OWN_POLLS.search(line)][-n:])
 
     def wait_for_log(self, text: str, timeout: float, n: int = 2000) -> None:
         """Wait (up to ``timeout`` s) for ``text`` in the last ``n`` lines of the hub's log:
@@ -332,12 +334,7 @@ c.JupyterHub.log_level = "INFO"
         """What a failing test's report shows of this hub (tests/conftest.py): the last 200
         lines of the hub's log but the tests' own polls (:attr:`OWN_POLLS`), then each
         server log, as (title, text)."""
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        shown = [line for line in lines if not self.OWN_POLLS.search(line)][-200:]
-        sections = [(f"hub log ({self.log_path}; the tests' own polls left out)", "\n".join(shown))]
+        sections = [(f"hub log ({self.log_path}; the tests' own polls left out)", self.log_tail(200))]
         sections += [(f"server log ({path})", text) for path, text in self.server_logs().items()]
         return sections
 

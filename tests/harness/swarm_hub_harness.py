@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import requests
 from docker.errors import DockerException
@@ -43,6 +44,12 @@ print(f"hvd {hvd.rank()}/{hvd.size()} local {hvd.local_rank()}/{hvd.local_size()
 HVD_RESULT = re.compile(r"hvd (\d)/3 local 0/1 cross (\d)/3 host (\S+) sum 6")
 
 
+#: Run in a notebook container: the last {tail} lines of each ipyparallel log of its
+#: cluster folder, but the idle watch's queue requests.
+CONTROLLER_LOG = """for f in "${{PDL_CLUSTER_DIR:-$HOME/.pdl/cluster}}"/profile/log/*.log; do
+echo "== $f"; grep -v "requested 'queue_request'" "$f" | tail -n {tail}; done"""
+
+
 class SwarmHub(Hub):
     """The project's hub config in its swarm mode (``PDL_SPAWNER=swarm``), on the simulated swarm."""
 
@@ -69,13 +76,25 @@ c.Spawner.http_timeout = 120
             **(hub_env or {}),
         }, extra_config=config)
         self.swarm = swarm
+        #: What a failing test's servers said before its clean-up stopped them (:meth:`api`).
+        self.kept_logs: dict[str, str] = {}
 
-    def server_logs(self, tail: int = 40) -> dict[str, str]:
-        """The last ``tail`` lines of the logs of every service PDL made (a server's notebook,
-        controller included, and its engines), by service."""
+    def api(self, method: str, path: str, token: str | None = None, **kwargs) -> requests.Response:
+        """As :meth:`Hub.api`; a server stopped while an exception unwinds (a failing
+        test's ``finally``) first has its services' logs and its controller's kept for
+        the report (:meth:`failure_sections`), since they go with its services."""
+        stopped = re.fullmatch(r"/users/([^/]+)/server", path) if method == "DELETE" else None
+        if stopped and sys.exc_info()[1] is not None:
+            self.kept_logs.update(self.server_logs(user=stopped[1], tail=200))
+            self.kept_logs.update(self.controller_log(stopped[1]))
+        return super().api(method, path, token=token, **kwargs)
+
+    def server_logs(self, tail: int = 40, user: str | None = None) -> dict[str, str]:
+        """The last ``tail`` lines of the logs of every service PDL made (a server's notebook
+        and its engines; of ``user`` only if given), by service."""
         logs = {}
         try:
-            services = self.swarm.manager.services.list(filters={"label": "pdl.owner"})
+            services = self.swarm.manager.services.list(filters={"label": f"pdl.user={user}" if user else "pdl.owner"})
         except (DockerException, requests.RequestException) as e:  # a report shows what it can
             return {"(services)": f"could not list PDL's services: {e}"}
         for service in services:
@@ -85,6 +104,25 @@ c.Spawner.http_timeout = 120
             except (DockerException, requests.RequestException) as e:
                 logs[service.name] = f"(no log: {e})"
         return logs
+
+    def controller_log(self, user: str, tail: int = 200) -> dict[str, str]:
+        """The last ``tail`` lines of the ipyparallel logs in ``user``'s notebook container
+        (its controller's) but the idle watch's look every 2 s, as {title: text}; empty
+        when no node runs it."""
+        for i in self.swarm.node_ids():
+            try:
+                for container in self.swarm.containers(i, label=f"com.docker.swarm.service.name=pdl-{user}"):
+                    out = container.exec_run(["sh", "-c", CONTROLLER_LOG.format(tail=tail)])
+                    return {f"pdl-{user}: ipyparallel logs": out.output.decode(errors="replace").rstrip()}
+            except (DockerException, requests.RequestException) as e:
+                return {f"pdl-{user}: ipyparallel logs": f"(none: {e})"}
+        return {}
+
+    def failure_sections(self) -> list[tuple[str, str]]:
+        """:meth:`Hub.failure_sections`, then the logs kept at a failing test's clean-up
+        (once: the next test's report starts without them)."""
+        kept, self.kept_logs = self.kept_logs, {}
+        return super().failure_sections() + [(f"kept at its stop: {name}", text) for name, text in kept.items()]
 
     def check_nothing_left(self) -> None:
         """After :meth:`close`: fail unless every service and secret PDL made is gone, and
