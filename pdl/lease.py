@@ -20,7 +20,11 @@ own file atomically, so nobody overwrites another's:
   the spawner answers with :class:`Extended` or a :class:`Refusal`, which the server
   keeps (:meth:`LeaseFiles.extension`); the hub enforces its own end either way;
 - the spawner flags GPUs held idle (:class:`GpuIdle`, its own readings), which the
-  server shows and, at ``release_at``, acts on as on idle engines.
+  server shows and, at ``release_at``, acts on as on idle engines;
+- a kernel notes each distributed cell's start (:meth:`LeaseFiles.note_cell_start`) and
+  reads the release under one lock with the server's idle release
+  (:meth:`LeaseFiles.decision_lock`): a cell that starts as its engines go idle either
+  sees their release, and asks again, or keeps them.
 
 Everything here can be written by the user, so the hub trusts none of it: :func:`decode`
 checks only the shape, a want's count is the user's text until the spawner checks it,
@@ -29,8 +33,12 @@ and a release's reason never reaches the hub's log.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
@@ -265,6 +273,9 @@ HELD_FILE = "engines-held.json"
 EXTEND_WISH_FILE, EXTENSION_FILE = "session-extend-wish.json", "session-extended.json"
 #: The hub's flag on GPUs held idle, while it stands.
 GPU_IDLE_FILE = "gpu-idle.json"
+#: When a kernel last started a distributed cell (epoch seconds), and the lock that
+#: orders that note against the server's idle release.
+CELL_STARTED_FILE, DECISION_LOCK_FILE = "cell-started", "release.lock"
 
 
 class LeaseFiles:
@@ -338,6 +349,36 @@ class LeaseFiles:
         else:
             self._remove(GPU_IDLE_FILE)
 
+    @contextlib.contextmanager
+    def decision_lock(self) -> Iterator[None]:
+        """Held (an exclusive ``flock`` on the folder's lock file) while a kernel notes a
+        cell's start and reads the release, and while the server decides on an idle
+        release: the release comes first, and the cell sees it, or the note does, and the
+        server keeps the engines. Where the lock file cannot be opened (no folder), no
+        lock: it only narrows that race."""
+        try:
+            fd = os.open(self.directory / DECISION_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def note_cell_start(self, now: float | None = None) -> None:
+        """Record that a distributed cell starts now (``now``: epoch seconds)."""
+        body = repr(time.time() if now is None else now).encode()
+        write_atomic(self.directory / CELL_STARTED_FILE, lambda f: f.write(body))
+
+    def cell_started_at(self) -> float:
+        """When a distributed cell last started (epoch seconds), 0.0 if none did."""
+        try:
+            return float((self.directory / CELL_STARTED_FILE).read_text())
+        except (OSError, ValueError):
+            return 0.0
+
     def view(self) -> LeaseView:
         """What the lease API shows (:class:`LeaseView`)."""
         return LeaseView(released=self.released(), want=self.want(), answer=self.answer(), extend=self.extend_wish())
@@ -359,7 +400,7 @@ class LeaseFiles:
         """Forget everything, the held grant and the session's extension too (a new server
         starts on its spawn's workers)."""
         self._remove(FILES[Release], FILES[Want], FILES[Grant], HELD_FILE, EXTEND_WISH_FILE, EXTENSION_FILE,
-                     GPU_IDLE_FILE)
+                     GPU_IDLE_FILE, CELL_STARTED_FILE)
 
     def _remove(self, *names: str) -> None:
         for name in names:

@@ -173,13 +173,17 @@ class Engines:
         self._wait_until_live(target)
 
     def _bring_back(self) -> None:
-        """Under the hub: if the engines were stopped for idleness, ask for slots again and
+        """Under the hub: note the cell's start in the lease (the server keeps engines a cell
+        starts on), and if the engines were stopped for idleness, ask for slots again and
         wait until they run (:mod:`pdl.lease`); DistributedUsageError if none are free."""
         lease = LeaseFiles.of_this_server()
-        if lease is not None:
-            self._mind_session_end(lease)
-        released = lease.released() if lease is not None else None
-        flag = lease.gpu_idle() if lease is not None else None
+        if lease is None:
+            return
+        self._mind_session_end(lease)
+        with lease.decision_lock():  # a release decided now comes before this cell, or waits for the next idle spell
+            lease.note_cell_start()
+            released = lease.released()
+        flag = lease.gpu_idle()
         if released is None and flag is not None:  # the hub's flag: this cell may well lift it
             print(flag.line(), file=sys.stderr, flush=True)
         if released is None:

@@ -89,8 +89,8 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
     """Keep ``host``'s engines running until ``stop`` is set.
 
     With a ``tracker``, an ``idle_timeout_s`` and a ``lease``: once no engine has had a
-    task for that long, release them (the host stops them, or the hub does) and record
-    the :class:`~pdl.lease.Release`; once the hub grants them again, bring them back as
+    task for that long and no cell started for that long, release them (the host stops
+    them, or the hub does) and record the :class:`~pdl.lease.Release`; once the hub grants them again, bring them back as
     the grant says. Engines lost for good (a Slurm job that ended) are a release too,
     and so is the session's end (:mod:`pdl_server.session_clock`: released a few
     seconds before its job's time limit, so that no cell starts on engines about to be
@@ -98,6 +98,15 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
     """
     def release(reason: str) -> None:
         lease.write(host.release(reason))
+
+    def release_idle() -> bool:
+        """Release for idleness unless a cell started within the timeout (decided under
+        the lease's lock, which a starting cell takes too: :meth:`LeaseFiles.decision_lock`)."""
+        with lease.decision_lock():
+            if time.time() - lease.cell_started_at() < idle_timeout_s:
+                return False
+            release(f"engines idle for {idle_timeout_s:g} s")
+            return True
 
     released = False
     while not stop.wait(SUPERVISE_PERIOD_S):
@@ -112,8 +121,7 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
                     tracker.reset()
                 released = False
             continue
-        if tracker is not None and lease is not None and tracker.idle_s() >= idle_timeout_s:
-            release(f"engines idle for {idle_timeout_s:g} s")
+        if tracker is not None and lease is not None and tracker.idle_s() >= idle_timeout_s and release_idle():
             released = True
             continue
         end = session_end(lease=lease) if lease is not None else None

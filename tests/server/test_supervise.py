@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from pdl.contract import ServerContract
-from pdl.lease import Grant, LeaseFiles, Release, Want
+from pdl.lease import FILES, Grant, LeaseFiles, Release, Want
 from pdl_server import clusters, engine_hosts
 from pdl_server.singleuser import IdleTracker, supervise
 from waiting import wait_until
@@ -79,6 +79,26 @@ def test_idle_engines_are_released_then_brought_back_on_the_slots_the_hub_grante
     assert again == Release(reason="engines idle for 1 s", workers=2, slots=("cpu:1", "cpu:2"))
     assert lease.held() == grant and lease.want() is None and lease.answer() is None
     assert lease.current_slots(["cpu:0", "cpu:1"]) == ["cpu:1", "cpu:2"]
+
+
+@pytest.mark.integration
+def test_a_cell_that_starts_as_the_engines_go_idle_keeps_them(cluster, supervised, tmp_path):
+    """The kernel's side of the race, as pdl_magics' Engines does it at a cell's start:
+    under the lease's lock, note the cell and read the release. The server's idle release
+    waits for the lock, then sees the cell and keeps the engines for another timeout."""
+    import time
+
+    lease = LeaseFiles(tmp_path)
+    with lease.decision_lock():  # a kernel at a cell's start, while the engines' idle time runs out
+        supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 2.0, lease)
+        time.sleep(4)  # the engines have been idle for longer than the timeout
+        lease.note_cell_start()
+        noted = time.time()
+        assert lease.released() is None
+    time.sleep(1)
+    assert lease.released() is None and running(cluster, "cpu:0"), "the cell's engines were released under it"
+    wait_until(lease.released, 60, what="the release once the cell has been idle for the timeout")
+    assert (tmp_path / FILES[Release]).stat().st_mtime >= noted + 2.0  # written no earlier
 
 
 @pytest.mark.integration
