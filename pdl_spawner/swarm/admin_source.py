@@ -94,7 +94,8 @@ PAGE = PageParts(summary=nodes_summary, sections=lambda status: holdings_section
 
 
 def read_swarm(docker_host: str) -> tuple[list[dict], list[dict], list[dict]]:
-    """The swarm's nodes, PDL's engine services and the tasks meant to run, as the
+    """The swarm's nodes, PDL's engine services and their tasks (those meant to stop
+    too: one holds its GPU until it has, :func:`~pdl_spawner.swarm.gpus.is_active`), as the
     Engine API of the manager at ``docker_host`` (a Docker base URL) returns them.
     Each call may take up to :data:`DOCKER_TIMEOUT_S` seconds. Raises what docker-py
     raises (see :func:`read_swarm_status`)."""
@@ -105,7 +106,7 @@ def read_swarm(docker_host: str) -> tuple[list[dict], list[dict], list[dict]]:
         return (
             client.nodes(),
             client.services(filters={"label": [f"{LABEL_PREFIX}role=engine"]}),
-            client.tasks(filters={"desired-state": ["running"]}),
+            client.tasks(),
         )
     finally:
         client.close()

@@ -47,10 +47,12 @@ class SwarmGpuPromises(HasTraits):
 
     async def read_swarm(self) -> tuple[list[dict], list[dict], list[dict]]:
         """PDL's nodes, the engine services and the tasks on PDL's nodes (or not placed
-        yet); the nodes' GPU types are remembered (:meth:`gpu_types_for`)."""
+        yet), whatever their desired state: a task meant to stop holds its GPU until it
+        has (:func:`~pdl_spawner.swarm.gpus.is_active`); the nodes' GPU types are
+        remembered (:meth:`gpu_types_for`)."""
         nodes = await self.cluster_nodes()
         services = await self.docker("services", filters={"label": [f"{LABEL_PREFIX}role=engine"]})
-        tasks = await self.docker("tasks", filters={"desired-state": ["running"]})
+        tasks = await self.docker("tasks")
         if self.nodes:  # tasks placed on the other nodes hold none of these GPUs
             ids = {n["ID"] for n in nodes}
             tasks = [t for t in tasks if t.get("NodeID") in ids or not t.get("NodeID")]

@@ -53,7 +53,7 @@ class FakeSwarm:
         self.secrets_: dict[str, dict] = {}
         self.networks_: dict[str, dict] = {}  # by name
         self.reject_images = set(reject_images)
-        self.stop_polls = stop_polls  # tasks() calls a removed service's tasks take to stop
+        self.stop_polls = stop_polls  # tasks() calls a removed or scaled-down service's tasks take to stop
         self.after_call = None  # hook(method, swarm) run after each call
         self.calls: list[str] = []
         self._ids = itertools.count(1)
@@ -76,7 +76,7 @@ class FakeSwarm:
 
     def _schedule(self) -> None:
         for t in self.tasks_:
-            if t.get("_stop_polls"):  # removed, still stopping: keeps its GPU meanwhile
+            if t.get("_stop_polls"):  # removed or scaled down, still stopping: keeps its GPU meanwhile
                 t["_stop_polls"] -= 1
                 if t["_stop_polls"] <= 0:
                     t["Status"] = {"State": "shutdown"}
@@ -127,7 +127,8 @@ class FakeSwarm:
         return out
 
     def _new_tasks(self, sid: str, task_template: dict, mode) -> None:
-        nodes = [n["ID"] for n in self.nodes_] if "Global" in (mode or {}) else [None]
+        replicas = ((mode or {}).get("Replicated") or {}).get("Replicas", 1)
+        nodes = [n["ID"] for n in self.nodes_] if "Global" in (mode or {}) else [None] * replicas
         for node in nodes:
             task = {"ID": self._id("task"), "ServiceID": sid, "DesiredState": "running",
                     "Version": {"Index": next(self._ids)}, "Spec": task_template, "Status": {"State": "new"}}
@@ -191,18 +192,27 @@ class FakeSwarm:
         return {**task_template, "Networks": refs} if refs else task_template
 
     def update_service(self, service, version, task_template=None, name=None, labels=None, mode=None,
-                       endpoint_spec=None, **kwargs):
+                       endpoint_spec=None, fetch_current_spec=False, **kwargs):
         with self._lock:
             s = self._service(service)
             if version != s["Version"]["Index"]:
                 raise APIError("rpc error: update out of sequence")
+            if fetch_current_spec:  # docker-py's: what the call leaves out stays as it is
+                current = s["Spec"]
+                task_template = task_template or current.get("TaskTemplate")
+                name, labels = name or current.get("Name"), labels or current.get("Labels")
+                mode, endpoint_spec = mode or current.get("Mode"), endpoint_spec or current.get("EndpointSpec")
             task_template = self._network_ids(task_template)
             s["Spec"].update(Name=name, Labels=labels or {}, TaskTemplate=task_template, Mode=mode,
                              EndpointSpec=endpoint_spec)
             s["Version"] = {"Index": next(self._ids)}
             for t in self.tasks_:
                 if t["ServiceID"] == s["ID"] and t["DesiredState"] == "running":
-                    t["DesiredState"], t["Status"] = "shutdown", {"State": "shutdown"}
+                    t["DesiredState"] = "shutdown"
+                    if t["Status"]["State"] == "running" and self.stop_polls:  # its container still stops
+                        t["_stop_polls"] = self.stop_polls
+                    else:
+                        t["Status"] = {"State": "shutdown"}
             self._new_tasks(s["ID"], task_template, mode)
             self._schedule()
             return self._call("update_service", None)

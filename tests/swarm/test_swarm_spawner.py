@@ -130,6 +130,20 @@ def test_stop_removes_everything_and_frees_the_gpus():
     assert len(swarm.running("engine")) == 3
 
 
+def test_gpus_of_engines_scaled_to_0_stay_held_until_their_containers_stop():
+    """An idle release scales the engine services to 0; Swarm gives their GPUs to another
+    task only once their containers have stopped, and the free count says the same: else
+    the user first in the queue gets a spawn whose engines Swarm cannot place."""
+    swarm = FakeSwarm(stop_polls=10)  # the double's looks at the swarm until a container has stopped
+    alice = make_spawner(swarm, "alice", 3)
+    run(alice.start())
+    assert len(run(alice.reclaim_idle_workers())) == 3
+    bob = make_spawner(swarm, "bob", 2)
+    assert run(bob.worker_usage()).holders == {"alice": 3}  # her containers still stop
+    usage = [run(bob.worker_usage()) for _ in range(10)]
+    assert usage[-1].free == 3 and usage[-1].holders == {}, usage
+
+
 def test_a_restarted_hub_reattaches_through_the_state():
     swarm = FakeSwarm()
     alice = make_spawner(swarm, "alice", 2)
