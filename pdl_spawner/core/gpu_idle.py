@@ -134,6 +134,12 @@ class GpuIdleWatch(HasTraits):
         if told != self._told and await self.fetch_lease(encode(notice), part="gpu-idle") is not None:
             self._told = told
 
+    async def lift_gpu_idle(self) -> None:
+        """The GPUs were given back: forget their readings and lift the flag at once, for
+        the admin view and the server alike (their containers may take seconds to stop)."""
+        self.gpu_tracker.forget()
+        await self.tell_gpu_idle()
+
     async def record_gpu_idle(self, since: float | None) -> None:
         """Keep the flag where the admin view reads it (the spawner's own; nowhere by default)."""
 

@@ -293,7 +293,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
             reason = self.reclaim_reason()
             taken = await self.take_back_workers()
             self.stop_session()
-            self.gpu_tracker.forget()
+            await self.lift_gpu_idle()
             if taken:
                 self.log.info("Took back %s from %s: %s", ",".join(taken), self.owner_key, reason)
             return
@@ -307,7 +307,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
         if reclaimed:
             self.log.info("Reclaimed %s from %s: %s", ",".join(reclaimed), self.owner_key, self.reclaim_reason())
         self.stop_session()
-        self.gpu_tracker.forget()
+        await self.lift_gpu_idle()
         if lease.want is None:
             return
         try:
