@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import itertools
 import json
 import os
 import pwd
@@ -44,28 +45,50 @@ from waiting import wait_until
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 #: The users' servers' ports of one test process's hubs: each pytest-xdist worker (gw0,
 #: gw1, ...; the only process when the tests run one by one) has :data:`PORTS_A_WORKER`
 #: of its own from 20000 on, so hubs of tests that run side by side never pick the same
 #: port, and 29000 and up stay free for the tests that bind fixed ports there.
 FIRST_SERVER_PORT, PORTS_A_WORKER, MAX_WORKERS = 20000, 1000, 9
+#: The hubs' own ports (the proxy's, its API's, the hub's, a service's): each worker has
+#: :data:`PORTS_A_WORKER` of its own from 11000 on, below the servers' and outside the
+#: kernel's ephemeral range (32768-60999). A port the kernel picked free there could be
+#: taken before the hub bound it, by a test beside it or by any outgoing connection (a
+#: proxy's API port was: EADDRINUSE, the hub did not start).
+FIRST_HUB_PORT = 11000
+_hub_port_turns = itertools.count()
+
+
+def worker_index(worker: str | None = None) -> int:
+    """The index of ``worker`` (default: this process's, ``$PYTEST_XDIST_WORKER``; gw0
+    when the tests run in one process). ValueError past :data:`MAX_WORKERS` workers."""
+    worker = worker if worker is not None else os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw"))
+    if not 0 <= index < MAX_WORKERS:
+        raise ValueError(f"the tests run in at most {MAX_WORKERS} workers (gw0..gw{MAX_WORKERS - 1}), got {worker}")
+    return index
+
+
+def free_port() -> int:
+    """A port of this process's own block (:data:`FIRST_HUB_PORT`) that no socket uses now,
+    taken in turn so that a port just handed out is not handed out again soon."""
+    low = FIRST_HUB_PORT + worker_index() * PORTS_A_WORKER
+    for _ in range(PORTS_A_WORKER):
+        port = low + next(_hub_port_turns) % PORTS_A_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or still in TIME_WAIT
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{low + PORTS_A_WORKER - 1}")
 
 
 def server_ports(worker: str | None = None) -> tuple[int, int]:
     """(low, high), inclusive: the servers' port range of the hubs that ``worker``'s tests
     start (default: this process's, ``$PYTEST_XDIST_WORKER``). ValueError past
     :data:`MAX_WORKERS` workers."""
-    worker = worker if worker is not None else os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    index = int(worker.removeprefix("gw"))
-    if not 0 <= index < MAX_WORKERS:
-        raise ValueError(f"the tests run in at most {MAX_WORKERS} workers (gw0..gw{MAX_WORKERS - 1}), got {worker}")
-    low = FIRST_SERVER_PORT + index * PORTS_A_WORKER
+    low = FIRST_SERVER_PORT + worker_index(worker) * PORTS_A_WORKER
     return low, low + PORTS_A_WORKER - 1
 
 
