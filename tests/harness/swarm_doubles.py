@@ -74,6 +74,14 @@ class FakeSwarm:
                  and t["Status"]["State"] == "running" for g in t.get("_gpus", [])}
         return [g for g in offered if g not in taken]
 
+    def _begin_stop(self, t: dict) -> None:
+        """Task ``t`` is meant to stop: a running one's container takes :attr:`stop_polls`
+        looks to end (keeping its GPU meanwhile), as in Swarm; one already stopping goes on."""
+        if t["Status"]["State"] == "running" and self.stop_polls and not t.get("_stop_polls"):
+            t["_stop_polls"] = self.stop_polls
+        elif not t.get("_stop_polls"):
+            t["Status"] = {"State": "shutdown"}
+
     def _schedule(self) -> None:
         for t in self.tasks_:
             if t.get("_stop_polls"):  # removed or scaled down, still stopping: keeps its GPU meanwhile
@@ -209,10 +217,7 @@ class FakeSwarm:
             for t in self.tasks_:
                 if t["ServiceID"] == s["ID"] and t["DesiredState"] == "running":
                     t["DesiredState"] = "shutdown"
-                    if t["Status"]["State"] == "running" and self.stop_polls:  # its container still stops
-                        t["_stop_polls"] = self.stop_polls
-                    else:
-                        t["Status"] = {"State": "shutdown"}
+                    self._begin_stop(t)
             self._new_tasks(s["ID"], task_template, mode)
             self._schedule()
             return self._call("update_service", None)
@@ -240,10 +245,7 @@ class FakeSwarm:
             for t in self.tasks_:
                 if t["ServiceID"] == s["ID"]:
                     t["DesiredState"] = "remove"
-                    if t["Status"]["State"] == "running" and self.stop_polls:
-                        t["_stop_polls"] = self.stop_polls
-                    elif not t.get("_stop_polls"):
-                        t["Status"] = {"State": "shutdown"}
+                    self._begin_stop(t)
             self._schedule()
             return self._call("remove_service", True)
 
