@@ -44,6 +44,7 @@ class CpuProfile:
         self.group.mkdir(exist_ok=True)
         (self.group / "cgroup.procs").write_text(str(os.getpid()))
         self.out = Path(f"{prefix}.{worker}.jsonl")
+        self.out.parent.mkdir(parents=True, exist_ok=True)
 
     def sample(self) -> dict[str, float]:
         return {"wall_s": time.monotonic(), "own_s": _usage_s(self.group),
