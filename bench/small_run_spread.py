@@ -16,10 +16,11 @@ the test's run, not the recipe's accuracy, which docs/benchmarks.md measures on 
 images. 4 s an epoch on 2 cores with the recipe's batch.
 
 Measured here (2 cores, the recipe's batch): with balance off, 91.8-92.5 % after 10
-epochs over seeds 0-3 (38 s a run), 81.0-89.2 % after 5 (23-25 s), 75.5-88.8 % after 4. With balance on, the split
-follows the ranks' timing and the run no longer depends on its seed only: 5 of 18 runs
-of 6 to 15 epochs stalled between 44 % and 48 % (train loss near 1.7), the others
-ended at 85-96 %. The tests' small run therefore splits evenly (``PDL_BALANCE=off``).
+epochs over seeds 0-3 (38 s a run), 81.0-89.2 % after 5 (23-25 s), 75.5-88.8 % after 4.
+With balance on, the split follows the ranks' timing and the run no longer depends on
+its seed only: 5 of 18 runs of 6 to 15 epochs stalled between 44 % and 48 % (train loss
+near 1.7), the others ended at 85-96 %. The tests' small run therefore splits evenly
+(``PDL_BALANCE=off``).
 ``SPREAD_LOG=1`` prints rank 0's log (the epochs' lines and the balancer's).
 """
 

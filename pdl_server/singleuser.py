@@ -88,13 +88,13 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
               idle_timeout_s: float = 0.0, lease: LeaseFiles | None = None) -> None:
     """Keep ``host``'s engines running until ``stop`` is set.
 
-    With a ``tracker``, an ``idle_timeout_s`` and a ``lease``: once no engine has had a
-    task for that long and no cell started for that long, release them (the host stops
-    them, or the hub does) and record the :class:`~pdl.lease.Release`; once the hub
-    grants them again, bring them back as the grant says. Engines lost for good (a Slurm job that ended) are a release too,
-    and so is the session's end (:mod:`pdl_server.session_clock`: released a few
-    seconds before its job's time limit, so that no cell starts on engines about to be
-    killed); without a lease, supervision then ends with one line saying so.
+    With a ``tracker``, an ``idle_timeout_s`` and a ``lease``: once no engine has had a task
+    for that long and no cell started for that long, release them (the host stops them, or
+    the hub does) and record the :class:`~pdl.lease.Release`; once the hub grants them
+    again, bring them back as the grant says. Engines lost for good (a Slurm job that ended)
+    are a release too, and so is the session's end (:mod:`pdl_server.session_clock`:
+    released a few seconds before its job's time limit, so that no cell starts on engines
+    about to be killed); without a lease, supervision then ends with one line saying so.
     """
     def release(reason: str) -> None:
         lease.write(host.release(reason))
