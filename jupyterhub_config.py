@@ -95,6 +95,7 @@ import sys
 from pathlib import Path
 
 from pdl.balance.plan import MODES as BALANCE_MODES
+from pdl_spawner.core.account_limits import protect_hub
 from pdl_spawner.core.accounts import TEMPLATE_DIR, name_problem
 from pdl_spawner.core.credentials import SignupCodes
 from pdl_spawner.core.hub_settings import local_config_problem, port_range, seconds
@@ -121,6 +122,12 @@ if _embedded and os.geteuid() != 0 and len(users) > 1:
     raise SystemExit(f"PDL_USERS lists {len(users)} users, but the hub is not root, so their servers could not "
                      "be kept apart: start it as root (each user then gets their own Unix account), "
                      "or list one user")
+
+# The hub, and the proxy and admin view it starts, are the last the OOM killer picks: the
+# users' processes (marked by the spawner) and their memory limits go first. Where the hub
+# may not lower its score, the spawner logs so at its first start.
+if os.geteuid() == 0:
+    protect_hub()
 
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = int(os.environ.get("PDL_HUB_PORT", "8000"))

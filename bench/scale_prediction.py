@@ -73,7 +73,7 @@ def main(argv=None) -> float:
                 [predicted] = [r for r in report.rows if r["link"] == "measured" and r["nodes"] == 2]
                 result = session.run(TIME_STEPS.format(steps=args.steps), 2, **quiet)
                 measured = statistics.median(max(ranks) for ranks in zip(*(ast.literal_eval(v) for v in result.values)))
-                compute = report.profile.forward_s + report.profile.backward_s
+                compute = report.profile.one_node_s()
                 rows.append((mbit, report.measured.bandwidth_bytes_s * 8 / 1e6, predicted, measured, compute))
         finally:
             session.close()

@@ -15,9 +15,11 @@ accuracy against the tests' 50 % bound. The sample is synthetic: these figures d
 the test's run, not the recipe's accuracy, which docs/benchmarks.md measures on real
 images. 4 s an epoch on 2 cores with the recipe's batch.
 
-Measured here (2 cores, the recipe's batch): with balance off, 91.8-92.5 % after 10
-epochs over seeds 0-3 (38 s a run), 81.0-89.2 % after 5 (23-25 s), 75.5-88.8 % after 4.
-With balance on, the split follows the ranks' timing and the run no longer depends on
+Measured here (2 cores, the recipe's batch, balance off): after 5 epochs over seeds 0-3,
+74.5-93.2 % (34-42 s a run on a loaded 2-core AMD EPYC VM). With the rate's earlier floor
+(``LR_SCALE`` from 0.5: lr 0.05 instead of 0.025) the same runs ended at 81.0-89.2 % on one
+machine and at 43.2-89.5 % on another, where seed 0 stalled (train loss near 1.7; 46.5 %
+after 8 epochs): the floor is 0.25 since. With balance on (the earlier floor), the split follows the ranks' timing and the run no longer depends on
 its seed only: 5 of 18 runs of 6 to 15 epochs stalled between 44 % and 48 % (train loss
 near 1.7), the others ended at 85-96 %. The tests' small run therefore splits evenly
 (``PDL_BALANCE=off``).

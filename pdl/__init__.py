@@ -27,6 +27,8 @@ Shared by the hub side, the notebook side and the engines:
   speed, a link's).
 - :mod:`pdl.limits`: the line that tells a user their limit and what they hold (the
   spawn form and the Cluster panel).
+- :mod:`pdl.memory_limit`: the memory limit the user's account runs under, and whether
+  the OOM killer ended one of its processes (a rank's one line in the notebook).
 - :mod:`pdl.contract`: the server contract, everything a spawner tells a user's
   server (and the server its kernels), built and parsed in one place.
 - :mod:`pdl.engine_contract`: the engine contract, everything an engine is told

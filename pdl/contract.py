@@ -45,6 +45,9 @@ variable                    field                  meaning
 ``PDL_POOL``                ``pool``               the hub's whole pool on this machine,
                                                    which the cores are split over (local
                                                    spawner)
+``PDL_SLOT_CGROUPS``        ``slot_cgroups``       folders (``:``-separated) holding a
+                                                   cgroup per slot, which each engine
+                                                   joins (local spawner, as root)
 =========================== ====================== =====================================
 
 The hub writes these into the server's environment; nothing a user writes reaches
@@ -82,6 +85,7 @@ VARIABLES = {
     "gpu_type": "PDL_GPU_TYPE",
     "nvidia_smi": "PDL_NVIDIA_SMI",
     "pool": "PDL_POOL",
+    "slot_cgroups": "PDL_SLOT_CGROUPS",
 }
 
 
@@ -129,6 +133,9 @@ class ServerContract:
     #: the hub's whole pool on this machine, every user's slots, which the machine's cores
     #: are split over (:func:`pdl.slots.cpus_for_slot`; embedded default); (): not told
     pool: tuple[str, ...] = field(default=())
+    #: folders holding a cgroup per slot (:mod:`pdl_spawner.core.cpu_limits`), which each
+    #: engine joins (:func:`pdl.slots.engine_env`); (): none
+    slot_cgroups: tuple[str, ...] = field(default=())
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -150,6 +157,7 @@ class ServerContract:
             "gpu_type": self.gpu_type,
             "nvidia_smi": self.nvidia_smi,
             "pool": ",".join(self.pool),
+            "slot_cgroups": os.pathsep.join(self.slot_cgroups),
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -189,6 +197,7 @@ class ServerContract:
             gpu_type=env.get(VARIABLES["gpu_type"], ""),
             nvidia_smi=env.get(VARIABLES["nvidia_smi"], ""),
             pool=tuple(parse_slot_list(env.get(VARIABLES["pool"], ""))),
+            slot_cgroups=tuple(f for f in env.get(VARIABLES["slot_cgroups"], "").split(os.pathsep) if f),
         )
 
     @property

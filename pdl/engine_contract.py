@@ -20,6 +20,9 @@ variable                  field            meaning
 ``PDL_ENGINE_ADDR``       ``addr``         the address the other ranks reach it at
 ``PDL_ENGINE_CONNECTION`` ``connection``   the engine secret's file (Swarm)
 ``PDL_GPU_RESOURCE``      ``gpu_resource`` the Swarm generic resource that is a GPU
+``PDL_ENGINE_CGROUPS``    ``cgroups``      the hub's cgroups of its slot, which it
+                                           joins as it starts (``:``-separated
+                                           folders; the embedded default as root)
 ========================= ================ ==========================================
 """
 
@@ -38,6 +41,7 @@ VARIABLES = {
     "addr": "PDL_ENGINE_ADDR",
     "connection": "PDL_ENGINE_CONNECTION",
     "gpu_resource": "PDL_GPU_RESOURCE",
+    "cgroups": "PDL_ENGINE_CGROUPS",
 }
 
 
@@ -54,6 +58,8 @@ class EngineContract:
     addr: str = ""
     connection: str = ""
     gpu_resource: str = ""
+    #: the cgroup folders of its slot it joins; (): none
+    cgroups: tuple[str, ...] = ()
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract."""
@@ -64,6 +70,7 @@ class EngineContract:
             "addr": self.addr,
             "connection": self.connection,
             "gpu_resource": self.gpu_resource,
+            "cgroups": os.pathsep.join(self.cgroups),
         }
         env = {VARIABLES[name]: value for name, value in values.items() if value}
         if self.gpu is not None:
@@ -90,4 +97,5 @@ class EngineContract:
             addr=env.get(VARIABLES["addr"], ""),
             connection=env.get(VARIABLES["connection"], ""),
             gpu_resource=env.get(VARIABLES["gpu_resource"], ""),
+            cgroups=tuple(f for f in env.get(VARIABLES["cgroups"], "").split(os.pathsep) if f),
         )

@@ -46,6 +46,12 @@ def parse_slot(slot: str) -> tuple[str, int]:
     return m.group(1), int(m.group(2))
 
 
+def slot_dirname(slot: str) -> str:
+    """A slot's name as a folder's: ``"cpu:2"`` -> ``"cpu-2"`` (ValueError as :func:`parse_slot`)."""
+    kind, index = parse_slot(slot)
+    return f"{kind}-{index}"
+
+
 def holds_gpu(slot: str) -> bool:
     """True for a slot of a whole GPU or of a MIG device (False for CPU slots and anything else)."""
     try:
@@ -115,7 +121,7 @@ def cpus_for_slot(slot: str, pool: Sequence[str], cores: Sequence[int]) -> list[
 
 
 def engine_env(slot: str, pool: Sequence[str], cores: Sequence[int] | None = None, *,
-               nvidia_smi: str | None = None) -> dict[str, str]:
+               nvidia_smi: str | None = None, slot_cgroups: Sequence[str] = ()) -> dict[str, str]:
     """Environment that pins one engine process to ``slot`` of the machine's ``pool``.
 
     A GPU slot sees only its GPU (``CUDA_VISIBLE_DEVICES``, counted in nvidia-smi's
@@ -125,7 +131,9 @@ def engine_env(slot: str, pool: Sequence[str], cores: Sequence[int] | None = Non
     there are where it lists no such one); a CPU slot sees no GPU. All get their share
     of the ``cores`` (default: :func:`usable_cores`) as :func:`cpus_for_slot` splits
     them over ``pool`` (the engine contract's ``cpus``, applied as CPU affinity by
-    :mod:`pdl.runtime.boot`) and a matching thread count for OpenMP/MKL/torch.
+    :mod:`pdl.runtime.boot`) and a matching thread count for OpenMP/MKL/torch. Where
+    the hub keeps each slot's cgroups under ``slot_cgroups`` (the server contract's),
+    the engine is told its slot's (``<folder>/<slot_dirname(slot)>``) to join.
     """
     kind, index = parse_slot(slot)
     cpus = cpus_for_slot(slot, pool, usable_cores() if cores is None else cores)
@@ -138,7 +146,8 @@ def engine_env(slot: str, pool: Sequence[str], cores: Sequence[int] | None = Non
                              f"{', '.join(migs) or 'none'}")
         visible = migs[slot].uuid
     return {
-        **EngineContract(slot=slot, cpus=tuple(cpus)).env(),
+        **EngineContract(slot=slot, cpus=tuple(cpus),
+                         cgroups=tuple(f"{folder}/{slot_dirname(slot)}" for folder in slot_cgroups)).env(),
         "CUDA_VISIBLE_DEVICES": visible,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "OMP_NUM_THREADS": threads,

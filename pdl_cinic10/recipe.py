@@ -31,7 +31,7 @@ MAX_GLOBAL_BATCH = 512
 #: Bounds of the factor global batch / 256 that scales ``Hyper.lr``: linear scaling
 #: inside, held at the bound outside (a tiny batch still learns at a useful rate; a
 #: huge one does not get a rate that diverges).
-LR_SCALE = (0.5, 2.0)
+LR_SCALE = (0.25, 2.0)
 #: Warmup steps at least, however short an epoch (and at most half of all steps).
 WARMUP_MIN_STEPS = 20
 #: Optimizer steps of a whole run at least: small data gets more epochs.

@@ -22,7 +22,7 @@ ranks of :mod:`pdl_server.world`, the panel's :mod:`pdl_server.status_file`) and
 
 from pdl_server.world import CellResult
 
-from .errors import DistributedUsageError, RankFailed, RanksStuck
+from .errors import DistributedUsageError, EnginesReleased, RankFailed, RanksStuck
 from .preflight import PreflightFailed, PreflightReport
 from .session import BACKENDS, DistributedSession
 
@@ -31,6 +31,7 @@ __all__ = [
     "CellResult",
     "DistributedSession",
     "DistributedUsageError",
+    "EnginesReleased",
     "PreflightFailed",
     "PreflightReport",
     "RankFailed",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import ipyparallel as ipp
 
+from pdl import memory_limit
 from pdl.metrics import DATA_KEY
 from pdl.runtime import stacks
 from pdl_server.session_clock import session_end
@@ -65,6 +66,7 @@ class CellWatch:
         #: rank -> latest ``pdl.log`` snapshot of this cell
         self.metrics: dict[int, dict] = {}
         self._dead: set[int] = set()  # ranks whose engine died: no more output will come
+        self._oom_kills = memory_limit.oom_kills()  # to tell a rank ended by the user's memory limit
         # the hang watchdog: when anything last changed, and whether that silence was reported
         self.hang_timeout_s = hang_timeout_s
         self._mark: tuple = ()
@@ -159,9 +161,10 @@ class CellWatch:
             except (ipp.error.EngineError, ipp.error.RemoteError) as e:
                 if isinstance(e, ipp.error.EngineError) or e.ename == "EngineError":
                     self._dead.add(r.rank)
+                    why = memory_limit.ended_by_limit_line(self._oom_kills) or (
+                        "its engine process exited during the cell (killed, out of memory, or its node went down)")
                     res = {"status": "error", "ename": ENGINE_DIED, "comm_error": False, "time": time.time(),
-                           "evalue": "its engine process exited during the cell (killed, out of memory, "
-                                     "or its node went down)", "traceback": []}
+                           "evalue": why, "traceback": []}
                 else:
                     res = {"status": "error", "ename": e.ename, "evalue": e.evalue,
                            "traceback": e.render_traceback(), "comm_error": False, "time": time.time()}

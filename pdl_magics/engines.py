@@ -27,7 +27,7 @@ from typing import TextIO
 
 import ipyparallel as ipp
 
-from pdl.lease import LeaseFiles, Refusal, Want
+from pdl.lease import LeaseFiles, Refusal, Release, Want
 from pdl.slots import default_pool
 from pdl_server import clusters, status_file
 from pdl_server.session_clock import END_MARGIN_S, session_end
@@ -55,6 +55,15 @@ def quiet_empty_location_lookup():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"IPython could not determine IPs for : ", category=RuntimeWarning)
         yield
+
+
+def _wait_for_release(lease: LeaseFiles, seconds: float) -> Release | None:
+    """The release the server records in ``lease``, waited for up to ``seconds``; None if
+    none came by then."""
+    deadline = time.monotonic() + seconds
+    while (released := lease.released()) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return released
 
 
 class Engines:
@@ -212,11 +221,20 @@ class Engines:
         if end is None:
             return
         if end.ending():
-            deadline = time.monotonic() + END_MARGIN_S + RELEASE_SEEN_S
-            while lease.released() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
+            _wait_for_release(lease, END_MARGIN_S + RELEASE_SEEN_S)
         elif end.warning():
             print(end.warning(), file=sys.stderr, flush=True)
+
+    def released_at_session_end(self) -> Release | None:
+        """Under the hub, in the session's last seconds (:mod:`pdl_server.session_clock`):
+        the release the server records as it stops the engines at the end, waited for up
+        to :data:`RELEASE_SEEN_S` (it stops them first, then records it); None otherwise,
+        at once. A cell whose engine died asks this before it blames the engine."""
+        lease = LeaseFiles.of_this_server() if self.is_hub else None
+        end = session_end(lease=lease, fresh=True) if lease is not None else None
+        if end is None or not end.ending():
+            return None
+        return _wait_for_release(lease, RELEASE_SEEN_S)
 
     def _restart_dead_local(self) -> None:
         """Start a fresh engine on the slot of each local engine whose process died
@@ -244,7 +262,12 @@ class Engines:
         ids = [i for i in self._client.ids if i not in self._replaced]
         new = [i for i in ids if i not in self._info]
         if new:
-            pending = {i: self._client[i].apply_async(call_engine, "describe") for i in new}
+            pending = {}
+            for i in new:
+                try:
+                    pending[i] = self._client[i].apply_async(call_engine, "describe")
+                except IndexError:  # unregistered since the ids were read: its replacement will register
+                    self._replaced.add(i)
             for i, ar in pending.items():
                 try:
                     self._info[i] = ar.get(timeout=clusters.ENGINE_TIMEOUT_S)

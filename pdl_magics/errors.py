@@ -57,6 +57,15 @@ class RankFailed(Exception):
         return lines
 
 
+class EnginesReleased(RuntimeError):
+    """The cell's engines were stopped while it ran: the user's server released them at
+    the session's end (the hub's session limit, a Slurm job's time limit). IPython shows
+    the one line of why, not the engines' deaths; the next cell asks for engines again."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
 class RanksInterrupted(KeyboardInterrupt):
     """Every rank of the cell stopped on the user's interrupt (already said on stderr).
 

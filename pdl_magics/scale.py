@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdl.scaling import LINKS_GBIT, Link, StepProfile, fit_link, table
+from pdl.scaling import LINKS_GBIT, Link, StepProfile, fit_comm_cpu, fit_link, table
 
 from .errors import DistributedUsageError
 
@@ -45,6 +45,9 @@ class ScaleReport:
         lines = [f"step on one node: forward {self.profile.forward_s * 1e3:.1f} ms, backward "
                  f"{self.profile.backward_s * 1e3:.1f} ms, gradient {self.profile.grad_bytes / 2**20:.1f} MiB, "
                  f"{self.profile.images} images a rank"]
+        if self.profile.cpu_rate > 0:
+            lines.append(f"CPU: {self.profile.cpu_s * 1e3:.1f} ms a pass, {self.profile.cpu_rate:.2f} CPU-s a second "
+                         f"over many passes, {self.profile.comm_cpu_s_per_byte * 1e9:.2f} ns a byte all-reduced")
         if self.measured is not None:
             lines.append(f"measured link between your {self.nodes_now} nodes: "
                          f"{self.measured.bandwidth_bytes_s * 8 / 1e9:.3g} Gbit/s, "
@@ -81,14 +84,17 @@ class ScaleReport:
 
 def report(measurements: list[dict], images: int) -> ScaleReport:
     """The predictions from every rank's :func:`~pdl.runtime.scale_probe.measure`, for a
-    step of ``images`` images a rank: the slowest rank's step, the sweep of the first
-    rank that made one (the ranks of one ring measure the same link)."""
-    slowest = max(measurements, key=lambda m: m["forward_s"] + m["backward_s"])
-    profile = StepProfile(forward_s=slowest["forward_s"], backward_s=slowest["backward_s"],
-                          grad_bytes=int(measurements[0]["grad_bytes"]), images=images,
-                          ready=tuple((f, b) for f, b in slowest["ready"]))
+    step of ``images`` images a rank: the slowest rank's step (by its pass, or by its
+    CPU work at its CPU rate where that is longer), the sweep of the first rank that
+    made one (the ranks of one ring measure the same link)."""
     nodes = max(int(m["nodes"]) for m in measurements)
     sweep = next((m["sweep"] for m in measurements if m["sweep"]), [])
-    measured = fit_link([(b, s) for b, s in sweep], nodes) if sweep else None
+    measured = fit_link([(b, s) for b, s, _ in sweep], nodes) if sweep else None
+    comm_cpu = fit_comm_cpu([(b, c) for b, _, c in sweep], nodes) if sweep else 0.0
+    profile = max((StepProfile(forward_s=m["forward_s"], backward_s=m["backward_s"],
+                               grad_bytes=int(measurements[0]["grad_bytes"]), images=images,
+                               ready=tuple((f, b) for f, b in m["ready"]), cpu_s=m["cpu_s"],
+                               cpu_rate=m["cpu_rate"], comm_cpu_s_per_byte=comm_cpu) for m in measurements),
+                  key=StepProfile.one_node_s)
     links = ({"measured": measured} if measured else {}) | {f"{g} Gbit": Link.gbit(g) for g in LINKS_GBIT}
     return ScaleReport(profile, links, measured, nodes, table(profile, links))

@@ -31,7 +31,10 @@ Contract of :meth:`DistributedSession.run`:
   KeyboardInterrupt) once they have all stopped, leaving the engines usable;
 - when an engine dies mid-cell (killed, out of memory, its node lost), the cell
   fails within seconds naming that rank and host; the engine is replaced on the
-  same reserved slot before the next cell, so the next cell runs;
+  same reserved slot before the next cell, so the next cell runs; where the session's
+  end stopped the engines (the server released them), the cell raises
+  :class:`~pdl_magics.errors.EnginesReleased` instead, one line saying so, and the next
+  cell asks for engines again;
 - the hang watchdog: when no rank has made progress (new output, a ``pdl.log``
   call, a rank finishing) for ``hang_timeout_s``, the cell says so once and shows
   every running rank's Python stack (:mod:`pdl.runtime.stacks`), then keeps waiting.
@@ -56,8 +59,9 @@ from pdl_server.world import CellResult, Rank
 from . import horovod_driver, preflight, scale
 from .cell_watch import STOP_TIMEOUT_S, CellWatch
 from .engines import Engines
-from .errors import DistributedUsageError
+from .errors import ENGINE_DIED, DistributedUsageError, EnginesReleased, RankFailed
 from .group import ProcessGroup
+from .preflight import PreflightFailed
 
 #: Backends ``--backend`` accepts.
 BACKENDS = ("torch", "horovod")
@@ -164,6 +168,21 @@ class DistributedSession:
         err = err or sys.stderr
         check_options(backend, timeout_s, hang_timeout_s, balance)
         world = self.world(n)
+        try:
+            return self._run_on(world, code, backend, all_output, timeout_s, hang_timeout_s, out, err,
+                                preflight, balance)
+        except (RankFailed, PreflightFailed, ipp.error.EngineError, ipp.error.RemoteError) as error:
+            if not _an_engine_died(error):
+                raise
+            released = self.engines.released_at_session_end()
+            if released is None:
+                raise
+            raise EnginesReleased(f"Your engines were stopped during this cell ({released.reason}); "
+                                  "the next cell asks for new ones.") from None
+
+    def _run_on(self, world: list[Rank], code: str, backend: str, all_output: bool, timeout_s: float,
+                hang_timeout_s: float, out: TextIO, err: TextIO, preflight: bool, balance: str) -> CellResult:
+        """:meth:`run` on ``world``, its options checked."""
         if preflight and self.preflight:
             self._preflight_once(world, backend, timeout_s)  # raises PreflightFailed: nothing runs
         self.group.ensure(world, backend, timeout_s)
@@ -267,3 +286,13 @@ class DistributedSession:
             self._status_writer.submit(status_file.remove_status).result(timeout=10)
         except (RuntimeError, FutureTimeout):
             status_file.remove_status()
+
+
+def _an_engine_died(error: Exception) -> bool:
+    """Whether ``error`` (of a cell, its preflight or its process group's set-up) says that
+    an engine died rather than that the user's code raised."""
+    if isinstance(error, RankFailed):
+        return error.engine_died
+    if isinstance(error, PreflightFailed):
+        return True  # a check that failed near the session's end: the release is the news
+    return isinstance(error, ipp.error.EngineError) or getattr(error, "ename", None) in ("EngineError", ENGINE_DIED)

@@ -100,11 +100,12 @@ def start_slot_engines(cluster, slots: list[str], pool: list[str]) -> None:
     """Start one engine per slot (blocking), each pinned to its slot (its own pinning
     environment: its share of the cores, split over the hub's whole pool as the server
     contract tells it, else over ``pool``; a MIG slot's device as the hub's nvidia-smi,
-    the contract's, lists it)."""
+    the contract's, lists it; the slot's cgroups, where the contract names them)."""
     contract = ServerContract.from_env()
     for slot in slots:
         start_engine(cluster, slot, environment=engine_env(slot, contract.pool or pool,
-                                                           nvidia_smi=contract.nvidia_smi or None))
+                                                           nvidia_smi=contract.nvidia_smi or None,
+                                                           slot_cgroups=contract.slot_cgroups))
 
 
 def engine_set_running(engine_set) -> bool:

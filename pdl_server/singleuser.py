@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from typing import Callable
+from urllib.parse import urlsplit
 
 from pdl.contract import ServerContract
 from pdl.lease import GpuIdle, Grant, LeaseFiles
@@ -47,12 +50,24 @@ SUPERVISE_PERIOD_S = 2.0
 
 
 class IdleTracker:
-    """When the cluster's engines last had a task: queued, running or newly completed."""
+    """When the cluster's engines last had a task: queued, running or newly completed.
 
-    def __init__(self, cluster):
+    The clock runs only while the engines can be used: while fewer than ``expected()``
+    engines are registered (they are starting, after a spawn or a grant), while the set
+    of engines changes (one was restarted), and until the user's Jupyter server first
+    accepts a connection at ``server_address`` (host, port), they count as busy. On a
+    busy machine a server can take longer to start than the idle timeout: its engines
+    were released before its user could run a cell, and a cell that waited for engines
+    starting again had them released under it."""
+
+    def __init__(self, cluster, expected: Callable[[], int] | None = None,
+                 server_address: tuple[str, int] | None = None):
         self.cluster, self.client = cluster, None  # connected on first use, by the thread that uses it
+        self.expected = expected
+        self.server_address = server_address
         self.last_busy = time.monotonic()
         self._completed = None
+        self._engine_ids: set = set()
         self._failing: str | None = None  # why the last look failed, said once in the log
 
     def idle_s(self) -> float:
@@ -75,10 +90,22 @@ class IdleTracker:
         engines = {k: v for k, v in status.items() if isinstance(v, dict)}
         completed = sum(v.get("completed", 0) for v in engines.values())
         busy = any(v.get("queue") or v.get("tasks") for v in engines.values()) or status.get("unassigned")
-        if busy or completed != self._completed:
+        starting = (self.expected is not None and len(engines) < self.expected()) or set(engines) != self._engine_ids
+        if busy or starting or completed != self._completed or not self._server_listens():
             self.last_busy = time.monotonic()
-        self._completed = completed
+        self._completed, self._engine_ids = completed, set(engines)
         return time.monotonic() - self.last_busy
+
+    def _server_listens(self) -> bool:
+        """Whether the user's server has accepted a connection (once it has, always)."""
+        if self.server_address is None:
+            return True
+        try:
+            socket.create_connection(self.server_address, timeout=1).close()
+        except OSError:
+            return False
+        self.server_address = None
+        return True
 
     def reset(self) -> None:
         self.last_busy = time.monotonic()
@@ -145,6 +172,19 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
             released = True
 
 
+def server_address(environ) -> tuple[str, int] | None:
+    """Where the user's Jupyter server listens, from ``JUPYTERHUB_SERVICE_URL`` (the hub's
+    URL for it; all interfaces: this machine's loopback); None without one."""
+    url = urlsplit(environ.get("JUPYTERHUB_SERVICE_URL", ""))
+    try:
+        port = url.port
+    except ValueError:
+        return None
+    if not port:
+        return None
+    return ("127.0.0.1" if url.hostname in (None, "", "0.0.0.0", "::") else url.hostname, port)
+
+
 def notebook_secret(contract: ServerContract) -> dict | None:
     """The notebook secret on Docker Swarm (``$PDL_CONTROLLER_SECRET``), else None."""
     path = contract.controller_secret
@@ -192,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         clusters.start_controller(cluster, secret=secret)
         host.start()
         idle = contract.idle_timeout_s
-        tracker = IdleTracker(cluster) if idle else None
+        tracker = IdleTracker(cluster, lambda: host.workers, server_address(os.environ)) if idle else None
         watcher = threading.Thread(target=supervise, args=(host, stop, tracker, idle, lease), daemon=True)
         watcher.start()
         if not stop.is_set():

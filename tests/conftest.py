@@ -15,10 +15,25 @@ Slurm daemons' (and the queue) for one on the simulated Slurm cluster.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
 import host_names
 from worker_groups import group_order, group_seconds, worker_group
+
+#: As root, the tests' temporary folders (pytest's ``tmp_path``, :mod:`tempfile`'s), outside
+#: /tmp and /var/tmp: each user's server sees those of its own (pdl_spawner/core/private_tmp.py),
+#: never the machine's, and the tests hand servers folders they made (stand-in GPUs, data
+#: sets). Outside the repository too: the GPU check's tests tell its copy of PDL from the
+#: repository's by where it lies.
+TESTS_TMP = Path("/var/lib/pdl-tests/tmp")
+if os.geteuid() == 0:
+    TESTS_TMP.mkdir(mode=0o755, parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(TESTS_TMP)
+    tempfile.tempdir = None  # tempfile reads TMPDIR again
 
 # each user's server is an origin of its own, <name>.localhost: resolve it as browsers do
 host_names.install()

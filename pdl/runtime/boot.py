@@ -8,7 +8,9 @@ Before handing over to ipyparallel it
 - asks the kernel to SIGKILL this process (and what it forks) when its parent
   dies, so engines and controllers never outlive the kernel or user server that
   started them (even after ``kill -9``);
-- pins the process to the cores in ``$PDL_CPUS`` (set by :func:`pdl.slots.engine_env`);
+- for an engine, joins its slot's cgroups where the hub keeps them
+  (``$PDL_ENGINE_CGROUPS``, :func:`join_slot_cgroups`), then pins the process to the
+  cores in ``$PDL_CPUS`` (both set by :func:`pdl.slots.engine_env`);
 - for an engine, has malloc keep freed memory for reuse (:func:`keep_freed_memory`), so
   that a training step's tensors do not page-fault anew every step;
 - for a controller whose engines run elsewhere (Docker Swarm), reads its CurveZMQ
@@ -52,6 +54,21 @@ def die_with_parent() -> None:
     if os.getppid() != parent:  # parent died before prctl took effect
         sys.exit(1)
     os.register_at_fork(after_in_child=die_with_parent)
+
+
+def join_slot_cgroups() -> None:
+    """Join the cgroups of this engine's slot that the engine contract names
+    (``$PDL_ENGINE_CGROUPS``; the hub keeps the engine on its slot's cores there, and
+    ends it there when it takes the slot back). One that cannot be joined is said on
+    stderr in one line; the engine goes on, bounded as its server's processes are."""
+    from pdl.engine_contract import EngineContract
+
+    for folder in EngineContract.from_env().cgroups:
+        try:
+            with open(os.path.join(folder, "cgroup.procs"), "w") as procs:
+                procs.write("0")
+        except OSError as e:
+            print(f"pdl engine: not in its slot's cgroup {folder}: {e.strerror}", file=sys.stderr)
 
 
 def pin_cpus() -> None:
@@ -110,6 +127,7 @@ def main() -> None:
     die_with_parent()
     kwargs = {}
     if role == "engine":
+        join_slot_cgroups()
         pin_cpus()
         keep_freed_memory()
         from ipyparallel.engine.app import main as run

@@ -15,8 +15,13 @@ import torch.distributed as dist
 
 from pdl.runtime.identity import describe
 
-#: Timed forward and backward passes, after one untimed warm-up pass.
-REPEATS = 3
+#: Timed forward and backward passes, after one untimed warm-up pass: at least
+#: MIN_PASSES, and more until PROFILE_MIN_S seconds of them, at most MAX_PASSES: a host
+#: that gives a rank's cores in slices (a CPU quota) shows within a second what it
+#: gives under a sustained load.
+MIN_PASSES = 5
+PROFILE_MIN_S = 1.0
+MAX_PASSES = 200
 #: Timed all-reduces of each size of the sweep, after one untimed: a shared link's
 #: rate wavers more than a step's computation does.
 SWEEP_REPEATS = 9
@@ -30,31 +35,29 @@ SWEEP_ENOUGH_S = 0.5
 def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device: torch.device | str = "cpu") -> dict:
     """This rank's step and, on the first rank of each node (by the engine's host name,
     :func:`pdl.runtime.identity.describe`), the sweep:
-    ``{"forward_s", "backward_s", "grad_bytes", "ready": [[fraction, bytes], ...], "host",
-    "nodes", "sweep": [[bytes, s], ...]}`` (medians; ``ready``: each gradient, in the
-    order the backward pass makes them, with the fraction of that pass done when it is
-    ready, from one more pass that notes each; ``sweep`` empty with fewer than two
-    nodes). ``loss_fn()`` computes one step's loss (the forward pass); ``model`` is the
+    ``{"forward_s", "backward_s", "cpu_s", "cpu_rate", "grad_bytes", "ready": [[fraction,
+    bytes], ...], "host", "nodes", "sweep": [[bytes, s, cpu_s], ...]}``. ``forward_s``
+    and ``backward_s``: a typical pass at full speed (:func:`_typical_pass`); ``cpu_s``:
+    the median pass's CPU seconds (this process, all its threads) and ``cpu_rate``: CPU
+    seconds a second over all the passes, both 0 unless ``device`` is a CPU; ``ready``:
+    each gradient, in the order the backward pass makes them, with the fraction of that
+    pass done when it is ready, from one more pass that notes each; ``sweep``: each
+    size's median seconds and CPU seconds (0 unless on a CPU), empty with fewer than two
+    nodes. ``loss_fn()`` computes one step's loss (the forward pass); ``model`` is the
     module it trains (a DDP wrapper's gradient sync is turned off while timing). The
     model's state (weights, BatchNorm statistics) and gradients are as they were
     afterwards. Every rank of the group must call it."""
     device = torch.device(device)
     quiet = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
-    forward, backward = [], []
+    passes = []  # (forward s, backward s, CPU s)
     kept_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     kept_grads = {p: p.grad for p in model.parameters()}
     model.zero_grad(set_to_none=True)  # else the first backward pass adds to the user's gradients
     with quiet:
-        for i in range(REPEATS + 1):
-            started = _now(device)
-            loss = loss_fn()
-            between = _now(device)
-            loss.backward()
-            ended = _now(device)
-            model.zero_grad(set_to_none=True)
-            if i:
-                forward.append(between - started)
-                backward.append(ended - between)
+        _one_pass(loss_fn, model, device)  # warm-up
+        while len(passes) < MIN_PASSES or (
+                sum(f + b for f, b, _ in passes) < PROFILE_MIN_S and len(passes) < MAX_PASSES):
+            passes.append(_one_pass(loss_fn, model, device))
         ready = _gradients_ready(loss_fn, model, device)
     model.load_state_dict(kept_state)
     for param, grad in kept_grads.items():
@@ -62,9 +65,40 @@ def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device:
     params = [p for p in model.parameters() if p.requires_grad]
     host = describe()["host"]
     nodes, sweep = _sweep_across_nodes(host, device)
-    return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
+    on_cpu = device.type == "cpu"
+    forward_s, backward_s = _typical_pass(passes, on_cpu)
+    cpu_rate = sum(c for _, _, c in passes) / sum(f + b for f, b, _ in passes) if on_cpu else 0.0
+    return {"forward_s": forward_s, "backward_s": backward_s,
+            "cpu_s": statistics.median(c for _, _, c in passes) if on_cpu else 0.0, "cpu_rate": cpu_rate,
             "grad_bytes": sum(p.numel() * p.element_size() for p in params), "ready": ready, "host": host,
             "nodes": nodes, "sweep": sweep}
+
+
+def _typical_pass(passes: list[tuple[float, float, float]], on_cpu: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of a typical pass where the host does not hold the
+    rank up: on a CPU, the median pass's CPU seconds at the highest rate any pass got
+    them (a pass a quota's pause fell into is slow by the pause, not by its work);
+    elsewhere the median pass. Split as the fastest pass was split."""
+    if on_cpu:
+        best_rate = max(c / max(f + b, 1e-12) for f, b, c in passes)
+        typical = statistics.median(c for _, _, c in passes) / max(best_rate, 1e-12)
+    else:
+        typical = statistics.median(f + b for f, b, _ in passes)
+    forward, backward, _ = min(passes, key=lambda p: p[0] + p[1])
+    return typical * forward / (forward + backward), typical * backward / (forward + backward)
+
+
+def _one_pass(loss_fn, model: torch.nn.Module, device: torch.device) -> tuple[float, float, float]:
+    """One forward and backward pass, its gradients dropped: (forward seconds, backward
+    seconds, this process's CPU seconds in all)."""
+    started, cpu_started = _now(device), time.process_time()
+    loss = loss_fn()
+    between = _now(device)
+    loss.backward()
+    ended = _now(device)
+    cpu_s = time.process_time() - cpu_started
+    model.zero_grad(set_to_none=True)
+    return between - started, ended - between, cpu_s
 
 
 def _gradients_ready(loss_fn, model: torch.nn.Module, device: torch.device) -> list[list[float]]:
@@ -94,8 +128,9 @@ def _now(device: torch.device) -> float:
 
 
 def _sweep_across_nodes(host: str, device: torch.device) -> tuple[int, list[list[float]]]:
-    """(how many nodes the group spans, this rank's sweep: [bytes, seconds] medians, or
-    [] unless it is the first rank of its node and there are two nodes or more)."""
+    """(how many nodes the group spans, this rank's sweep: [bytes, seconds, CPU
+    seconds] medians, or [] unless it is the first rank of its node and there are two
+    nodes or more)."""
     if not dist.is_initialized():
         return 1, []
     hosts: list = [None] * dist.get_world_size()
@@ -109,12 +144,13 @@ def _sweep_across_nodes(host: str, device: torch.device) -> tuple[int, list[list
     for size in SWEEP_BYTES:
         tensor = torch.zeros(size // 4, dtype=torch.float32, device=on)
         dist.all_reduce(tensor, group=group)  # warm-up: connections made, buffers sized
-        times = []
+        times, cpu = [], []
         for _ in range(SWEEP_REPEATS):
-            started = _now(on)
+            started, cpu_started = _now(on), time.process_time()
             dist.all_reduce(tensor, group=group)
             times.append(_now(on) - started)
-        sweep.append([float(size), statistics.median(times)])
+            cpu.append(time.process_time() - cpu_started)
+        sweep.append([float(size), statistics.median(times), statistics.median(cpu) if device.type == "cpu" else 0.0])
         slowest = torch.tensor([sweep[-1][1]], dtype=torch.float64, device=on)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # every leader decides alike
         if len(sweep) >= 2 and slowest.item() >= SWEEP_ENOUGH_S:

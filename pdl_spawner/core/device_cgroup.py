@@ -111,6 +111,22 @@ def cgroup_mounts() -> list[tuple[str, Path, set[str]]]:
     return found
 
 
+def v1_mounts(controllers, off) -> tuple[dict[str, Path], list[str]]:
+    """The writable cgroup v1 mount of each of ``controllers``, and for each it lacks a
+    line ``off(controller)`` + why (none mounted, or read-only)."""
+    mounts, missing = {}, []
+    for controller in controllers:
+        where = next((where for kind, where, options in cgroup_mounts()
+                      if kind == "cgroup" and controller in options), None)
+        if where is None:
+            missing.append(f"{off(controller)}: no cgroup v1 {controller} controller is mounted")
+        elif not os.access(where, os.W_OK):
+            missing.append(f"{off(controller)}: {where} is read-only")
+        else:
+            mounts[controller] = where
+    return mounts, missing
+
+
 def cgroup_name(owner: str) -> str:
     """The cgroup directory name of server owner ``owner`` (``"ann"``, ``"ann/named"``).
 
@@ -219,27 +235,8 @@ class DeviceCgroup:
             return []
 
     def kill_all(self, timeout_s: float = 5.0) -> list[int]:
-        """SIGKILL every process in the cgroup, again until it is empty (so processes
-        forked meanwhile die too), waiting at most ``timeout_s`` seconds. Returns the
-        processes still in it then (empty: all dead). Never signals a process outside
-        the cgroup (pidfds pin each process between the check and the kill)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            listed = self.pids()
-            if not listed:
-                return []
-            pidfds = _pidfds(listed)
-            try:
-                still_in = set(self.pids())
-                for pid, fd in pidfds.items():
-                    if pid in still_in:
-                        _kill(fd)
-                _wait_exit(list(pidfds.values()), deadline)
-            finally:
-                for fd in pidfds.values():
-                    os.close(fd)
-            if time.monotonic() >= deadline:
-                return self.pids()
+        """:func:`kill_cgroup` of this cgroup."""
+        return kill_cgroup(self.procs_file, timeout_s)
 
     def remove(self) -> None:
         """Remove the cgroup (not its parent); nothing if it is gone. OSError EBUSY
@@ -248,6 +245,37 @@ class DeviceCgroup:
             self.path.rmdir()
         except FileNotFoundError:
             pass
+
+
+def kill_cgroup(procs_file: os.PathLike | str, timeout_s: float = 5.0) -> list[int]:
+    """SIGKILL every process of the cgroup whose ``cgroup.procs`` is ``procs_file``,
+    again until it is empty (so processes forked meanwhile die too), waiting at most
+    ``timeout_s`` seconds. Returns the processes still in it then (empty: all dead, or
+    no such cgroup). Never signals a process outside the cgroup (pidfds pin each
+    process between the check and the kill)."""
+    def listed() -> list[int]:
+        try:
+            return [int(line) for line in Path(procs_file).read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = listed()
+        if not pids:
+            return []
+        pidfds = _pidfds(pids)
+        try:
+            still_in = set(listed())
+            for pid, fd in pidfds.items():
+                if pid in still_in:
+                    _kill(fd)
+            _wait_exit(list(pidfds.values()), deadline)
+        finally:
+            for fd in pidfds.values():
+                os.close(fd)
+        if time.monotonic() >= deadline:
+            return listed()
 
 
 def _char_devices(nodes: Iterable[os.PathLike | str]) -> set[tuple[int, int]]:

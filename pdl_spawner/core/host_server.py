@@ -14,9 +14,13 @@ workers come from (``claim_workers``, ``release``, ``release_blocking``).
   home of mode 0700, inside a device cgroup of their own
   (:mod:`~pdl_spawner.core.device_cgroup`, which also tracks every process of the
   server) and in a cgroup v2 whose bind filter lets them take, of ``port_range``, only
-  their own server's port (:mod:`~pdl_spawner.core.port_filter`); nothing of a user
-  runs as root. Without root, every server runs as the hub's own user: one person's
-  machine.
+  their own server's port (:mod:`~pdl_spawner.core.port_filter`), in a mount namespace
+  with a /tmp, /var/tmp and /dev/shm of the server's own (:mod:`~pdl_spawner.core.private_tmp`),
+  in cgroups of their account that bound their processes and memory
+  (:mod:`~pdl_spawner.core.account_limits`), and in a cgroup of the server that bounds its
+  CPU (JupyterHub's ``cpu_limit``) while each engine is kept on its slot's cores
+  (:mod:`~pdl_spawner.core.cpu_limits`); nothing of a user runs as root. Without root,
+  every server runs as the hub's own user: one person's machine.
 - **Start.** The kind claims the workers, then the account is made (once: a kind
   whose claim is made as the user makes it during the claim, :meth:`HostServer.ensure_account`);
   then a port of ``port_range`` that no other server of the hub was given, the bind
@@ -39,13 +43,14 @@ import sys
 from pathlib import Path
 
 from jupyterhub.spawner import set_user_setuid
+from jupyterhub.traitlets import ByteSpecification
 from jupyterhub.utils import url_path_join
 from tornado import web
 from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from pdl.contract import ServerContract, cluster_dir_in
-from pdl_spawner.core import device_cgroup, port_filter, unix_accounts
+from pdl_spawner.core import account_limits, cpu_limits, device_cgroup, port_filter, private_tmp, unix_accounts
 from pdl_spawner.core.db_thread import submit
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
@@ -113,6 +118,21 @@ class HostServer(LoggingConfigurable):
         "", config=True,
         help="""Folder whose files every new account's home starts with (useradd --skel);
         empty: the system's /etc/skel.""",
+    )
+
+    private_tmp_root = Unicode(
+        private_tmp.DEFAULT_ROOT, config=True,
+        help="""Folder (root's, mode 0700) where each server's own /tmp and /var/tmp are kept
+        while it runs, when the hub runs as root: every server sees its own /tmp, /var/tmp
+        and /dev/shm, never another user's (pdl_spawner.core.private_tmp).""",
+    )
+
+    memory_kept_for_hub = ByteSpecification(
+        "1G", config=True,
+        help="""Memory that the users' processes, all together, never take, when the hub runs
+        as root: it stays for the hub, the proxy and the admin view (every user's account is
+        in one memory cgroup limited to the machine's memory less this). Each user's own
+        limit is JupyterHub's `mem_limit` (default: none of their own).""",
     )
 
     home_dir_template = Unicode(
@@ -206,6 +226,67 @@ class HostServer(LoggingConfigurable):
                                           isolation=HostServer._isolation)
 
     @property
+    def private_tmp(self) -> private_tmp.PrivateTmp | None:
+        """This server's own temporary places (:mod:`~pdl_spawner.core.private_tmp`); None
+        without :attr:`system_users`."""
+        if not self.system_users:
+            return None
+        return private_tmp.PrivateTmp(f"{self.account}/{self.name}" if self.name else self.account,
+                                      self.private_tmp_root)
+
+    #: account_limits.support()'s answer, looked up (and the users' memory limited) once per hub process
+    _limits_support: account_limits.Support | None = None
+
+    @property
+    def account_limits(self) -> account_limits.AccountLimits | None:
+        """The cgroups that bound this server's account (:mod:`~pdl_spawner.core.account_limits`);
+        None without :attr:`system_users`. The first call of a hub process logs what this
+        machine cannot limit, and limits the memory of all users together."""
+        if not self.system_users:
+            return None
+        if HostServer._limits_support is None:
+            HostServer._limits_support = found = account_limits.support()
+            for problem in found.missing:
+                self.log.warning("%s", problem)
+            every_user = account_limits.limit_all_users(found.mounts, self.memory_kept_for_hub)
+            if every_user is not None:
+                self.log.info("Memory: the users' processes take at most %.1f GiB together", every_user / 2**30)
+            self.log.info("%s", account_limits.hub_protection())
+        return account_limits.AccountLimits(self.account, HostServer._limits_support.mounts)
+
+    def machine_limits_note(self) -> str:
+        """One line for the spawn form and the panel: what this machine enforces on the
+        user's processes (JupyterHub's ``cpu_limit`` and ``mem_limit``, the process
+        limit), "" where it enforces none of them."""
+        limits = self.account_limits
+        mounts = HostServer._limits_support.mounts if limits is not None else {}
+        cores = f"{self.cpu_limit:g} cores for your server and kernels" if (
+            self.cpu_limit and self.cpu_limits is not None) else ""
+        whole = [f"{self.mem_limit / 2**30:.3g} GiB of memory" if self.mem_limit and "memory" in mounts else "",
+                 f"{self.process_limit:,} processes" if self.process_limit and "pids" in mounts else ""]
+        whole = " and ".join(filter(None, whole))
+        said = ", ".join(filter(None, [cores, f"{whole} in all" if whole else ""]))
+        return f"This machine's limits on you: {said}." if said else ""
+
+    #: cpu_limits.support()'s answer, looked up (and logged where short) once per hub process
+    _cpu_support: cpu_limits.Support | None = None
+
+    @property
+    def cpu_limits(self) -> cpu_limits.CpuLimits | None:
+        """The cgroups that bound this server's CPU and keep its engines on their slots'
+        cores (:mod:`~pdl_spawner.core.cpu_limits`); None without :attr:`system_users`, or
+        where this machine lacks the controllers (the first call of a hub process logs why)."""
+        if not self.system_users:
+            return None
+        if HostServer._cpu_support is None:
+            HostServer._cpu_support = found = cpu_limits.support()
+            for problem in found.missing:
+                self.log.warning("%s", problem)
+        if not HostServer._cpu_support:
+            return None
+        return cpu_limits.CpuLimits(HostServer._cpu_support, hub=self.account_prefix)
+
+    @property
     def port_cgroup(self) -> port_filter.PortCgroup | None:
         """This server's bind filter's cgroup (:mod:`~pdl_spawner.core.port_filter`); None
         without :attr:`system_users`, or where the machine cannot filter binds (the hub
@@ -257,6 +338,13 @@ class HostServer(LoggingConfigurable):
             leftover = cgroup.kill_all(KILL_WAIT_S)
             if leftover:
                 raise RuntimeError(f"processes {leftover} of {self.owner} do not die")
+        self.private_tmp.prepare()
+        limits = self.account_limits
+        if limits is not None:
+            limits.apply(processes=self.process_limit, memory_bytes=self.mem_limit or 0)
+        cpu = self.cpu_limits
+        if cpu is not None:
+            cpu.limit_server(self.owner, self.cpu_limit)
 
     def end_processes(self) -> None:
         """Kill whatever is left of this server (a process that left its tree) and
@@ -269,6 +357,13 @@ class HostServer(LoggingConfigurable):
             self.log.error("processes %s of %s survived SIGKILL", left, self.owner)
         else:
             cgroup.remove()
+            self.private_tmp.remove()
+            limits = self.account_limits
+            if limits is not None:
+                limits.remove()  # kept while another server of the account runs
+            cpu = self.cpu_limits
+            if cpu is not None:
+                cpu.remove_server(self.owner)
             ports = self.port_cgroup
             if ports is not None:
                 try:
@@ -276,17 +371,31 @@ class HostServer(LoggingConfigurable):
                 except OSError as e:  # the next start of this server uses it again, with its own filter
                     self.log.warning("could not remove the port cgroup of %s: %s", self.owner, e)
 
+    def place_servers(self) -> None:
+        """Keep every server off the cores of other users' slots
+        (:meth:`~pdl_spawner.core.cpu_limits.CpuLimits.place_servers`; nothing without
+        CPU limits)."""
+        cpu = self.cpu_limits
+        if cpu is not None:
+            cpu.place_servers()
+
     def _skeleton(self) -> str | None:
         return self.skeleton_dir or None
 
     def make_preexec_fn(self, name):
         if self.system_users:
             joined = [c.procs_file for c in (self.cgroup, self.port_cgroup) if c is not None]
+            joined += self.account_limits.procs_files
+            cpu = self.cpu_limits
+            joined += cpu.server_procs_files(self.owner) if cpu is not None else []
+            own_tmp = self.private_tmp
             become_user = set_user_setuid(self.account)
 
             def preexec():
                 for procs in joined:  # as root, before giving root up (one folder on cgroup v2 hosts)
                     device_cgroup.join(procs)
+                own_tmp.enter()
+                account_limits.mark_user_process()  # the OOM killer picks it before the hub
                 become_user()
 
             return preexec
@@ -398,6 +507,8 @@ class HostServer(LoggingConfigurable):
             if self.system_users:
                 await asyncio.to_thread(self.restrict_ports)
             url = await self.launch_server()
+            if self.system_users:
+                await asyncio.to_thread(self.place_servers)
             self.watch_lease()
             return url
         except BaseException:

@@ -33,7 +33,7 @@ import dataclasses
 from typing import Any
 
 from tornado import web
-from traitlets import Float, Integer, default
+from traitlets import Float, Integer, default, validate
 
 from pdl.lease import Grant, Refusal
 from pdl.limits import holding_line
@@ -64,6 +64,23 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
         help="Seconds before a server's session ends (on Slurm: its job's time limit) from which its user is "
         "warned, in the Cluster panel and by each %%distributed cell.",
     )
+
+    process_limit = Integer(
+        4096, config=True,
+        help="""Processes and threads each user may have at once. On the embedded default
+        and Slurm's login node, all their servers, kernels and engines together, when the
+        hub runs as root (a pids cgroup per account: pdl_spawner.core.account_limits); on
+        Swarm, in each of their containers (the notebook's, each engine's). Past it,
+        starting one more fails in that user's processes only (Python: BlockingIOError,
+        errno 11); everyone else and the hub go on. A PyTorch engine runs some tens of
+        threads. 0: no limit.""",
+    )
+
+    @validate("process_limit")
+    def _validate_process_limit(self, proposal):
+        if proposal.value < 0:
+            raise ValueError(f"process_limit must be 0 (no limit) or a number of processes, got {proposal.value}")
+        return proposal.value
 
     #: What one worker is, in the spawn form: "gpu" or "cpu".
     worker_kind = "gpu"

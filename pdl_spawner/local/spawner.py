@@ -48,14 +48,14 @@ from traitlets import Integer, List, Unicode, default, validate
 from pdl.contract import ServerContract
 from pdl.lease import Grant
 from pdl.nvidia_smi import MigDevice, query_gpus
-from pdl.slots import cpu_count, default_pool, holds_gpu, mig_slots, parse_slot, slot_types
+from pdl.slots import cpu_count, cpus_for_slot, default_pool, holds_gpu, mig_slots, parse_slot, slot_types, usable_cores
 from pdl_spawner.core import device_cgroup
 from pdl_spawner.core.db_thread import off_loop
 from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.host_server import HostServer
 from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
-from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
+from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
 from pdl_spawner.local import mig_nodes
 
 
@@ -207,6 +207,11 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
                 holders[user] = holders.get(user, 0) + 1
         return WorkerUsage(total=len(pool), holders=holders)
 
+    async def scheduler_limits(self) -> SchedulerLimits:
+        """No cap on workers of this machine's own; its limits on the user's processes,
+        in one line (:meth:`HostServer.machine_limits_note`)."""
+        return SchedulerLimits(note=self.machine_limits_note())
+
     async def take_workers(self, n: int) -> list[str]:
         """``n`` free slots of :attr:`spawn_pool` from the ledger (all or nothing)."""
         pool = self.spawn_pool
@@ -216,7 +221,9 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
             raise NotEnoughWorkers(e.wanted, WorkerUsage(total=len(pool), holders=e.holders)) from None
 
     def release_blocking(self) -> list[str]:
-        """Free every slot the ledger holds for this server (blocks on the ledger)."""
+        """End whatever still runs on this server's slots, then free every slot the ledger
+        holds for it (blocks on the ledger)."""
+        self.end_slot_processes(self.ledger.held_by(self.owner))
         released = self.ledger.release(self.owner)
         if released:
             self.log.info("Released %s for %s", ",".join(released), self.owner)
@@ -252,17 +259,43 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
             all_nodes = [n for n in self.gpu_nodes(self.pool) if n.exists()]
             cgroup.restrict([n for n in self.gpu_nodes(slots) if n.exists()], all_nodes)
 
+    def give_slot_cores(self, slots: list[str]) -> None:
+        """Let this server's engines join the cgroups of ``slots``, each kept to its
+        slot's cores (:mod:`~pdl_spawner.core.cpu_limits`; nothing without them)."""
+        cpu = self.cpu_limits
+        if cpu is None:
+            return
+        uid, cores = pwd.getpwnam(self.account).pw_uid, usable_cores()
+        for slot in slots:
+            cpu.grant(slot, cpus_for_slot(slot, self.pool, cores), uid)
+
+    def end_slot_processes(self, slots: list[str]) -> list[int]:
+        """Take ``slots``' cgroups back and kill every process in them (blocks up to
+        about 5 s a slot): the processes that would not die (empty: the slots are free)."""
+        cpu = self.cpu_limits
+        left = []
+        for slot in slots if cpu is not None else []:
+            left += cpu.take_back(slot)
+        if left:
+            self.log.error("processes %s on the slots of %s survived SIGKILL", left, self.owner)
+        return left
+
     def server_contract(self) -> ServerContract:
         """:meth:`HostServer.server_contract`, with the nvidia-smi this hub reads the machine's
-        GPUs with, by which the server finds its MIG slots' devices, and the whole pool,
-        which the server splits the machine's cores over (so no two users' engines share one)."""
-        return dataclasses.replace(super().server_contract(), nvidia_smi=self.nvidia_smi, pool=tuple(self.pool))
+        GPUs with, by which the server finds its MIG slots' devices, the whole pool,
+        which the server splits the machine's cores over (so no two users' engines share
+        one), and where the slots' cgroups are, which its engines join."""
+        cpu = self.cpu_limits
+        return dataclasses.replace(super().server_contract(), nvidia_smi=self.nvidia_smi, pool=tuple(self.pool),
+                                   slot_cgroups=tuple(map(str, cpu.slot_folders())) if cpu is not None else ())
 
     def prepare_account(self) -> None:
         """The account and its cgroups (:meth:`HostServer.prepare_account`), the device
-        cgroup opening only the GPUs of this server's slots."""
+        cgroup opening only the GPUs of this server's slots, the slots' cgroups this
+        server's engines may join."""
         super().prepare_account()
         self.restrict_devices(self.slots)
+        self.give_slot_cores(self.slots)
 
     # -- idle engines ----------------------------------------------------------
 
@@ -273,7 +306,9 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         are looked at, and when none holds one, looked at again after the cgroup stopped
         new opens. While one does, every slot stays reserved (the GPUs stay open to them)
         and this returns None (the next look tries again). The lease is the user's to
-        write, so "released" alone never frees a GPU that is in use."""
+        write, so "released" alone never frees a GPU that is in use. Whatever still runs
+        in the slots' cgroups (an engine the server did not stop) is killed before they
+        are free."""
         held = await off_loop(self.ledger.held_by, self.owner)
         if not held:
             return []
@@ -291,6 +326,8 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
             self._kept_for = kept
             return None
         self._kept_for = ""
+        if await asyncio.to_thread(self.end_slot_processes, held):  # one would not die: the slots stay
+            return None
         return await off_loop(self.ledger.reclaim, self.owner, self.reclaim_reason())
 
     async def take_back_workers(self) -> list[str]:
@@ -304,6 +341,7 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         for pid in await off_loop(self.gpu_holders, held):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        await asyncio.to_thread(self.end_slot_processes, held)
         self.slots = []
         return await off_loop(self.ledger.reclaim, self.owner, self.reclaim_reason())
 
@@ -347,5 +385,6 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         """Slots from the ledger again (the device cgroup follows them)."""
         self.slots = await self.reserve_workers(n, spawning=False)
         self.restrict_devices(self.slots)
+        await asyncio.to_thread(self.give_slot_cores, self.slots)
         self.log.info("Granted %s to %s again", ",".join(self.slots), self.owner)
         return Grant(workers=n, slots=tuple(self.slots))

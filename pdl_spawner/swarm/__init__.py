@@ -4,7 +4,8 @@
   the services' life), with :mod:`pdl_spawner.swarm.promises` (free GPUs, promises to
   spawns in progress), :mod:`pdl_spawner.swarm.storage` (homes, data, cache),
   :mod:`pdl_spawner.swarm.idle` (idle engines scaled to 0 and back),
-  :mod:`pdl_spawner.swarm.gpu_use` (the GPUs' use, read by the hub's reader service) and
+  :mod:`pdl_spawner.swarm.gpu_use` (the GPUs' use, read by the hub's reader service),
+  :mod:`pdl_spawner.swarm.limits` (each container's memory, CPUs and processes) and
   :mod:`pdl_spawner.swarm.teardown` (removal).
 - :mod:`pdl_spawner.swarm.specs`: the services' specs (pure);
   :mod:`pdl_spawner.swarm.gpus`: the one reader of who holds which GPU (pure);

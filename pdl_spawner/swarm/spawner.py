@@ -69,6 +69,7 @@ from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.swarm.gpu_use import SwarmGpuUse
 from pdl_spawner.swarm.idle import SwarmIdleEngines
+from pdl_spawner.swarm.limits import SwarmLimits
 from pdl_spawner.swarm.networks import NetworkPool, NoFreeNetwork
 from pdl_spawner.swarm.promises import SwarmGpuPromises
 from pdl_spawner.swarm.specs import LABEL_PREFIX, Owner
@@ -93,13 +94,14 @@ class TaskFailed(web.HTTPError, RuntimeError):
 
 
 class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpuUse, SwarmTeardown,
-                      SpawnerCore, SwarmSpawner):
+                      SwarmLimits, SpawnerCore, SwarmSpawner):
     """A user's notebook (with its ipyparallel controller) plus one engine service per
     GPU: the worker rules of :class:`~pdl_spawner.core.spawner.SpawnerCore`, GPUs counted and
     promised by :class:`~pdl_spawner.swarm.promises.SwarmGpuPromises`, storage by
     :class:`~pdl_spawner.swarm.storage.SwarmStorage`, idle engines by
     :class:`~pdl_spawner.swarm.idle.SwarmIdleEngines`, removal by
-    :class:`~pdl_spawner.swarm.teardown.SwarmTeardown`; here the services' life."""
+    :class:`~pdl_spawner.swarm.teardown.SwarmTeardown`, each container's limits by
+    :class:`~pdl_spawner.swarm.limits.SwarmLimits`; here the services' life."""
 
     worker_unit = "GPUs"
     worker_kind = "gpu"
@@ -281,6 +283,7 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
             name=self.object_name, image=self.image, owner=self.owner, command=await self.get_command(),
             env={**self.storage.env(), **self.get_env()}, secret_id=secret_id, secret_name=secret_name,
             user=self.run_as, home=self.container_home, ports=ports, gpus=n, network=network, mounts=mounts,
+            limits=self.notebook_limits(),
         )
         return await self.docker("create_service", **spec)
 
@@ -302,7 +305,7 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
                 owner=self.owner, index=index, env=self.user_environment(), secret_id=secret_id,
                 secret_name=secret_name, user=self.run_as, home=self.container_home,
                 gpu_resource=self.gpu_resource, network=self.swarm.network, mounts=mounts, avoid_hosts=avoid,
-                gpu_type=self.chosen_gpu_type,
+                gpu_type=self.chosen_gpu_type, limits=self.engine_limits(),
             )
             self.swarm.engine_services.append((await self.docker("create_service", **spec))["ID"])
         await self.wait_tasks(self.swarm.engine_services, "engine", holds_gpus=True)

@@ -23,6 +23,10 @@ path that names one is refused); secrets only as files under /run/secrets, mode
 0400, owned by that user, never in a command line, environment or image (environment
 variables that carry secrets are refused); an init process as PID 1 (stops take
 milliseconds, so GPUs free at once). Swarm services cannot be privileged at all.
+Each container is also bounded (:class:`Limits`): memory, CPUs and processes, from
+JupyterHub's ``mem_limit`` and ``cpu_limit`` (the notebook), the engine settings (each
+engine), and ``process_limit`` (both); an engine's CPUs are reserved as well, so Swarm
+places it only where that many cores are not already promised.
 
 Storage (:class:`Storage`), the same in the notebook and every engine: the user's
 home (a named volume, or a host path that every node mounts from shared storage),
@@ -183,6 +187,37 @@ def secret_ref(*, secret_id: str, secret_name: str, filename: str, user: str) ->
     }
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one container may take: ``memory_bytes`` of memory, ``cpus`` cores (a CFS
+    quota: Docker's ``NanoCPUs``), ``processes`` processes and threads (``Pids``); 0: no
+    limit of that kind. ValueError (one line) below 0."""
+
+    memory_bytes: int = 0
+    cpus: float = 0.0
+    processes: int = 0
+
+    def __post_init__(self):
+        for name in ("memory_bytes", "cpus", "processes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 (no limit) or more, got {getattr(self, name)}")
+
+    def resources(self, *, reserve_cpus: bool = False) -> dict:
+        """The task template's ``Resources``: the ``Limits`` that are set, and with
+        ``reserve_cpus`` the CPUs as a ``Reservations`` too."""
+        limits = {}
+        if self.memory_bytes:
+            limits["MemoryBytes"] = int(self.memory_bytes)
+        if self.cpus:
+            limits["NanoCPUs"] = round(self.cpus * _NS)
+        if self.processes:
+            limits["Pids"] = int(self.processes)
+        resources = {"Limits": limits} if limits else {}
+        if reserve_cpus and self.cpus:
+            resources["Reservations"] = {"NanoCPUs": round(self.cpus * _NS)}
+        return resources
+
+
 def container_spec(
     *, image: str, command: list[str], env: dict[str, str], labels: dict[str, str], user: str,
     workdir: str, secrets: list[dict], mounts: list[dict] = (),
@@ -227,8 +262,10 @@ def _service(name: str, labels: dict[str, str], task_template: dict, published: 
 def notebook_service(
     *, name: str, image: str, owner: Owner, command: list[str], env: dict[str, str], secret_id: str,
     secret_name: str, user: str, home: str, ports: list[int], gpus: int, network: str, mounts: list[dict] = (),
+    limits: Limits = Limits(),
 ) -> dict:
-    """The user's notebook service: ``pdl-singleuser`` with the controller only.
+    """The user's notebook service: ``pdl-singleuser`` with the controller only, bounded
+    by ``limits``.
 
     ``ports``: the Jupyter server's port, published on its node, then the controller's,
     on ``network`` only (all recorded in the ``pdl.ports`` label so later spawns avoid
@@ -247,18 +284,20 @@ def notebook_service(
         "Networks": [{"Target": network}],
         "RestartPolicy": NOTEBOOK_RESTART,
     }
+    if limits.resources():
+        task["Resources"] = limits.resources()
     return _service(name, labels, task, published=(ports[0],))
 
 
 def engine_service(
     *, name: str, image: str, owner: Owner, index: int, env: dict[str, str], secret_id: str,
     secret_name: str, user: str, home: str, gpu_resource: str, network: str, mounts: list[dict] = (),
-    avoid_hosts: list[str] = (), gpu_type: str = "",
+    avoid_hosts: list[str] = (), gpu_type: str = "", limits: Limits = Limits(),
 ) -> dict:
     """Engine ``index`` of the user's server: ``pdl-engine`` on one GPU of any node
     except those named in ``avoid_hosts`` (and, with a ``gpu_type``, only on nodes whose
     label ``pdl.gpu-type`` names it; the service carries that label too), on the
-    server's private ``network``."""
+    server's private ``network``, bounded by ``limits`` (its CPUs reserved)."""
     labels = owner.labels("engine", index=str(index), **({"gpu-type": gpu_type} if gpu_type else {}))
     env = {
         **env,
@@ -272,9 +311,7 @@ def engine_service(
     task = {
         "ContainerSpec": container,
         "Networks": [{"Target": network}],
-        "Resources": {"Reservations": {"GenericResources": [
-            {"DiscreteResourceSpec": {"Kind": gpu_resource, "Value": 1}},
-        ]}},
+        "Resources": _with_gpu(limits.resources(reserve_cpus=True), gpu_resource),
         "Placement": {"Preferences": [{"Spread": {"SpreadDescriptor": "node.id"}}]},
         "RestartPolicy": ENGINE_RESTART,
     }
@@ -284,6 +321,13 @@ def engine_service(
     if constraints:
         task["Placement"]["Constraints"] = constraints
     return _service(name, labels, task)
+
+
+def _with_gpu(resources: dict, gpu_resource: str) -> dict:
+    """``resources`` with one unit of ``gpu_resource`` reserved too."""
+    reservations = {**resources.get("Reservations", {}),
+                    "GenericResources": [{"DiscreteResourceSpec": {"Kind": gpu_resource, "Value": 1}}]}
+    return {**resources, "Reservations": reservations}
 
 
 # -- private networks -----------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from browser_harness import chromium_page
-from hub_harness import REPO, Hub, hub_fixture
+from hub_harness import REPO, Hub, hub_fixture, runs_as_root
 
 pytestmark = pytest.mark.browser
 
@@ -32,6 +32,10 @@ CELLS = [
     "    time.sleep(0.05)",
 ]
 PANEL = "#pdl-cluster-panel"
+
+#: What the machine enforces on each user, beside their workers: as root, the process
+#: limit (a pids cgroup per account; no cpu_limit or mem_limit is set here).
+MACHINE_LIMITS = " This machine's limits on you: 4,096 processes in all." if runs_as_root() else ""
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +98,7 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
     page.fill("#password_input", hub.password("ada"))
     page.click("#login_submit")
     page.wait_for_url("**/hub/spawn**", timeout=30_000)
-    assert page.inner_text("form .pdl-limits") == "You may hold 3 workers; you hold 0."
+    assert page.inner_text("form .pdl-limits") == "You may hold 3 workers; you hold 0." + MACHINE_LIMITS
     assert page.inner_text("form .pdl-session").startswith("Sessions last at most 1 h 00 min: ")
     page.fill("input[name=workers]", "3")
     page.click("form [type=submit]")
@@ -109,7 +113,7 @@ def test_the_cluster_panel_shows_engines_live_progress_and_stops_the_cell(hub, p
     wait_for(page, lambda: all(t[4:-1].isdigit() for t in page.locator(f"{PANEL} .pdl-cpu").all_inner_texts()),
              10, "each engine's CPU%")
     assert "Reserved: 3 slots (cpu:0, cpu:1, cpu:2)" in page.inner_text(PANEL)
-    assert page.inner_text(f"{PANEL} .pdl-limits") == "You may hold 3 workers; you hold 3."
+    assert page.inner_text(f"{PANEL} .pdl-limits") == "You may hold 3 workers; you hold 3." + MACHINE_LIMITS
     why = "(the hub's session limit of 1 h 00 min)"
     assert re.match(r"Time left: 5\d min " + re.escape(why), page.inner_text(f"{PANEL} .pdl-time-left"))
     page.click(f"{PANEL} button.pdl-extend")

@@ -33,10 +33,10 @@ def _v2_controllers() -> set[str]:
 
 
 @contextlib.contextmanager
-def quotas(shares: dict[int, float], name: str = "pdl-test-quota"):
-    """Within: each process ``pid`` of ``shares`` limited to that fraction of one core
-    (0.5: half a core), each in a cgroup of its own; afterwards, back in the root cgroup
-    and the cgroups removed."""
+def quotas(shares: dict[int, float], name: str = "pdl-test-quota", period_us: int = PERIOD_US):
+    """Within: each process ``pid`` of ``shares`` (all its threads) limited to that
+    fraction of one core (0.5: half a core) in every ``period_us`` microseconds, each in
+    a cgroup of its own; afterwards, back in the root cgroup and the cgroups removed."""
     v1 = (V1 / "cpu.cfs_quota_us").is_file()
     root = V1 if v1 else V2
     made = []
@@ -47,12 +47,13 @@ def quotas(shares: dict[int, float], name: str = "pdl-test-quota"):
             group = root / f"{name}-{pid}"
             group.mkdir(exist_ok=True)
             made.append(group)
-            quota = max(1000, int(share * PERIOD_US))
+            quota = max(1000, int(share * period_us))
             if v1:
-                (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (group / "cpu.cfs_quota_us").write_text("-1")  # a period below the quota is refused
+                (group / "cpu.cfs_period_us").write_text(str(period_us))
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
             else:
-                (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+                (group / "cpu.max").write_text(f"{quota} {period_us}")
             (group / "cgroup.procs").write_text(str(pid))
         yield
     finally:

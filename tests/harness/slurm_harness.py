@@ -16,12 +16,13 @@ gres.conf; a task that is given it sees ``CUDA_VISIBLE_DEVICES=0``. A job that a
 untyped GPUs (``--gpus-per-task=1``) gets either kind.
 
 Everything lives under one run directory (``$PDL_SLURM_DIR``, default
-``/var/tmp/pdl-slurm``): ``etc/`` (slurm.conf, gres.conf), the controller's state, the
-nodes' spools, pid files, the daemons' logs (``log/``), the users' homes (``home/``) and
-the key and socket of a MUNGE daemon of the cluster's own (``munge/``, ``AuthInfo=`` in
-slurm.conf), which every namespace reaches through the file system. Nothing is written to /etc/slurm or /etc/munge: the daemons
-get ``-f``, and every client command runs with ``SLURM_CONF`` set to the run
-directory's slurm.conf (:meth:`SlurmSim.env`).
+``/var/lib/pdl-slurm``: not under /var/tmp, of which the servers on the login node see
+their own): ``etc/`` (slurm.conf, gres.conf), the controller's state, the nodes' spools, pid files,
+the daemons' logs (``log/``), the users' homes (``home/``) and the key and socket of a
+MUNGE daemon of the cluster's own (``munge/``, ``AuthInfo=`` in slurm.conf), which every
+namespace reaches through the file system. Nothing is written to /etc/slurm or
+/etc/munge: the daemons get ``-f``, and every client command runs with ``SLURM_CONF``
+set to the run directory's slurm.conf (:meth:`SlurmSim.env`).
 
 Two Unix users, ``pdl-sl-ann`` and ``pdl-sl-ben`` (:data:`TEST_USERS`), are made by
 ``up()`` and removed by ``down()``; :meth:`SlurmSim.run` runs a client command as one of
@@ -68,7 +69,7 @@ from sim_host import (Member, SimulatedCluster, bridged_namespaces, cmdline, net
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_RUN_DIR = "/var/tmp/pdl-slurm"
+DEFAULT_RUN_DIR = "/var/lib/pdl-slurm"
 ANN, BEN = "pdl-sl-ann", "pdl-sl-ben"
 TEST_USERS = (ANN, BEN)
 PARTITION = "gpu"

@@ -15,7 +15,9 @@ import errno
 import json
 import os
 import pwd
+import signal
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -38,6 +40,11 @@ STAND_IN_MAJOR = 240
 #: major:minor, so that ben can open it and hold a handle as on a real GPU.
 BENS_GPU, OPENABLE = 1, (1, 7)
 MAX_WORKERS = 2
+#: Processes and threads each user may have (the default is 4,096): a server with its
+#: kernel, controller and one engine runs some tens.
+PROCESS_LIMIT = 400
+#: Memory each user may take (JupyterHub's mem_limit).
+MEMORY_LIMIT_MIB = 2048
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +65,8 @@ def hub(tmp_path_factory, devices):
     config = f"""
 c.PDLLocalSpawner.gpu_device_template = {str(devices / 'nvidia{index}')!r}
 c.PDLLocalSpawner.max_workers = {MAX_WORKERS}
+c.Spawner.process_limit = {PROCESS_LIMIT}
+c.Spawner.mem_limit = "{MEMORY_LIMIT_MIB}M"
 """
     # the stand-in GPUs are no GPUs to torch: the preflight would stop every cell
     hub = Hub(tmp_path_factory.mktemp("neighbours-hub"), USERS, POOL, spawner_env={"PDL_PREFLIGHT_SKIP": "gpu"},
@@ -262,6 +271,156 @@ for port in {ports!r}:
 print(json.dumps({{"joined": joined}}))
 """)
     assert found == {"joined": []}
+
+
+def test_ben_cannot_plant_a_compile_cache_or_any_file_in_anns_temporary_places(hub, ann, ben):
+    """Guards ``pdl_spawner/core/private_tmp.py`` (each server's own /tmp, /var/tmp and
+    /dev/shm). The attack (issue 45, 1): torch keeps its compile cache in
+    ``/tmp/torchinductor_<account>`` and makes it without checking who owns it; ben made
+    ann's first, opened it to everyone and planted a module that her kernel then ran as
+    her. Now ben's folders are in his places only: ann's kernel and engines never see
+    them, and her torch cache lands in her own /tmp; nor does ben see what ann writes."""
+    victim = hub.account("ann")
+    planted = run_as_ben(ben, f"""
+import json, os
+planted = []
+for place in ("/tmp", "/var/tmp", "/dev/shm"):
+    folder = os.path.join(place, "torchinductor_{victim}")
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o777)
+    with open(os.path.join(folder, "planted.py"), "w") as f:
+        f.write("import os; os.system('touch /tmp/ran-as-ann')")
+    planted.append(os.path.join(folder, "planted.py"))
+print(json.dumps(planted))
+""")
+    assert len(planted) == 3
+    look = f"""
+import json, os
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+folder = cache_dir()  # torch's own default for this account, made if missing
+print(json.dumps({{"seen": [p for p in {planted!r} if os.path.exists(p)], "cache": folder,
+                  "cache_owner": os.stat(folder).st_uid, "me": os.getuid()}}))
+"""
+    in_kernel = json.loads(ann.execute_ok(look)["stdout"].strip().splitlines()[-1])
+    in_engine = json.loads(ann.execute_ok("%%distributed -n 1\n" + look)["stdout"].strip().splitlines()[-1])
+    for seen in (in_kernel, in_engine):
+        assert seen["seen"] == [] and seen["cache"] == f"/tmp/torchinductor_{victim}", seen
+        assert seen["cache_owner"] == seen["me"] == account_of(hub, "ann").pw_uid, seen
+
+    # ann's own places: shared by her kernel and engines (the collectives' /dev/shm), never with ben
+    ann.execute_ok("for place in ('/tmp', '/var/tmp', '/dev/shm'):\n"
+                   "    open(place + '/anns-notes', 'w').write('hers')")
+    assert "hers hers hers" in ann.execute_ok(
+        "%%distributed -n 1\nprint(*(open(p + '/anns-notes').read() for p in ('/tmp', '/var/tmp', '/dev/shm')))")["stdout"]
+    found = run_as_ben(ben, """
+import json, os
+print(json.dumps([p + "/anns-notes" for p in ("/tmp", "/var/tmp", "/dev/shm") if os.path.exists(p + "/anns-notes")]))
+""")
+    assert found == []
+    assert not any(Path(p).exists() for p in planted), "ben's files went to the machine's shared places"
+
+
+def test_bens_runaway_processes_stop_at_his_limit_while_ann_and_the_admin_start_theirs(hub, ann, ben):
+    """Guards ``pdl_spawner/core/account_limits.py`` (a pids cgroup per account). The
+    attack (issue 45, 3): ben's kernel started 3,000 processes in 6 s and would have gone
+    on, to the machine's limit, where nobody can start anything. Now his processes stop
+    at his limit with an error in his kernel, and while he holds them all, ann starts a
+    kernel and the admin a server."""
+    held = run_as_ben(ben, f"""
+import json, os, signal, time
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children that end are reaped at once
+children, error = [], None
+try:
+    while len(children) < {2 * PROCESS_LIMIT}:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(300)
+            os._exit(0)
+        children.append(pid)
+except OSError as e:
+    error = f"{{type(e).__name__}}: {{e}}"
+print(json.dumps({{"children": len(children), "error": error, "kernel": os.getpid()}}))
+""")
+    try:
+        assert held["error"] == "BlockingIOError: [Errno 11] Resource temporarily unavailable", held
+        assert PROCESS_LIMIT / 2 < held["children"] < PROCESS_LIMIT, held
+        second = Kernel(hub, "ann")  # a new kernel of ann's: a process of hers
+        try:
+            assert second.execute_ok("print(6 * 7)")["stdout"].strip() == "42"
+        finally:
+            second.close()
+        assert hub.spawn("admin", 1).status_code in (201, 202)
+        hub.wait_ready("admin")
+    finally:  # ben's kernel cannot start a thread at his limit: his children go from here
+        for pid in children_of(held["kernel"]):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not children_of(held["kernel"]), 60, what="ben's children to end")
+        ben.execute_ok("import signal\nsignal.signal(signal.SIGCHLD, signal.SIG_DFL)")
+        hub.api("DELETE", "/users/admin/server")
+    wait_until(lambda: "admin" not in hub.running_servers(), 60, what="the admin's server to stop")
+
+
+def children_of(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` now."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
+                found.append(int(entry))
+    return found
+
+
+def test_bens_allocation_past_his_memory_limit_ends_his_process_alone(hub, ann, ben):
+    """Guards ``pdl_spawner/core/account_limits.py`` (a memory cgroup per account, limited
+    to JupyterHub's ``mem_limit``). The attack (issue 45, 3): with ``mem_limit = "1G"``,
+    ben's kernel touched 1.5 GiB; nothing enforced it, and the hub had the same OOM score
+    as everyone's processes. Now the OOM killer ends ben's allocation in his own cgroup;
+    his kernel, ann's kernel and engine, and the hub go on."""
+    found = run_as_ben(ben, f"""
+import json, subprocess, sys
+grab = "b = bytearray({MEMORY_LIMIT_MIB + 512} << 20)\\nfor i in range(0, len(b), 4096): b[i] = 1\\nprint('allocated')"
+done = subprocess.run([sys.executable, "-c", grab], capture_output=True, text=True, timeout=120)
+print(json.dumps({{"returncode": done.returncode, "stdout": done.stdout}}))
+""")
+    assert found == {"returncode": -9, "stdout": ""}, found  # SIGKILL, from the OOM killer
+    # on his engine, the notebook says what ended it, in one line
+    ben.execute_ok("%load_ext pdl_magics")
+    out = ben.execute(f"%%distributed -n 1\nb = bytearray({MEMORY_LIMIT_MIB + 512} << 20)\n"
+                      f"for i in range(0, len(b), 4096): b[i] = 1", timeout=180)
+    assert (f"died: its engine was ended by your memory limit of {MEMORY_LIMIT_MIB / 1024:.3g} GiB (all your "
+            f"processes together, as the admin set it)") in out["stderr"] + str(out["error"]), out
+    assert ann.execute_ok("print(6 * 7)")["stdout"].strip() == "42"
+    assert "rank 0 alive" in ann.execute_ok("%%distributed -n 1\nprint('rank 0 alive')")["stdout"]
+    assert hub.api("GET", "/users").status_code == 200
+    scores = {role: int(open(f"/proc/{pid}/oom_score_adj").read()) for pid, role in hub.processes_of("ben").items()}
+    hubs = int(open(f"/proc/{hub.proc.pid}/oom_score_adj").read())
+    assert min(scores.values()) > hubs, (scores, hubs)  # the machine's OOM killer picks ben's before the hub
+
+
+def test_a_kernel_that_bens_memory_limit_ended_is_named_in_his_next_cell(hub, ben):
+    """Guards ``pdl_lab/kernel_ends.py``: ben's kernel itself goes past his ``mem_limit``;
+    the OOM killer ends it, Jupyter starts another in its place, and the next cell says in
+    one line what ended the old one (the notebook alone says only that it died), once."""
+    kernel = Kernel(hub, "ben")
+    try:
+        kernel.execute_ok("x = 1")
+        before = {pid for pid, role in hub.processes_of("ben").items() if role == "kernel"}
+        kernel.send(f"b = bytearray({MEMORY_LIMIT_MIB + 512} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1")
+        wait_until(lambda: {pid for pid, role in hub.processes_of("ben").items() if role == "kernel"} - before,
+                   120, what="Jupyter to start a kernel in place of the one ben's limit ended")
+        out = kernel.execute("print('x' in dir())", timeout=120)
+        assert out["error"] is None and out["stdout"].strip() == "False", out  # a new kernel
+        assert out["stderr"].startswith("Your kernel was ended at "), out
+        assert (f" by your memory limit of {MEMORY_LIMIT_MIB / 1024:.3g} GiB (all your processes together, as the "
+                "admin set it); this is a new kernel: its variables are gone.") in out["stderr"], out
+        assert out["stderr"].count("\n") == 1, out  # one line
+        assert kernel.execute_ok("print(2)")["stderr"] == ""  # once
+    finally:
+        kernel.close()
 
 
 def test_ben_cannot_open_anns_gpu_only_his_own(hub, devices, ben):

@@ -57,3 +57,24 @@ def test_a_cell_that_starts_while_the_server_releases_sees_the_release_and_asks_
     assert isinstance(error, DistributedUsageError)
     assert str(error) == ("your engines were stopped (engines idle for 10 s) and cannot come back now: "
                           "Not enough free workers: you asked for 2, 0 of 2 are free")
+
+
+def test_a_cell_whose_engines_die_at_the_sessions_end_learns_the_servers_release(lease, monkeypatch):
+    """The server stops the engines at the session's end, then records the release: a cell
+    whose engine died then waits for that record (and says why in one line), while an
+    engine that dies mid-session is blamed at once (tests/hub/test_hub_session.py runs a
+    cell past a real end)."""
+    monkeypatch.setenv("PDL_SESSION_LIMIT_S", "40")
+    monkeypatch.setenv("PDL_SESSION_ENDS_AT", str(time.time() + 3600))
+    engines = Engines(cluster_file="hub-cluster.json")
+    started = time.monotonic()
+    assert engines.released_at_session_end() is None and time.monotonic() - started < 1  # mid-session: at once
+
+    monkeypatch.setenv("PDL_SESSION_ENDS_AT", str(time.time() + 2))  # in its last seconds
+    release = Release(reason="the hub's session limit of 40 s reached at 10:00 UTC", workers=2, slots=("cpu:0",))
+    recorder = threading.Timer(1.0, lease.write, [release])  # the server, a moment after it stopped them
+    recorder.start()
+    try:
+        assert engines.released_at_session_end() == release
+    finally:
+        recorder.cancel()

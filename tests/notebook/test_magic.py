@@ -315,6 +315,7 @@ def test_pdl_scale_predicts_the_step_for_more_nodes_from_what_the_engines_measur
     params = 32 * 64 + 64 + 64 * 2 + 64 * 10 + 10
     assert f"gradient {params * 4 / 2**20:.1f} MiB, 32 images a rank" in text, text
     assert "your engines are on one node: no link to measure" in text
+    assert "CPU-s a second over many passes" in text  # CPU engines: what their CPU work bounds
     assert "forward_s" not in text  # the ranks' raw measurements are not shown
     with capture_output() as cap:
         ip.run_cell_magic("distributed", "-n 3 --all-output", (

@@ -114,7 +114,6 @@ def test_a_failing_rank_raises_rank_failed_with_its_traceback(pdl_session):
 
 
 def test_the_rank_that_raised_is_reported_not_the_peers_waiting_on_it(pdl_session):
-    started = time.monotonic()
     with pytest.raises(RankFailed) as info:
         run(
             pdl_session,
@@ -122,16 +121,19 @@ def test_the_rank_that_raised_is_reported_not_the_peers_waiting_on_it(pdl_sessio
 import time, torch, torch.distributed as dist
 if rank == 2:
     time.sleep(0.3)  # ranks 0 and 1 are already waiting in the all_reduce
-    raise RuntimeError("root cause on rank 2")
+    raise RuntimeError(f"root cause on rank 2 at {time.time()}")
 t = torch.ones(1)
 dist.all_reduce(t)
 """,
         )
-    elapsed = time.monotonic() - started
-    assert elapsed < 10, f"took {elapsed:.1f} s to report the failure"
+    # from the raise (one clock: the engines run on this machine), not from the cell's
+    # start: forming the process group again is not part of reporting a failure
     e = info.value
-    assert (e.rank, e.ename, e.evalue) == (2, "RuntimeError", "root cause on rank 2")
-    assert 'raise RuntimeError("root cause on rank 2")' in strip_ansi("\n".join(e.remote_traceback))
+    cause, _, raised_at = e.evalue.rpartition(" at ")
+    elapsed = time.time() - float(raised_at)
+    assert elapsed < 10, f"took {elapsed:.1f} s to report the failure"
+    assert (e.rank, e.ename, cause) == (2, "RuntimeError", "root cause on rank 2")
+    assert 'raise RuntimeError(f"root cause on rank 2 at' in strip_ansi("\n".join(e.remote_traceback))
     assert "ranks 0, 1 were stopped" in e.note
 
     result, _, _ = run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)

@@ -102,6 +102,45 @@ def test_a_cell_that_starts_as_the_engines_go_idle_keeps_them(cluster, supervise
 
 
 @pytest.mark.integration
+def test_engines_are_not_idle_before_they_can_be_used(cluster, supervised, tmp_path):
+    """The idle clock starts once every engine the host expects has registered and the
+    user's server accepts connections (the run of 52796e0: on a busy machine the server
+    took 21 s to start, and its engines idled out at 10 s, before any cell could run)."""
+    import socket
+    import time
+
+    expected, server = [2], socket.socket()
+    server.bind(("127.0.0.1", 0))  # the server's port, not listening yet
+    lease = LeaseFiles(tmp_path)
+    supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]),
+               IdleTracker(cluster, lambda: expected[0], server.getsockname()), 1.0, lease)
+    wait_until(lambda: running(cluster, "cpu:0"), 60, what="the engine")
+    time.sleep(4)
+    assert lease.released() is None, "released while the host still expected an engine"
+    expected[0] = 1
+    time.sleep(4)
+    assert lease.released() is None, "released before the server listened"
+    server.listen()
+    try:
+        assert wait_until(lease.released, 30, what="the release once usable and idle").workers == 1
+    finally:
+        server.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("url", "address"), [
+    ("http://127.0.0.1:23495/user/alice/", ("127.0.0.1", 23495)),
+    ("http://0.0.0.0:8888/user/alice/", ("127.0.0.1", 8888)),
+    ("http://10.0.0.7:8888/", ("10.0.0.7", 8888)),
+    ("", None), ("http://127.0.0.1/user/alice/", None), ("http://127.0.0.1:99999/", None),
+])
+def test_the_servers_address_comes_from_the_hubs_url_for_it(url, address):
+    from pdl_server.singleuser import server_address
+
+    assert server_address({"JUPYTERHUB_SERVICE_URL": url}) == address
+
+
+@pytest.mark.integration
 def test_a_killed_engine_is_restarted_on_its_slot(cluster, supervised):
     supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]))
     killed = engine_pid(cluster, "cpu:0")

@@ -9,7 +9,9 @@ containers listens on, at every address they have (her private network, Docker's
 gateway bridge), and her controller's ports at her node's address; where a port
 answers, he subscribes to it for the marker. He also looks for her processes and
 home (a file in it holds the marker too). Each attempt must fail, while his own
-controller answers him. Nor does his password log him in as ann.
+controller answers him. Nor does his password log him in as ann. Nor can he take more
+of a node than the admin allows: his runaway fork loop stops at his process limit, and
+his containers' memory and CPUs are bounded.
 
 What else the local suite tries does not apply here: the hub, its secrets and the
 ledger are not on the nodes; Swarm's own reservations decide the GPUs (an engine
@@ -108,9 +110,55 @@ print("group of", dist.get_world_size(), "sum", int(t.item()))
 """
 
 
+#: The admin's limits on each container (pdl_spawner/swarm/limits.py).
+PROCESS_LIMIT = 300
+LIMITS = f"""
+c.Spawner.mem_limit = "1G"
+c.Spawner.cpu_limit = 1.0
+c.Spawner.process_limit = {PROCESS_LIMIT}
+c.PDLSwarmSpawner.engine_mem_limit = "3G"
+c.PDLSwarmSpawner.engine_cpu_limit = 0.75
+"""
+#: What a container's own cgroups say of its limits (cgroup v1, as Docker mounts them in
+#: the container; v2: one folder): one JSON line.
+OWN_LIMITS = r"""
+import json, os
+def read(*names):
+    for name in names:
+        if os.path.exists(name):
+            return open(name).read().split()
+v1 = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+memory = read(v1, "/sys/fs/cgroup/memory.max")[0]
+quota = read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max")
+period = read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")[0] if os.path.exists(v1) else quota[1]
+pids = read("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")[0]
+print(json.dumps({"memory": int(memory), "cores": int(quota[0]) / int(period), "pids": int(pids)}))
+"""
+#: ben's runaway loop: fork until refused (or 5,000), then end the children; one line.
+FORK_LOOP = """
+import os, time
+children, stopped = [], None
+try:
+    while len(children) < 5000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(120)
+            os._exit(0)
+        children.append(pid)
+except BlockingIOError as e:
+    stopped = e.errno
+finally:
+    for pid in children:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+print("forked", len(children), "stopped by errno", stopped)
+"""
+
+
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
-    yield from swarm_hub_fixture(tmp_path_factory.mktemp("swarm-neighbours"), swarm, ["admin", "ann", "ben"])
+    yield from swarm_hub_fixture(tmp_path_factory.mktemp("swarm-neighbours"), swarm, ["admin", "ann", "ben"],
+                                 extra_config=LIMITS)
 
 
 def containers_of(swarm, user: str) -> list[tuple[int, object]]:
@@ -210,6 +258,32 @@ def test_bens_containers_reach_nothing_of_anns_server_on_any_of_her_nodes(hub, s
         assert seen["reached"] == [] and seen["heard"] == [], (swarm.hostname(node), seen)
         assert seen["home"] is False and seen["files"] == [], seen
         assert not [cmd for cmd in seen["processes"] if "singleuser" in cmd or "pdl-engine" in cmd], seen
+
+
+def test_bens_containers_keep_the_admins_limits_and_his_runaway_loop_stops_at_his(hub, swarm):
+    """Guards the containers' limits (pdl_spawner/swarm/limits.py, specs.Limits): without
+    them ben's notebook and engines may take all of a node's memory, cores and process
+    table. His kernel's fork loop is refused at his process limit; the cgroups of his
+    notebook and of his engine say the admin's limits."""
+    for user in ("ann", "ben"):
+        if not hub.server_ready(user):
+            r = hub.spawn(user, 1)
+            assert r.status_code in (201, 202), r.text
+    for user in ("ann", "ben"):
+        hub.wait_ready(user, timeout=240)
+    ben = Kernel(hub, "ben")
+    try:
+        out = ben.execute_ok(FORK_LOOP, timeout=120)
+        forked = int(out["stdout"].split()[1])
+        assert "stopped by errno 11" in out["stdout"] and forked < PROCESS_LIMIT, out
+        notebook = json.loads(ben.execute_ok(OWN_LIMITS)["stdout"])
+        assert notebook == {"memory": 2**30, "cores": 1.0, "pids": PROCESS_LIMIT}, notebook
+        ben.execute_ok("%load_ext pdl_magics")
+        out = ben.execute_ok("%%distributed -n 1\n" + OWN_LIMITS, timeout=180)
+        engine = json.loads(out["stdout"].strip().splitlines()[-1])
+        assert engine == {"memory": 3 * 2**30, "cores": 0.75, "pids": PROCESS_LIMIT}, engine
+    finally:
+        ben.close()
 
 
 def test_a_full_pool_of_private_networks_refuses_a_spawn_in_one_line(hub, swarm):

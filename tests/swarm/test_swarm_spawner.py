@@ -99,6 +99,21 @@ def test_spawn_creates_notebook_and_one_engine_per_gpu_spread_over_nodes():
     assert "CINIC10_DIR=/data/cinic10" in engine_env
 
 
+def test_the_admins_limits_reach_every_container_of_the_server():
+    swarm = FakeSwarm()
+    alice = make_spawner(swarm, "alice", 2, mem_limit="2G", cpu_limit=1.5, process_limit=500,
+                         engine_cpu_limit=2.0)
+    run(alice.start())
+    resources = {s["Spec"]["Name"]: s["Spec"]["TaskTemplate"].get("Resources", {}) for s in services_of(swarm, "alice")}
+    assert resources["pdl-alice"] == {"Limits": {"MemoryBytes": 2 * 2**30, "NanoCPUs": 1_500_000_000, "Pids": 500}}
+    for index in (0, 1):  # each engine: the server's memory (no engine_mem_limit), its own cores, reserved
+        engine = resources[f"pdl-alice-engine-{index}"]
+        assert engine["Limits"] == {"MemoryBytes": 2 * 2**30, "NanoCPUs": 2_000_000_000, "Pids": 500}
+        assert engine["Reservations"]["NanoCPUs"] == 2_000_000_000
+    with pytest.raises(Exception, match="engine_cpu_limit must be 0 \\(none\\) or a number of cores, got -1"):
+        make_spawner(swarm, "bob", 1, engine_cpu_limit=-1.0)
+
+
 def test_request_that_cannot_be_met_fails_fast_with_one_line_and_creates_nothing():
     swarm = FakeSwarm()
     run(make_spawner(swarm, "alice", 2).start())

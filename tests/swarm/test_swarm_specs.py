@@ -136,6 +136,24 @@ def test_an_engine_of_a_gpu_type_runs_only_on_that_types_nodes_and_says_its_type
     assert "Constraints" not in engine()["task_template"]["Placement"] and "pdl.gpu-type" not in engine()["labels"]
 
 
+def test_each_container_is_bounded_by_its_limits_and_an_engine_reserves_its_cores():
+    limits = swarm_specs.Limits(memory_bytes=2 * 2**30, cpus=1.5, processes=512)
+    assert notebook(limits=limits)["task_template"]["Resources"] == {
+        "Limits": {"MemoryBytes": 2 * 2**30, "NanoCPUs": 1_500_000_000, "Pids": 512}}
+    assert engine(limits=limits)["task_template"]["Resources"] == {
+        "Limits": {"MemoryBytes": 2 * 2**30, "NanoCPUs": 1_500_000_000, "Pids": 512},
+        "Reservations": {"NanoCPUs": 1_500_000_000, "GenericResources": [
+            {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}]},
+    }
+    # a limit of 0 is none of that kind
+    assert engine(limits=swarm_specs.Limits(processes=64))["task_template"]["Resources"] == {
+        "Limits": {"Pids": 64},
+        "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}]},
+    }
+    with pytest.raises(ValueError, match=r"^cpus must be 0 \(no limit\) or more, got -1$"):
+        swarm_specs.Limits(cpus=-1)
+
+
 def test_named_servers_get_their_own_owner_label():
     spec = engine(owner=Owner("alice", "big"))
     assert spec["labels"]["pdl.owner"] == "alice/big" and spec["labels"]["pdl.server"] == "big"

@@ -8,7 +8,9 @@ without communication and the link, and predicts the step on two nodes; then rea
 steps (forward, backward with the all-reduce, optimizer step) are timed on the same
 engines, and the slowest rank's median step is the measured one. The issue's bounds:
 the step within 15 %, the scaling efficiency (the step without communication over the
-measured step) within 0.10.
+measured step) within 0.10. The same bounds hold on a host that gives each engine's core
+only in slices (a CPU quota of half a core in 50 ms of every 100 ms), where a prediction
+from a few passes and the link alone missed by 21 % one way and 30 % the other.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import cpu_quota
 import linked_nodes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timing,
@@ -31,6 +34,8 @@ RATES_MBIT = (100, 200, 400)
 BATCH = 1024
 #: Timed DDP steps a rate; the median is compared.
 STEPS = 15
+#: The host that gives cores in slices: each engine half a core, in periods of (us).
+SLICED_SHARE, SLICED_PERIOD_US = 0.5, 100_000
 
 SETUP = f"""
 import time, torch
@@ -97,6 +102,25 @@ def linked_session(tmp_path_factory):
 @pytest.mark.parametrize("mbit", RATES_MBIT)
 def test_predicted_step_is_within_15_percent_of_the_measured_one(linked_session, mbit):
     session, nodes = linked_session
+    check_prediction(session, nodes, mbit)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(cpu_quota.problem() is not None, reason=str(cpu_quota.problem()))
+@pytest.mark.parametrize("mbit", (100, 400))
+def test_the_prediction_holds_where_the_host_gives_each_engine_half_a_core_in_slices(linked_session, mbit):
+    """At 100 Mbit/s a profile of a few passes could catch a slice's pause and predicted
+    21 % too long; at 400 the step's CPU work, the pass's and the all-reduce's, is more
+    than half a core gives, and the link alone predicted 30 % too short."""
+    session, nodes = linked_session
+    with cpu_quota.quotas({pid: SLICED_SHARE for pid in session.engines.pids().values()}, name="pdl-test-sliced",
+                          period_us=SLICED_PERIOD_US):
+        check_prediction(session, nodes, mbit)
+
+
+def check_prediction(session, nodes, mbit: int) -> None:
+    """Shape the links to ``mbit``, predict the step with ``%pdl scale``, time real DDP
+    steps, and hold the prediction to the issue's bounds (the message names the parts)."""
     linked_nodes.shape(nodes, mbit)
     before = cpu_times()
     report = session.scale("step", "net", BATCH, 2)
@@ -106,12 +130,15 @@ def test_predicted_step_is_within_15_percent_of_the_measured_one(linked_session,
     measured = statistics.median(max(sum(parts) for parts in at_step) for at_step in zip(*steps))
     slowest = max(steps, key=lambda rank: statistics.median(sum(parts) for parts in rank))
     parts = "/".join(f"{statistics.median(p[i] for p in slowest) * 1e3:.0f}" for i in range(3))
-    compute = report.profile.forward_s + report.profile.backward_s
+    compute = report.profile.one_node_s()
     link = report.measured
     said = (f"at {mbit} Mbit/s (measured {link.bandwidth_bytes_s * 8 / 1e6:.0f}, {link.latency_s * 1e6:.0f} us): "
             f"predicted {predicted['step_s'] * 1e3:.0f} ms, measured {measured * 1e3:.0f} ms "
             f"(forward/backward with the all-reduce/optimizer {parts} ms); compute {compute * 1e3:.0f} ms "
-            f"(forward {report.profile.forward_s * 1e3:.0f}); {machine_share(before, cpu_times())}")
+            f"(forward {report.profile.forward_s * 1e3:.0f}; CPU {report.profile.cpu_s * 1e3:.0f} ms at "
+            f"{report.profile.cpu_rate:.2f} CPU-s a second, the all-reduce's "
+            f"{report.profile.cpu_bound_s(2) * report.profile.cpu_rate * 1e3 - report.profile.cpu_s * 1e3:.0f} ms); "
+            f"{machine_share(before, cpu_times())}")
     print(said)
     assert abs(predicted["step_s"] / measured - 1) <= 0.15, said
     assert abs(predicted["efficiency"] - compute / measured) <= 0.10, said

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdl.scaling import Link, StepProfile, fit_link, predict, table
+from pdl.scaling import Link, StepProfile, fit_comm_cpu, fit_link, predict, table
 
 pytestmark = pytest.mark.unit
 
@@ -85,3 +85,30 @@ def test_buckets_are_made_as_ddp_makes_them_from_the_order_gradients_are_ready()
     assert step == pytest.approx(max(first_done, 0.1 + 0.2) + 0.1075)  # the second waits for the pass's end
     evenly = predict(StepProfile(forward_s=0.1, backward_s=0.2, grad_bytes=12 * MIB, images=64), link, 2).step_s
     assert evenly == pytest.approx(0.3 + 0.12)  # one 12 MiB bucket, ready at the end
+
+
+def test_the_cpu_an_allreduce_costs_a_rank_is_recovered_per_byte_it_moves():
+    # 2 ns a byte a rank sends and receives; a ring over 4 nodes moves 1.5 times the tensor
+    sweep = [(size, 1e-4 + 2e-9 * 1.5 * size) for size in (4e3, 1e6, 4e6, 16e6)]
+    assert fit_comm_cpu(sweep, nodes=4) == pytest.approx(2e-9)
+    with pytest.raises(ValueError, match="two sizes or more"):
+        fit_comm_cpu(sweep[:1], nodes=4)
+
+
+def test_on_cpus_the_step_is_at_least_the_ranks_cpu_work_at_the_rate_the_host_gives():
+    # 40 ms forward and backward, 40 ms of CPU; 10 ns of CPU a byte moved; a 4 MB gradient
+    link = Link(latency_s=0, bandwidth_bytes_s=50e6)
+    free = StepProfile(forward_s=0.01, backward_s=0.03, grad_bytes=4_000_000, images=64)
+    full = StepProfile(forward_s=0.01, backward_s=0.03, grad_bytes=4_000_000, images=64, cpu_s=0.04, cpu_rate=1.0,
+                       comm_cpu_s_per_byte=10e-9)
+    assert predict(full, link, 2).step_s == pytest.approx(predict(free, link, 2).step_s)  # the link decides
+    # the host gives half of the time under a sustained load: (40 + 40) ms of CPU take 160 ms
+    half = StepProfile(forward_s=0.01, backward_s=0.03, grad_bytes=4_000_000, images=64, cpu_s=0.04, cpu_rate=0.5,
+                       comm_cpu_s_per_byte=10e-9)
+    slowed = predict(half, link, 2)
+    assert slowed.step_s == pytest.approx(0.16)
+    assert predict(free, link, 2).step_s == pytest.approx(0.12)  # the gradient's 80 ms after the pass
+    assert slowed.bottleneck == "cpu"
+    alone = predict(half, link, 1)  # one node: the passes back to back, at half the time
+    assert (alone.step_s, alone.bottleneck) == (pytest.approx(0.08), "compute")
+    assert slowed.efficiency == pytest.approx(0.08 / 0.16)
