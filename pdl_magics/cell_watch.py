@@ -2,8 +2,11 @@
 
 The watch streams rank 0's output live (every rank's is kept), shows ``pdl.log``
 progress, and when a rank fails first on its own, gives its peers
-:data:`PEER_GRACE_S` and then releases and interrupts them; a rank that ignores
-interrupts for :data:`STOP_TIMEOUT_S` is reported as stuck. A rank whose engine died
+:data:`PEER_GRACE_S` and then releases and interrupts them. A rank is reported as stuck
+(and its engine restarted) when it is still running :data:`STOP_TIMEOUT_S` after both
+the interrupt reached it and the last of its peers stopped: on a busy machine the
+interrupt and the peers' results take their time, and a rank still waiting for a peer
+that stopped a moment ago is not stuck. A rank whose engine died
 is reported at once (:data:`~pdl_magics.errors.ENGINE_DIED`). The hang watchdog shows
 every running rank's stack after ``hang_timeout_s`` without progress (:mod:`pdl.runtime.stacks`).
 """
@@ -29,7 +32,8 @@ from .progress import LiveProgress
 #: Seconds a peer may keep running after another rank failed before PDL
 #: releases it (tears down the group it waits in, then interrupts it).
 PEER_GRACE_S = 1.0
-#: Seconds after which a rank that ignores interrupts is reported as stuck.
+#: Seconds a rank may go on running after the interrupt reached it and after the last
+#: of its peers stopped; then it is reported as stuck.
 STOP_TIMEOUT_S = 5.0
 #: Seconds between polls for output and results while a cell runs; the last
 #: rank's result ends the wait at once.
@@ -62,6 +66,9 @@ class CellWatch:
         self._aborted_ranks: set[int] = set()
         self.stuck: list[Rank] = []
         self._signalled_at: float | None = None
+        self._signalled: set[int] = set()  # ranks an interrupt was sent to in this cell
+        # when the stop last moved on: a rank got its first interrupt, or a rank stopped
+        self._stop_moved_at: float | None = None
         self.progress = LiveProgress(err)
         #: rank -> latest ``pdl.log`` snapshot of this cell
         self.metrics: dict[int, dict] = {}
@@ -112,7 +119,7 @@ class CellWatch:
                     self.trigger_at = time.monotonic()
                     print(f"Interrupting {len(self.pending())} rank(s)...", file=self.err, flush=True)
                     self._signal_pending()
-            if self.trigger_at is not None and time.monotonic() - self.trigger_at > STOP_TIMEOUT_S:
+            if self._stop_moved_at is not None and time.monotonic() - self._stop_moved_at > STOP_TIMEOUT_S:
                 self.stuck = self.pending()
                 for r in self.stuck:
                     self.results[r.rank] = {
@@ -171,6 +178,8 @@ class CellWatch:
             self.results[r.rank] = res
             if res["status"] != "ok" and self.trigger_at is None:
                 self.trigger_at = time.monotonic()
+            if self.trigger_at is not None:
+                self._stop_moved_at = time.monotonic()
 
     def _escalate(self) -> None:
         """After a failure: release peers stuck in a collective, then interrupt them."""
@@ -242,8 +251,15 @@ class CellWatch:
         print("\n".join(lines), file=self.err, flush=True)
 
     def _signal_pending(self) -> None:
+        """Interrupt every running rank; the stop clock starts again once the interrupt
+        has reached (or was given up on for) a rank not interrupted before."""
         self._signalled_at = time.monotonic()
-        self.engines.interrupt(self.pending())
+        pending = self.pending()
+        self.engines.interrupt(pending)  # returns once the engines confirmed it, or gave up
+        first = {r.rank for r in pending} - self._signalled
+        if first:
+            self._signalled |= first
+            self._stop_moved_at = time.monotonic()
 
     def finish(self) -> CellResult:
         failures = {k: v for k, v in self.results.items() if v["status"] != "ok"}

@@ -69,6 +69,23 @@ def interrupt_running_loop(session, body: str, *, backend: str = "torch", n: int
     counts iterations in ``steps``. Asserts that ``run()`` raised KeyboardInterrupt;
     returns ``(seconds run() took, err Recorder)``.
     """
+    return interrupt_cell(session, f"""
+import time, torch, torch.distributed as dist
+steps = 0
+a = torch.randn(64, 64)
+stop_at = time.time() + 60
+while time.time() < stop_at:
+    {body}
+    steps += 1
+    if steps == 5 and rank == 0:
+        print("loop running", flush=True)
+""", backend=backend, n=n)
+
+
+def interrupt_cell(session, code: str, *, backend: str = "torch", n: int = 3):
+    """Run ``code`` on ``n`` ranks and press Ctrl-C a second after rank 0 prints
+    ``loop running``. Asserts that ``run()`` raised KeyboardInterrupt; returns
+    ``(seconds run() took, err Recorder)``."""
     import os
     import signal
 
@@ -85,23 +102,7 @@ def interrupt_running_loop(session, body: str, *, backend: str = "torch", n: int
     started = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
-            session.run(
-                f"""
-import time, torch, torch.distributed as dist
-steps = 0
-a = torch.randn(64, 64)
-stop_at = time.time() + 60
-while time.time() < stop_at:
-    {body}
-    steps += 1
-    if steps == 5 and rank == 0:
-        print("loop running", flush=True)
-""",
-                n,
-                backend=backend,
-                out=out,
-                err=err,
-            )
+            session.run(code, n, backend=backend, out=out, err=err)
     finally:
         for timer in timers:
             timer.cancel()
@@ -130,4 +131,4 @@ def local_session(tmp_path_factory):
             session.close()
 
 
-__all__ = ["SLOTS", "Recorder", "interrupt_running_loop", "local_session", "strip_ansi"]
+__all__ = ["SLOTS", "Recorder", "interrupt_cell", "interrupt_running_loop", "local_session", "strip_ansi"]
