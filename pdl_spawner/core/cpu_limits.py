@@ -112,16 +112,10 @@ class CpuLimits:
         if cpu_limit is not None and cpu_limit < 0:
             raise ValueError(f"cpu_limit is a number of cores, 0 or more (0: none), got {cpu_limit}")
         path, cpuset_path = self.server_paths(owner)
-        _make(path.parents[2])
-        _make(path.parents[1], shares=SERVER_SHARES)
-        _make(path.parent)
-        _make(path)
+        _make_pair(path, cpuset_path, SERVER_SHARES)
         (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
         quota = max(1000, round(cpu_limit * PERIOD_US)) if cpu_limit else -1
         (path / "cpu.cfs_quota_us").write_text(str(quota))
-        for folder in (cpuset_path.parents[2], cpuset_path.parents[1], cpuset_path.parent, cpuset_path):
-            _make(folder)
-            _inherit_cpuset(folder)
 
     def remove_server(self, owner: str) -> None:
         """Remove the server's cgroups once empty (nothing if gone)."""
@@ -181,13 +175,7 @@ class CpuLimits:
         if not cores:
             raise ValueError(f"slot {slot} needs at least one core")
         cpu_path, cpuset_path = self.slot_paths(slot)
-        _make(cpu_path.parents[2])
-        _make(cpu_path.parents[1], shares=ENGINE_SHARES)
-        _make(cpu_path.parent)
-        _make(cpu_path)
-        for folder in (cpuset_path.parents[2], cpuset_path.parents[1], cpuset_path.parent, cpuset_path):
-            _make(folder)
-            _inherit_cpuset(folder)
+        _make_pair(cpu_path, cpuset_path, ENGINE_SHARES)
         (cpuset_path / "cpuset.cpus").write_text(",".join(map(str, sorted(cores))))
         for procs in self.slot_procs_files(slot):
             os.chown(procs, uid, -1)
@@ -231,6 +219,20 @@ def _make(folder: Path, shares: int | None = None) -> None:
             raise RuntimeError(f"{folder} exists and is not a cgroup") from None
     if shares is not None:
         (folder / "cpu.shares").write_text(str(shares))
+
+
+def _make_pair(cpu_path: Path, cpuset_path: Path, shares: int) -> None:
+    """Make a server's or a slot's two cgroups, ``<parent>/<servers|slots>/<hub>/<name>``
+    in ``cpu`` and ``cpuset``, with what is missing above them: the ``servers`` or
+    ``slots`` folder of ``cpu`` weighs ``shares``; each new cpuset starts with its parent's
+    cores."""
+    _make(cpu_path.parents[2])
+    _make(cpu_path.parents[1], shares=shares)
+    _make(cpu_path.parent)
+    _make(cpu_path)
+    for folder in (cpuset_path.parents[2], cpuset_path.parents[1], cpuset_path.parent, cpuset_path):
+        _make(folder)
+        _inherit_cpuset(folder)
 
 
 def _inherit_cpuset(folder: Path) -> None:

@@ -256,7 +256,7 @@ c.JupyterHub.log_level = "INFO"
             raise RuntimeError(f"hub exited with {self.proc.returncode}:\n{self.log_tail()}")
         try:
             return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not answering yet: still starting
             return False
 
     def stop_hub(self, sig=signal.SIGTERM) -> None:
@@ -677,11 +677,20 @@ class Kernel:
     #: client answers them only while it reads (a browser answers them all the time).
     UNREAD_S = 20.0
 
+    #: Seconds one read of the websocket waits before :meth:`execute` looks at its own deadline.
+    READ_POLL_S = 5.0
+    #: Seconds the websocket's opening may take: the server answers it once the kernel has
+    #: started and replied to a kernel_info request, which it waits for up to its
+    #: ``kernel_info_timeout`` (jupyter_server's default, 60 s), as a browser waits for it.
+    OPEN_S = 60.0
+
     def _connect(self) -> None:
         if self.ws is not None:
             self.ws.close()
         ws_url = f"{self.base}/kernels/{self.id}/channels".replace("http://", "ws://")
-        self.ws = websocket.create_connection(ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()], timeout=5)
+        self.ws = websocket.create_connection(ws_url, header=[f"{k}: {v}" for k, v in self.headers.items()],
+                                              timeout=self.OPEN_S)
+        self.ws.settimeout(self.READ_POLL_S)
         self._read_at = time.monotonic()
 
     def send(self, code: str) -> str:

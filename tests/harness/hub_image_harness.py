@@ -126,7 +126,7 @@ class ImageHub(SwarmHub):
             raise RuntimeError(f"the hub's container stopped:\n{self.log_tail()}")
         try:
             return requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not answering yet: still starting
             return False
 
     def stop_hub(self, sig=None) -> None:

@@ -74,7 +74,7 @@ class LabServer:
             raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}")
         try:
             return requests.get(f"{self.url}/api/status", headers=self.headers, timeout=2).status_code == 200
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not answering yet: still starting
             return False
 
     @property
