@@ -85,6 +85,7 @@ def engine(cpu: CpuLimits, slot: str, uid: int) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env, preexec_fn=as_account(uid), cwd="/")
 
 
+@pytest.mark.timing  # the second half measures what an unlimited process gets: the machine's load, alone
 def test_a_servers_processes_get_at_most_its_cpu_limit(cpu):
     cpu.limit_server("pdl-ann", 0.25)
     busy = subprocess.run([sys.executable, "-I", "-S", "-c", BUSY, "1.0"], capture_output=True, text=True,
