@@ -172,9 +172,10 @@ class CellWatch:
                         "its engine process exited during the cell (killed, out of memory, or its node went down)")
                     res = {"status": "error", "ename": ENGINE_DIED, "comm_error": False, "time": time.time(),
                            "evalue": why, "traceback": []}
-                else:
-                    res = {"status": "error", "ename": e.ename, "evalue": e.evalue,
-                           "traceback": e.render_traceback(), "comm_error": False, "time": time.time()}
+                else:  # raised outside the cell's run (an interrupt in ipyparallel's own code: a stop)
+                    res = {"status": "interrupted" if e.ename == "KeyboardInterrupt" else "error",
+                           "ename": e.ename, "evalue": e.evalue, "traceback": e.render_traceback(),
+                           "comm_error": False, "time": time.time()}
             self.results[r.rank] = res
             if res["status"] != "ok" and self.trigger_at is None:
                 self.trigger_at = time.monotonic()

@@ -4,6 +4,8 @@ controller), never in the hub or the notebook's kernel.
 - :mod:`pdl.runtime.engine`: the functions the notebook calls by name
   (:func:`pdl_server.world.call_engine`): forming the process group, running a cell,
   aborting a group.
+- :mod:`pdl.runtime.interrupts`: Ctrl-C reaches the user's code in a cell, never PDL's
+  own steps around it.
 - :mod:`pdl.runtime.identity`: who this engine is (host, address, pid, slot).
 - :mod:`pdl.runtime.group_sockets`: the sockets of the process group, cut on demand.
 - :mod:`pdl.runtime.horovod_group`: joining a Horovod world the kernel set up.

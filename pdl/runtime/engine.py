@@ -22,6 +22,7 @@ import traceback
 from pdl.contract import ServerContract
 from pdl.runtime import horovod_group as horovod_engine
 from pdl.runtime.identity import describe  # noqa: F401 - called by name (pdl_server.world.call_engine)
+from pdl.runtime.interrupts import CellInterrupts
 from pdl.runtime.group_sockets import GroupSockets
 from pdl.netaddr import free_port  # noqa: F401 - called by name, as describe
 
@@ -345,21 +346,24 @@ def run_cell(code: str, cell_number: int, balance: str = "auto") -> dict:
     from pdl.balance.plan import set_mode
     from pdl.runtime import stacks
 
-    set_mode(balance)
-    stacks.install()  # the hang watchdog can then ask for this rank's stack
-    metrics.begin_cell(publish_data)
-    try:
-        return _run_cell(code, cell_number)
-    finally:
-        metrics.end_cell()
+    # an interrupt reaches the user's code only, never PDL's own steps around it
+    with CellInterrupts() as interrupts:
+        set_mode(balance)
+        stacks.install()  # the hang watchdog can then ask for this rank's stack
+        metrics.begin_cell(publish_data)
+        try:
+            return _run_cell(code, cell_number, interrupts)
+        finally:
+            metrics.end_cell()
 
 
-def _run_cell(code: str, cell_number: int) -> dict:
+def _run_cell(code: str, cell_number: int, interrupts: CellInterrupts) -> dict:
     shell = _shell()
     try:
         body, last = _compile_cell(shell, code, cell_number)
-        exec(body, shell.user_ns)
-        value = eval(last, shell.user_ns) if last is not None else None
+        with interrupts.delivered():
+            exec(body, shell.user_ns)
+            value = eval(last, shell.user_ns) if last is not None else None
         return {"status": "ok", "value": None if value is None else repr(value)}
     except BaseException as exc:  # noqa: BLE001 - every failure goes back as data
         failure = _describe_failure(shell, exc)
@@ -375,12 +379,7 @@ def _run_cell(code: str, cell_number: int) -> dict:
 def _describe_failure(shell, exc: BaseException) -> dict:
     failed_at = time.time()
     tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # skip _run_cell
-    while True:
-        try:  # a second SIGINT may land while formatting; format again
-            lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
-            break
-        except KeyboardInterrupt:
-            continue
+    lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)  # SIGINT held: see run_cell
     return {
         "status": "interrupted" if isinstance(exc, KeyboardInterrupt) else "error",
         "ename": type(exc).__name__,

@@ -88,7 +88,7 @@ def check_failure_and_interrupt(kernel, ranks: int = 3) -> None:
     t.start()
     out = kernel.execute(loop, timeout=120, on_output=lambda at, text: seen.append(text))
     t.join()
-    assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt"
+    assert out["error"] is not None and out["error"]["ename"] == "KeyboardInterrupt", out
     assert out["error"]["traceback"] == ["KeyboardInterrupt"], out  # not PDL's own frames
     assert f"all {ranks} ranks stopped" in out["stderr"]
     assert time.monotonic() - started < 90
