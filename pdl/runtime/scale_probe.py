@@ -18,9 +18,10 @@ from pdl.runtime.identity import describe
 #: Timed forward and backward passes, after one untimed warm-up pass: at least
 #: MIN_PASSES, and more until PROFILE_MIN_S seconds of them, at most MAX_PASSES: a host
 #: that gives a rank's cores in slices (a CPU quota) shows within a second what it
-#: gives under a sustained load.
+#: gives under a sustained load, and a shared virtual machine's core, whose speed
+#: wanders by a fifth from one second to the next, is seen over more than one second.
 MIN_PASSES = 5
-PROFILE_MIN_S = 1.0
+PROFILE_MIN_S = 2.0
 MAX_PASSES = 200
 #: Timed all-reduces of each size of the sweep, after one untimed: a shared link's
 #: rate wavers more than a step's computation does.

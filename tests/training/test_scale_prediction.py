@@ -4,9 +4,9 @@ nodes whose link is shaped with ``tc`` to three rates (``tests/harness/linked_no
 The model is a multilayer perceptron of about a million weights (a 4 MiB gradient, in
 DDP's 1 MiB first bucket and one more), large enough that the link, not the computation,
 decides the step at the slowest rate. For each rate, ``session.scale`` measures the step
-without communication and the link, and predicts the step on two nodes; then real DDP
-steps (forward, backward with the all-reduce, optimizer step) are timed on the same
-engines, and the slowest rank's median step is the measured one. The issue's bounds:
+without communication and the link, and predicts the step on two nodes; real DDP steps
+(forward, backward with the all-reduce, optimizer step) are timed on the same engines
+just before and just after, and the slowest rank's median step is the measured one. The issue's bounds:
 the step within 15 %, the scaling efficiency (the step without communication over the
 measured step) within 0.10. The same bounds hold on a host that gives each engine's core
 only in slices (a CPU quota of half a core in 50 ms of every 100 ms), where a prediction
@@ -32,8 +32,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timing,
 RATES_MBIT = (100, 200, 400)
 #: Images a rank a step.
 BATCH = 1024
-#: Timed DDP steps a rate; the median is compared.
-STEPS = 15
+#: Timed DDP steps a rate, half before and half after the prediction; the median is compared.
+STEPS = 16
 #: The host that gives cores in slices: each engine half a core, in periods of (us).
 SLICED_SHARE, SLICED_PERIOD_US = 0.5, 100_000
 
@@ -54,7 +54,7 @@ def step():
 #: all-reduces, optimizer step).
 TIME_STEPS = f"""
 times = []
-for i in range({STEPS} + 1):
+for i in range({STEPS // 2} + 1):
     started = time.perf_counter()
     opt.zero_grad()
     loss = step()
@@ -118,15 +118,24 @@ def test_the_prediction_holds_where_the_host_gives_each_engine_half_a_core_in_sl
         check_prediction(session, nodes, mbit)
 
 
+def timed_steps(session) -> list[list[tuple[float, float, float]]]:
+    """Per rank, :data:`STEPS` // 2 real DDP steps' parts (seconds), as :data:`TIME_STEPS` times them."""
+    result = session.run(TIME_STEPS, 2, out=io.StringIO(), err=io.StringIO(), preflight=False)
+    return [ast.literal_eval(v) for v in result.values]
+
+
 def check_prediction(session, nodes, mbit: int) -> None:
     """Shape the links to ``mbit``, predict the step with ``%pdl scale``, time real DDP
     steps, and hold the prediction to the issue's bounds (the message names the parts)."""
     linked_nodes.shape(nodes, mbit)
     before = cpu_times()
+    # real steps before and after the prediction: a shared virtual machine's core speeds
+    # up and slows down by a fifth from one second to the next, and the steps timed
+    # around the probe see the same machine as the probe did
+    steps = timed_steps(session)
     report = session.scale("step", "net", BATCH, 2)
     [predicted] = [r for r in report.rows if r["link"] == "measured" and r["nodes"] == 2]
-    result = session.run(TIME_STEPS, 2, out=io.StringIO(), err=io.StringIO(), preflight=False)
-    steps = [ast.literal_eval(v) for v in result.values]  # per rank, per step: its parts
+    steps = [before + after for before, after in zip(steps, timed_steps(session))]
     measured = statistics.median(max(sum(parts) for parts in at_step) for at_step in zip(*steps))
     slowest = max(steps, key=lambda rank: statistics.median(sum(parts) for parts in rank))
     parts = "/".join(f"{statistics.median(p[i] for p in slowest) * 1e3:.0f}" for i in range(3))
