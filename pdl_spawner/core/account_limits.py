@@ -21,7 +21,7 @@ count, and cannot leave (the cgroups' files are root's).
   be picked first, :func:`mark_user_process`).
 
 Where it works (:func:`support`): the cgroup v1 controllers, as root. A host with cgroup
-v2 only has no limits yet (the hub logs why once).
+v2 only gets the same limits from :mod:`~pdl_spawner.core.cgroup_v2`.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ else. With the cgroup v1 controllers ``cpu`` and ``cpuset`` (as root):
   hub grants the slot to anyone else.
 
 Where this machine lacks a controller, or the hub is not root, :func:`support` says why
-in one line, and the hub logs it once.
+in one line, and the hub logs it once. A host with cgroup v2 only gets the same from
+:mod:`~pdl_spawner.core.cgroup_v2`, which places servers with :func:`place` too.
 """
 
 from __future__ import annotations
@@ -130,28 +131,8 @@ class CpuLimits:
         slot's ``cgroup.procs`` is its holder's) and whose a server is from its processes;
         a server without processes yet is left as it is."""
         root = self.mounts["cpuset"]
-        machine = _cores((root / "cpuset.cpus").read_text())
-        held: dict[int, set[int]] = {}
-        for slot in (root / self.parent / "slots").glob("*/*/"):
-            try:
-                holder = (slot / "cgroup.procs").stat().st_uid
-                if holder:
-                    held.setdefault(holder, set()).update(_cores((slot / "cpuset.cpus").read_text()))
-            except FileNotFoundError:  # taken back and removed meanwhile
-                continue
-        taken = set().union(*held.values())
-        for server in (root / self.parent / "servers").glob("*/*/"):
-            uid = _account_of(server / "cgroup.procs")
-            if uid is None:
-                continue
-            others = set().union(*(cores for holder, cores in held.items() if holder != uid))
-            # its own slots' cores always (a core may carry two users' slots where the
-            # pool has more slots than cores): its engines start there before they join
-            allowed = ((machine - others) | held[uid]) if uid in held else (machine - taken)
-            try:
-                _set_cores(server, allowed or machine)
-            except OSError:  # the server stopped meanwhile, or the kernel refused: left as it is
-                continue
+        place(cores_of(root / "cpuset.cpus"), (root / self.parent / "slots").glob("*/*/"),
+              (root / self.parent / "servers").glob("*/*/"))
 
     # -- the slots ---------------------------------------------------------------------
 
@@ -243,6 +224,39 @@ def _inherit_cpuset(folder: Path) -> None:
             (folder / name).write_text((folder.parent / name).read_text().strip())
 
 
+def place(machine: set[int], slots, servers) -> None:
+    """Keep each of the cgroups ``servers`` off the cores of the cgroups ``slots`` that
+    other accounts hold (see :meth:`CpuLimits.place_servers`); ``machine``: every core.
+    A slot's holder is the owner of its ``cgroup.procs`` (root: nobody), a server's
+    account that of its first process; a server without processes is left as it is."""
+    held: dict[int, set[int]] = {}
+    for slot in slots:
+        try:
+            holder = (slot / "cgroup.procs").stat().st_uid
+            if holder:
+                held.setdefault(holder, set()).update(cores_of(slot / "cpuset.cpus"))
+        except FileNotFoundError:  # taken back and removed meanwhile
+            continue
+    taken = set().union(*held.values())
+    for server in servers:
+        uid = account_of(server / "cgroup.procs")
+        if uid is None:
+            continue
+        others = set().union(*(cores for holder, cores in held.items() if holder != uid))
+        # its own slots' cores always (a core may carry two users' slots where the
+        # pool has more slots than cores): its engines start there before they join
+        allowed = ((machine - others) | held[uid]) if uid in held else (machine - taken)
+        try:
+            set_cores(server, allowed or machine)
+        except OSError:  # the server stopped meanwhile, or the kernel refused: left as it is
+            continue
+
+
+def cores_of(cpuset_file: Path) -> set[int]:
+    """The cores a ``cpuset.cpus`` (or ``cpuset.cpus.effective``) file lists."""
+    return _cores(cpuset_file.read_text())
+
+
 def _cores(cpulist: str) -> set[int]:
     """The cores of a cpuset list (``"0-2,5"``)."""
     cores: set[int] = set()
@@ -253,13 +267,13 @@ def _cores(cpulist: str) -> set[int]:
     return cores
 
 
-def _set_cores(folder: Path, cores: set[int]) -> None:
+def set_cores(folder: Path, cores: set[int]) -> None:
     """Write ``folder``'s ``cpuset.cpus`` where it differs."""
     if _cores((folder / "cpuset.cpus").read_text()) != cores:
         (folder / "cpuset.cpus").write_text(",".join(map(str, sorted(cores))))
 
 
-def _account_of(procs: Path) -> int | None:
+def account_of(procs: Path) -> int | None:
     """The account (real uid, not root) of the first process in ``procs`` that has
     one; None for none."""
     try:

@@ -19,7 +19,9 @@ workers come from (``claim_workers``, ``release``, ``release_blocking``).
   in cgroups of their account that bound their processes and memory
   (:mod:`~pdl_spawner.core.account_limits`), and in a cgroup of the server that bounds its
   CPU (JupyterHub's ``cpu_limit``) while each engine is kept on its slot's cores
-  (:mod:`~pdl_spawner.core.cpu_limits`); nothing of a user runs as root. Without root,
+  (:mod:`~pdl_spawner.core.cpu_limits`); on a host with cgroup v2 only, the limits are
+  those of one cgroup v2 folder per server and its leaves (:mod:`~pdl_spawner.core.cgroup_v2`,
+  :attr:`HostServer.tree`). Nothing of a user runs as root. Without root,
   every server runs as the hub's own user: one person's machine.
 - **Start.** The kind claims the workers, then the account is made (once: a kind
   whose claim is made as the user makes it during the claim, :meth:`HostServer.ensure_account`);
@@ -50,7 +52,7 @@ from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from pdl.contract import ServerContract, cluster_dir_in
-from pdl_spawner.core import account_limits, cpu_limits, device_cgroup, port_filter, private_tmp, unix_accounts
+from pdl_spawner.core import account_limits, cgroup_v2, cpu_limits, device_cgroup, port_filter, private_tmp, unix_accounts
 from pdl_spawner.core.db_thread import submit
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
@@ -222,8 +224,7 @@ class HostServer(LoggingConfigurable):
             (self.log.info if isolation else self.log.warning)("%s", isolation.reason)
         if not HostServer._isolation:
             return None
-        return device_cgroup.DeviceCgroup(f"{self.account}/{self.name}" if self.name else self.account,
-                                          isolation=HostServer._isolation)
+        return device_cgroup.DeviceCgroup(self.cgroup_owner, isolation=HostServer._isolation)
 
     @property
     def private_tmp(self) -> private_tmp.PrivateTmp | None:
@@ -231,8 +232,36 @@ class HostServer(LoggingConfigurable):
         without :attr:`system_users`."""
         if not self.system_users:
             return None
-        return private_tmp.PrivateTmp(f"{self.account}/{self.name}" if self.name else self.account,
-                                      self.private_tmp_root)
+        return private_tmp.PrivateTmp(self.cgroup_owner, self.private_tmp_root)
+
+    #: cgroup_v2.support()'s answer, looked up (and the users' memory limited) once per hub process
+    _tree_support: tuple[Path | None, str] | None = None
+
+    @property
+    def tree(self) -> cgroup_v2.ServerTree | None:
+        """This server's cgroup v2 folder and leaves, which bound its processes, memory and
+        CPU where the machine has those controllers on cgroup v2 only
+        (:mod:`~pdl_spawner.core.cgroup_v2`; then :attr:`account_limits` and
+        :attr:`cpu_limits` are None); None without :attr:`system_users`, or where the v1
+        controllers are used. The first call of a hub process logs which, and limits the
+        memory of all users together."""
+        if not self.system_users:
+            return None
+        if HostServer._tree_support is None:
+            HostServer._tree_support = found = cgroup_v2.support()
+            if found[0] is not None:
+                every_user = cgroup_v2.limit_all_users(found[0], self.memory_kept_for_hub)
+                self.log.info("Limits: cgroup v2 at %s; the users' processes take at most %.1f GiB together",
+                              found[0], every_user / 2**30)
+                self.log.info("%s", account_limits.hub_protection())
+        root = HostServer._tree_support[0]
+        return cgroup_v2.ServerTree(self.cgroup_owner, root) if root is not None else None
+
+    @property
+    def cgroup_owner(self) -> str:
+        """The name of this server's cgroups of the device, bind and v2 limits: its
+        account, with the server's name if it has one (unique to the machine)."""
+        return f"{self.account}/{self.name}" if self.name else self.account
 
     #: account_limits.support()'s answer, looked up (and the users' memory limited) once per hub process
     _limits_support: account_limits.Support | None = None
@@ -242,7 +271,7 @@ class HostServer(LoggingConfigurable):
         """The cgroups that bound this server's account (:mod:`~pdl_spawner.core.account_limits`);
         None without :attr:`system_users`. The first call of a hub process logs what this
         machine cannot limit, and limits the memory of all users together."""
-        if not self.system_users:
+        if not self.system_users or self.tree is not None:
             return None
         if HostServer._limits_support is None:
             HostServer._limits_support = found = account_limits.support()
@@ -258,10 +287,11 @@ class HostServer(LoggingConfigurable):
         """One line for the spawn form and the panel: what this machine enforces on the
         user's processes (JupyterHub's ``cpu_limit`` and ``mem_limit``, the process
         limit), "" where it enforces none of them."""
-        limits = self.account_limits
-        mounts = HostServer._limits_support.mounts if limits is not None else {}
+        limits, tree = self.account_limits, self.tree
+        mounts = HostServer._limits_support.mounts if limits is not None else (
+            dict.fromkeys(("memory", "pids")) if tree is not None else {})
         cores = f"{self.cpu_limit:g} cores for your server and kernels" if (
-            self.cpu_limit and self.cpu_limits is not None) else ""
+            self.cpu_limit and (self.cpu_limits is not None or tree is not None)) else ""
         whole = [f"{self.mem_limit / 2**30:.3g} GiB of memory" if self.mem_limit and "memory" in mounts else "",
                  f"{self.process_limit:,} processes" if self.process_limit and "pids" in mounts else ""]
         whole = " and ".join(filter(None, whole))
@@ -276,7 +306,7 @@ class HostServer(LoggingConfigurable):
         """The cgroups that bound this server's CPU and keep its engines on their slots'
         cores (:mod:`~pdl_spawner.core.cpu_limits`); None without :attr:`system_users`, or
         where this machine lacks the controllers (the first call of a hub process logs why)."""
-        if not self.system_users:
+        if not self.system_users or self.tree is not None:
             return None
         if HostServer._cpu_support is None:
             HostServer._cpu_support = found = cpu_limits.support()
@@ -302,7 +332,7 @@ class HostServer(LoggingConfigurable):
                               *self.port_range)
         if HostServer._port_isolation:
             return None
-        return port_filter.PortCgroup(f"{self.account}/{self.name}" if self.name else self.account)
+        return port_filter.PortCgroup(self.cgroup_owner)
 
     #: port_filter.support()'s answer, looked up once per hub process ("" when it works)
     _port_isolation: str | None = None
@@ -332,12 +362,15 @@ class HostServer(LoggingConfigurable):
         except unix_accounts.ForeignAccount as e:
             raise web.HTTPError(500, str(e), reason=str(e)) from None
         unix_accounts.ensure_runtime_dir(entry, self.runtime_dir_root)
-        cgroup = self.cgroup
+        cgroup, tree = self.cgroup, self.tree
         if cgroup is not None:
             cgroup.create()
-            leftover = cgroup.kill_all(KILL_WAIT_S)
+        if cgroup is not None or tree is not None:
+            leftover = (tree or cgroup).kill_all(KILL_WAIT_S)
             if leftover:
                 raise RuntimeError(f"processes {leftover} of {self.owner} do not die")
+        if tree is not None:
+            tree.make(processes=self.process_limit, memory_bytes=self.mem_limit or 0, cpu_limit=self.cpu_limit)
         self.private_tmp.prepare()
         limits = self.account_limits
         if limits is not None:
@@ -349,14 +382,17 @@ class HostServer(LoggingConfigurable):
     def end_processes(self) -> None:
         """Kill whatever is left of this server (a process that left its tree) and
         remove its cgroup. Blocks up to :data:`KILL_WAIT_S`."""
-        cgroup = self.cgroup
-        if cgroup is None:
+        cgroup, tree = self.cgroup, self.tree
+        if cgroup is None and tree is None:
             return
-        left = cgroup.kill_all(KILL_WAIT_S)
+        left = (tree or cgroup).kill_all(KILL_WAIT_S)
         if left:
             self.log.error("processes %s of %s survived SIGKILL", left, self.owner)
         else:
-            cgroup.remove()
+            if tree is not None:
+                tree.remove()  # its leaves, then the folder the device and bind filters have too
+            if cgroup is not None:
+                cgroup.remove()
             self.private_tmp.remove()
             limits = self.account_limits
             if limits is not None:
@@ -375,19 +411,25 @@ class HostServer(LoggingConfigurable):
         """Keep every server off the cores of other users' slots
         (:meth:`~pdl_spawner.core.cpu_limits.CpuLimits.place_servers`; nothing without
         CPU limits)."""
-        cpu = self.cpu_limits
+        cpu, tree = self.cpu_limits, self.tree
         if cpu is not None:
             cpu.place_servers()
+        elif tree is not None:
+            cgroup_v2.place_servers(tree.root)
 
     def _skeleton(self) -> str | None:
         return self.skeleton_dir or None
 
     def make_preexec_fn(self, name):
         if self.system_users:
-            joined = [c.procs_file for c in (self.cgroup, self.port_cgroup) if c is not None]
-            joined += self.account_limits.procs_files
-            cpu = self.cpu_limits
-            joined += cpu.server_procs_files(self.owner) if cpu is not None else []
+            tree = self.tree
+            if tree is not None:  # one cgroup on cgroup v2: the server's main leaf, below its filters'
+                joined = [tree.procs_file]
+            else:
+                joined = [c.procs_file for c in (self.cgroup, self.port_cgroup) if c is not None]
+                joined += self.account_limits.procs_files
+                cpu = self.cpu_limits
+                joined += cpu.server_procs_files(self.owner) if cpu is not None else []
             own_tmp = self.private_tmp
             become_user = set_user_setuid(self.account)
 

@@ -261,8 +261,9 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
 
     def give_slot_cores(self, slots: list[str]) -> None:
         """Let this server's engines join the cgroups of ``slots``, each kept to its
-        slot's cores (:mod:`~pdl_spawner.core.cpu_limits`; nothing without them)."""
-        cpu = self.cpu_limits
+        slot's cores (:mod:`~pdl_spawner.core.cpu_limits`, or on cgroup v2
+        :mod:`~pdl_spawner.core.cgroup_v2`; nothing without them)."""
+        cpu = self.cpu_limits or self.tree
         if cpu is None:
             return
         uid, cores = pwd.getpwnam(self.account).pw_uid, usable_cores()
@@ -272,7 +273,7 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
     def end_slot_processes(self, slots: list[str]) -> list[int]:
         """Take ``slots``' cgroups back and kill every process in them (blocks up to
         about 5 s a slot): the processes that would not die (empty: the slots are free)."""
-        cpu = self.cpu_limits
+        cpu = self.cpu_limits or self.tree
         left = []
         for slot in slots if cpu is not None else []:
             left += cpu.take_back(slot)
@@ -285,9 +286,10 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         GPUs with, by which the server finds its MIG slots' devices, the whole pool,
         which the server splits the machine's cores over (so no two users' engines share
         one), and where the slots' cgroups are, which its engines join."""
-        cpu = self.cpu_limits
+        cpu, tree = self.cpu_limits, self.tree
+        folders = cpu.slot_folders() if cpu is not None else [tree.path] if tree is not None else []
         return dataclasses.replace(super().server_contract(), nvidia_smi=self.nvidia_smi, pool=tuple(self.pool),
-                                   slot_cgroups=tuple(map(str, cpu.slot_folders())) if cpu is not None else ())
+                                   slot_cgroups=tuple(map(str, folders)))
 
     def prepare_account(self) -> None:
         """The account and its cgroups (:meth:`HostServer.prepare_account`), the device
@@ -356,7 +358,7 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         nodes = [n for n in self.gpu_nodes(slots) if n.exists()]
         if not nodes:
             return {}
-        cgroup = self.cgroup
+        cgroup = self.tree or self.cgroup  # on cgroup v2, every leaf of the server
         pids = set(cgroup.pids()) if cgroup is not None else set()
         with contextlib.suppress(KeyError):
             pids |= set(device_cgroup.processes_of_uid(pwd.getpwnam(self.account).pw_uid))
