@@ -60,6 +60,16 @@ def root():
     cgroup_v2.remove(found / parent)
 
 
+def tree_with_slot(root, owner: str = "pdl-ann", uid: int = ANN, slot: str = "cpu:0") -> ServerTree:
+    """``owner``'s server tree under the test's parent (no controllers), made, with
+    ``slot`` granted to ``uid``."""
+    mount, parent = root
+    tree = ServerTree(owner, mount, parent, controllers=())
+    tree.make()
+    tree.grant(slot, [0], uid)
+    return tree
+
+
 def start(uid: int, tree: ServerTree, *moves: Path) -> subprocess.Popen:
     """A process of account ``uid`` in ``tree``'s main leaf (joined as root, as the
     spawner's preexec does) that then moves itself into ``moves``; returns once it said
@@ -77,12 +87,8 @@ def start(uid: int, tree: ServerTree, *moves: Path) -> subprocess.Popen:
 
 def test_a_user_moves_only_into_the_leaves_of_slots_their_own_server_holds(root):
     mount, parent = root
-    ann, ben = ServerTree("pdl-ann", mount, parent, controllers=()), ServerTree("pdl-ben", mount, parent, controllers=())
-    ann.make()
-    ben.make()
+    ann, ben = tree_with_slot(root), tree_with_slot(root, "pdl-ben", BEN, "cpu:1")
     assert oct(ann.path.stat().st_mode & 0o777) == "0o755" and (ann.path / cgroup_v2.MAIN).is_dir()
-    ann.grant("cpu:0", [0], ANN)
-    ben.grant("cpu:1", [1], BEN)
     procs = []
     try:
         # ann's engine: into her slot's leaf, not into ben's leaf or main, not back into the pool's parent
@@ -103,12 +109,10 @@ def test_a_user_moves_only_into_the_leaves_of_slots_their_own_server_holds(root)
 
 
 def test_taking_a_slot_back_ends_what_is_in_its_leaf_and_nothing_else(root):
-    mount, parent = root
-    ann = ServerTree("pdl-ann", mount, parent, controllers=())
-    ann.make()
-    ann.grant("cpu:0", [0], ANN)
+    ann = tree_with_slot(root)
     kernel = start(ANN, ann)  # stays in main
     engine = start(ANN, ann, ann.slot_path("cpu:0"))
+    procs = [kernel, engine]
     try:
         assert engine.said == ["moved"]
         assert ann.take_back("cpu:0") == []
@@ -117,18 +121,17 @@ def test_taking_a_slot_back_ends_what_is_in_its_leaf_and_nothing_else(root):
         # given back to root: ann cannot move into the slot even where its leaf is made again
         ann.grant("cpu:0", [0], ANN)
         os.chown(ann.slot_path("cpu:0") / "cgroup.procs", 0, -1)
-        assert start(ANN, ann, ann.slot_path("cpu:0")).said == ["Permission denied"]
+        procs.append(start(ANN, ann, ann.slot_path("cpu:0")))
+        assert procs[-1].said == ["Permission denied"]
     finally:
-        for proc in (kernel, engine):
+        for proc in procs:
             proc.kill()
             proc.wait()
 
 
 def test_killing_the_tree_ends_every_leaf_and_removing_it_leaves_nothing(root):
     mount, parent = root
-    ann = ServerTree("pdl-ann", mount, parent, controllers=())
-    ann.make()
-    ann.grant("cpu:0", [0], ANN)
+    ann = tree_with_slot(root)
     procs = [start(ANN, ann), start(ANN, ann, ann.slot_path("cpu:0"))]
     assert sorted(ann.pids()) == sorted(p.pid for p in procs)
     with pytest.raises(OSError) as busy:
@@ -149,9 +152,7 @@ def test_the_bind_filter_of_the_servers_folder_holds_in_its_leaves(root):
         if os.environ.get("CI"):
             pytest.fail(problem)
         pytest.skip(problem)
-    ann = ServerTree("pdl-ann", mount, parent, controllers=())
-    ann.make()
-    ann.grant("cpu:0", [0], ANN)
+    ann = tree_with_slot(root)
     port_filter.PortCgroup("pdl-ann", parent=parent).restrict(29921, 29930, 29925)
     binds = ("import socket\nfor port in (29922, 29925):\n    s = socket.socket()\n    try:\n"
              "        s.bind(('127.0.0.1', port)); print(port, 'bound')\n"
