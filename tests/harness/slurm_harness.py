@@ -179,6 +179,10 @@ def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str
         f"AccountingStoragePass={r}/munge/munge.socket",  # the munged of slurmdbd's connections
         "AccountingStorageTRES=gres/gpu",
         "AccountingStorageEnforce=associations,limits,qos",
+        # each job's own /tmp and /dev/shm on each node, shared by its steps, gone when it
+        # ends (job_container.conf: :func:`job_container_conf`), as docs/admin.md asks sites to
+        "JobContainerType=job_container/tmpfs",
+        "PrologFlags=contain",
     ]
     if extra_conf:
         lines.append(extra_conf.strip())
@@ -190,6 +194,12 @@ def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str
     # a second partition over the same nodes, as labs have for short, small jobs
     lines.append(f"PartitionName={SHORT_PARTITION} Nodes={names} Default=NO MaxTime=60 MaxNodes=2 State=UP")
     return "\n".join(lines) + "\n"
+
+
+def job_container_conf(run_dir: Path) -> str:
+    """job_container.conf: each job's temporary places under ``<run_dir>/containers/<node>``
+    (Slurm 22.05 makes /tmp and /dev/shm; ``Dirs=`` for more came with 23.02)."""
+    return f"BasePath={run_dir}/containers\n"
 
 
 def slurmdbd_conf(run_dir: Path, controller: tuple[str, str], db_port: int, db_password: str) -> str:
@@ -374,9 +384,10 @@ class SlurmSim(SimulatedCluster):
 
     def _write_files(self) -> None:
         r = self.run_dir
-        for sub in ("state", "spool", "run", "home", "dev", "munge", "log", "db"):  # a fresh cluster every run
+        for sub in ("state", "spool", "run", "home", "dev", "munge", "log", "db", "containers"):  # a fresh cluster every run
             shutil.rmtree(r / sub, ignore_errors=True)
-        for sub in ("etc", "state", "run", "log", "home", "dev", *(f"spool/{n}" for n in self.node_names)):
+        for sub in ("etc", "state", "run", "log", "home", "dev", *(f"spool/{n}" for n in self.node_names),
+                    *(f"containers/{n}" for n in self.node_names)):
             (r / sub).mkdir(parents=True, exist_ok=True)
         for d in (r, r / "home", r / "etc", r / "log"):  # the test users read the config, reach their homes
             d.chmod(0o755)
@@ -388,6 +399,7 @@ class SlurmSim(SimulatedCluster):
                                              self.extra_conf))
         (r / "etc" / "gres.conf").write_text(gres_conf(self.node_names, self.gpu_device))
         (r / "etc" / "plugstack.conf").write_text("")
+        (r / "etc" / "job_container.conf").write_text(job_container_conf(r))
         self._db_password = os.urandom(12).hex()
         dbd_conf = r / "etc" / "slurmdbd.conf"  # slurmdbd wants it private: it holds the database's password
         dbd_conf.touch(mode=0o600)
@@ -577,7 +589,9 @@ class SlurmSim(SimulatedCluster):
         remove_links(self._our_links())
         for user in self._our_users():
             run("userdel", user, check=False)
-        for sub in ("run", "home", "dev", "db"):
+        for mount in self._our_mounts():  # a job's temporary places its stepd left behind
+            run("umount", "-l", mount, check=False)
+        for sub in ("run", "home", "dev", "db", "containers"):
             shutil.rmtree(self.run_dir / sub, ignore_errors=True)
         with contextlib.suppress(OSError):
             (self.run_dir / "munge" / "munge.key").unlink()
@@ -587,6 +601,13 @@ class SlurmSim(SimulatedCluster):
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: not _orphaned_slurm_zombies(), 10, interval=0.1)
 
+    def _our_mounts(self) -> list[str]:
+        """Mounts under the run directory's ``containers`` (the jobs' /tmp and /dev/shm), deepest first."""
+        base = str(self.run_dir / "containers") + "/"
+        with open("/proc/self/mounts") as mounts:
+            found = [line.split()[1] for line in mounts if line.split()[1].startswith(base)]
+        return sorted(found, key=len, reverse=True)
+
     def leftovers(self) -> dict[str, list]:
         """What of ours is still there (all empty after ``down()``)."""
         return {
@@ -594,6 +615,7 @@ class SlurmSim(SimulatedCluster):
                                     + self._user_pids()
                                     + pids_naming(str(self.run_dir) + "/", (*_SLURM_COMMANDS, "munged", "mariadbd")))),
             "netns": self._our_netns(),
+            "mounts": self._our_mounts(),
             "veths": self._our_links(),
             "users": self._our_users(),
         }

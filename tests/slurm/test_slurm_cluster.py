@@ -4,10 +4,13 @@ What PDL's Slurm engine will rely on: three idle nodes with one GPU each; a job 
 the three nodes gets one GPU per task (``CUDA_VISIBLE_DEVICES=0`` on each node) and ranks
 0..2; a request for more GPUs than the cluster has is refused at submission, not left
 pending; a job that needs GPUs another user holds pends with reason ``Resources`` and
-starts when they are freed; and one user cannot cancel another's job.
+starts when they are freed; one user cannot cancel another's job; and each job has a
+/tmp and /dev/shm of its own on each node (``job_container/tmpfs``), shared by its steps.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +98,23 @@ def test_a_user_cannot_cancel_anothers_job(clean_slurm):
     assert slurm.job(anns)["state"] == "RUNNING"
     slurm.run("scancel", str(anns), user=ANN, check=True)
     wait_until(lambda: slurm.job(anns) is None, 30, what=lambda: f"job {anns} gone: {slurm.job(anns)}")
+
+
+#: A step that plants a file of its user's in /tmp and /dev/shm, as a tool's cache or a
+#: collective's shared memory would.
+PLANT = 'echo x > /tmp/planted-$(id -un) && echo x > /dev/shm/planted-$(id -un)'
+#: What a step sees there: the names, then /tmp's owner and mode.
+LOOK = 'ls -A /tmp /dev/shm; stat -c "%U %a" /tmp'
+
+
+def test_each_job_has_its_own_tmp_and_shm_shared_by_its_steps_and_gone_at_its_end(clean_slurm):
+    slurm = clean_slurm
+    # ann's job on n1: a second step sees what the first planted (her ranks share them)
+    anns = slurm.run("salloc", "-N1", "-w", "n1", "sh", "-c", f"srun sh -c '{PLANT}' && srun sh -c '{LOOK}'",
+                     user=ANN, check=True)
+    assert anns.stdout.split() == ["/dev/shm:", f"planted-{ANN}", "/tmp:", f"planted-{ANN}", ANN, "700"], anns
+    # ben's job on the same node, and ann's next one, see nothing of hers: her places went with her job
+    for user in (BEN, ANN):
+        later = slurm.run("srun", "-N1", "-w", "n1", "sh", "-c", LOOK, user=user, check=True)
+        assert later.stdout.split() == ["/dev/shm:", "/tmp:", user, "700"], (user, later)
+    assert not Path(f"/tmp/planted-{ANN}").exists() and not Path(f"/dev/shm/planted-{ANN}").exists()
