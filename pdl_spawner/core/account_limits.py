@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup_name, v1_mounts
+from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup_name, make_cgroup, v1_mounts
 
 CONTROLLERS = ("pids", "memory")
 #: ``oom_score_adj`` of the hub and the processes it starts for itself (the proxy, the
@@ -93,12 +93,7 @@ class AccountLimits:
             raise ValueError(f"limits are 0 (none) or more: processes {processes}, memory {memory_bytes} bytes")
         for controller, path in self.paths.items():
             for folder in (path.parent, path):
-                try:
-                    folder.mkdir()
-                    folder.chmod(0o755)  # the user's processes read their limit and OOM count there
-                except FileExistsError:
-                    if not (folder / "cgroup.procs").is_file():
-                        raise RuntimeError(f"{folder} exists and is not a cgroup") from None
+                make_cgroup(folder)  # the user's processes read their limit and OOM count there
         if "pids" in self.paths:
             (self.paths["pids"] / "pids.max").write_text(str(processes) if processes else "max")
         if "memory" in self.paths:
@@ -131,16 +126,23 @@ def limit_all_users(mounts: dict[str, Path], kept_bytes: int, parent: str = DEFA
     """Let every user's account together (the ``memory`` parent) take the machine's memory
     less ``kept_bytes``, for the hub, the proxy and the admin view; that limit in bytes,
     or None without the memory controller. ValueError unless 0 < ``kept_bytes`` < the machine's memory."""
+    most = users_memory_bytes(kept_bytes)
+    if "memory" not in mounts:
+        return None
+    folder = Path(mounts["memory"]) / parent
+    make_cgroup(folder)
+    _limit_memory(folder, most)
+    return most
+
+
+def users_memory_bytes(kept_bytes: int) -> int:
+    """The memory every user's processes may take together: the machine's less
+    ``kept_bytes``, for the hub, the proxy and the admin view. ValueError unless
+    0 < ``kept_bytes`` < the machine's memory."""
     total = machine_memory_bytes()
     if not 0 < kept_bytes < total:
         raise ValueError(f"the memory kept for the hub must be more than 0 and less than the machine's "
                          f"{total} bytes, got {kept_bytes}")
-    if "memory" not in mounts:
-        return None
-    folder = Path(mounts["memory"]) / parent
-    folder.mkdir(exist_ok=True)
-    folder.chmod(0o755)
-    _limit_memory(folder, total - kept_bytes)
     return total - kept_bytes
 
 

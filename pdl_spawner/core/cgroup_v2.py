@@ -34,21 +34,14 @@ import time
 from pathlib import Path
 
 from pdl.slots import slot_dirname
-from pdl_spawner.core.account_limits import machine_memory_bytes
-from pdl_spawner.core.cpu_limits import cores_of, place
-from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup_mounts, cgroup_name, kill_cgroup
+from pdl_spawner.core.account_limits import users_memory_bytes
+from pdl_spawner.core.cpu_limits import PERIOD_US, cores_of, place, quota_us
+from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup2_mount, cgroup_name, kill_cgroup, make_cgroup
 
 #: The controllers the tree bounds a server with.
 CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
 #: The leaf of a server's own processes.
 MAIN = "main"
-#: Microseconds of one quota period of ``cpu_limit`` (as :data:`pdl_spawner.core.cpu_limits.PERIOD_US`).
-PERIOD_US = 10_000
-
-
-def cgroup2_mount() -> Path | None:
-    """The first cgroup2 mount of this process, or None."""
-    return next((where for kind, where, _ in cgroup_mounts() if kind == "cgroup2"), None)
 
 
 def support(root: Path | None = None) -> tuple[Path | None, str]:
@@ -154,11 +147,11 @@ class ServerTree:
         if processes < 0 or memory_bytes < 0 or (cpu_limit is not None and cpu_limit < 0):
             raise ValueError(f"limits are 0 (none) or more: processes {processes}, memory {memory_bytes} bytes, "
                              f"cpu_limit {cpu_limit}")
-        _make(self.root / self.parent)
+        make_cgroup(self.root / self.parent)
         if self.controllers:
             enable(self.root, self.controllers)
             enable(self.root / self.parent, self.controllers)
-        _make(self.path)
+        make_cgroup(self.path)
         if "pids" in self.controllers:
             (self.path / "pids.max").write_text(str(processes) if processes else "max")
         if "memory" in self.controllers:
@@ -169,10 +162,10 @@ class ServerTree:
         leaf_controllers = [c for c in ("cpu", "cpuset") if c in self.controllers]
         if leaf_controllers:
             enable(self.path, leaf_controllers)
-        _make(self.path / MAIN)
+        make_cgroup(self.path / MAIN)
         if "cpu" in self.controllers:
-            quota = str(max(1000, round(cpu_limit * PERIOD_US))) if cpu_limit else "max"
-            (self.path / MAIN / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            quota = quota_us(cpu_limit)
+            (self.path / MAIN / "cpu.max").write_text(f"{quota or 'max'} {PERIOD_US}")
 
     def grant(self, slot: str, cores: list[int], uid: int) -> None:
         """Make ``slot``'s leaf, keep it to ``cores``, and let account ``uid`` move its
@@ -181,7 +174,7 @@ class ServerTree:
         if not cores:
             raise ValueError(f"slot {slot} needs at least one core")
         leaf = self.slot_path(slot)
-        _make(leaf)
+        make_cgroup(leaf)
         if "cpuset" in self.controllers:
             (leaf / "cpuset.cpus").write_text(",".join(map(str, sorted(cores))))
         os.chown(leaf / "cgroup.procs", uid, -1)
@@ -234,14 +227,11 @@ def limit_all_users(root: Path, kept_bytes: int, parent: str = DEFAULT_PARENT) -
     """Let every user's processes together (``<root>/<parent>``) take the machine's memory
     less ``kept_bytes``, for the hub, the proxy and the admin view: that limit, in bytes.
     ValueError unless 0 < ``kept_bytes`` < the machine's memory."""
-    total = machine_memory_bytes()
-    if not 0 < kept_bytes < total:
-        raise ValueError(f"the memory kept for the hub must be more than 0 and less than the machine's "
-                         f"{total} bytes, got {kept_bytes}")
-    _make(root / parent)
+    most = users_memory_bytes(kept_bytes)
+    make_cgroup(root / parent)
     enable(root, ("memory",))
-    (root / parent / "memory.max").write_text(str(total - kept_bytes))
-    return total - kept_bytes
+    (root / parent / "memory.max").write_text(str(most))
+    return most
 
 
 def place_servers(root: Path, parent: str = DEFAULT_PARENT) -> None:
@@ -253,13 +243,3 @@ def place_servers(root: Path, parent: str = DEFAULT_PARENT) -> None:
     place(cores_of(root / "cpuset.cpus.effective"), slots, [f / MAIN for f in folders])
 
 
-def _make(folder: Path) -> None:
-    """Make the cgroup ``folder`` if missing; open to every account to read (a user's
-    processes read their limits and OOM count there), also where another part of PDL
-    made it (the device and bind filters make the server's folder)."""
-    try:
-        folder.mkdir()
-    except FileExistsError:
-        if not (folder / "cgroup.procs").is_file():
-            raise RuntimeError(f"{folder} exists and is not a cgroup") from None
-    folder.chmod(0o755)

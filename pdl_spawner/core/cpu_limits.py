@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdl.slots import slot_dirname
-from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup_name, kill_cgroup, v1_mounts
+from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup_name, kill_cgroup, make_cgroup, v1_mounts
 
 CONTROLLERS = ("cpu", "cpuset")
 #: Microseconds of one quota period of ``cpu_limit``: short, so that a limited kernel
@@ -115,8 +115,7 @@ class CpuLimits:
         path, cpuset_path = self.server_paths(owner)
         _make_pair(path, cpuset_path, SERVER_SHARES)
         (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        quota = max(1000, round(cpu_limit * PERIOD_US)) if cpu_limit else -1
-        (path / "cpu.cfs_quota_us").write_text(str(quota))
+        (path / "cpu.cfs_quota_us").write_text(str(quota_us(cpu_limit) or -1))
 
     def remove_server(self, owner: str) -> None:
         """Remove the server's cgroups once empty (nothing if gone)."""
@@ -189,15 +188,15 @@ class CpuLimits:
         return sorted(pids)
 
 
+def quota_us(cpu_limit: float | None) -> int | None:
+    """Microseconds of CPU a :data:`PERIOD_US` period gives ``cpu_limit`` cores (at least
+    1000, the kernel's least); None for no limit (None or 0)."""
+    return max(1000, round(cpu_limit * PERIOD_US)) if cpu_limit else None
+
+
 def _make(folder: Path, shares: int | None = None) -> None:
-    """Make the cgroup ``folder`` if missing, open to every account to pass through (an
-    engine reaches its slot's ``cgroup.procs`` there; the hub's umask would close it)."""
-    try:
-        folder.mkdir()
-        folder.chmod(0o755)
-    except FileExistsError:
-        if not (folder / "cgroup.procs").is_file():
-            raise RuntimeError(f"{folder} exists and is not a cgroup") from None
+    """:func:`~pdl_spawner.core.device_cgroup.make_cgroup`, with the folder's ``cpu.shares``."""
+    make_cgroup(folder)
     if shares is not None:
         (folder / "cpu.shares").write_text(str(shares))
 

@@ -82,7 +82,7 @@ def support(mechanism: str | None = None) -> Support:
         return Support(None, None, f"GPU device isolation is off: it needs root (the hub runs as uid {os.geteuid()})")
     mounts = cgroup_mounts()
     v1 = next((where for kind, where, options in mounts if kind == "cgroup" and "devices" in options), None)
-    v2 = next((where for kind, where, options in mounts if kind == "cgroup2"), None)
+    v2 = cgroup2_mount()
     reasons = []
     if mechanism in (None, CGROUP1_DEVICES):
         if v1 is not None and os.access(v1, os.W_OK):
@@ -109,6 +109,24 @@ def cgroup_mounts() -> list[tuple[str, Path, set[str]]]:
                 where = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
                 found.append((fields[2], Path(where), set(fields[3].split(","))))
     return found
+
+
+def cgroup2_mount() -> Path | None:
+    """The first cgroup2 mount of this process, or None."""
+    return next((where for kind, where, _ in cgroup_mounts() if kind == "cgroup2"), None)
+
+
+def make_cgroup(folder: Path) -> None:
+    """Make the cgroup ``folder`` if missing (its parent must exist), open to every account
+    to read and pass through (a user's processes read their limits there, an engine
+    reaches its slot's ``cgroup.procs``; the hub's umask would close it), also where
+    another part of PDL made it. RuntimeError where ``folder`` exists and is no cgroup."""
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        if not (folder / "cgroup.procs").is_file():
+            raise RuntimeError(f"{folder} exists and is not a cgroup") from None
+    folder.chmod(0o755)
 
 
 def v1_mounts(controllers, off) -> tuple[dict[str, Path], list[str]]:

@@ -21,15 +21,15 @@ from functools import lru_cache
 from pathlib import Path
 
 from pdl_spawner.core import bpf
-from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup_mounts, cgroup_name
+from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup2_mount, cgroup_name
 
 
 def cgroup2_root() -> Path | None:
     """The cgroup v2 mount this process can write to (None: none, or not root)."""
     if os.geteuid() != 0:
         return None
-    return next((where for kind, where, _ in cgroup_mounts() if kind == "cgroup2" and os.access(where, os.W_OK)),
-                None)
+    found = cgroup2_mount()
+    return found if found is not None and os.access(found, os.W_OK) else None
 
 
 def _bind_filter(low: int, high: int, own: int) -> bytes:
