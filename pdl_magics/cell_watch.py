@@ -6,7 +6,11 @@ progress, and when a rank fails first on its own, gives its peers
 (and its engine restarted) when it is still running :data:`STOP_TIMEOUT_S` after both
 the interrupt reached it and the last of its peers stopped: on a busy machine the
 interrupt and the peers' results take their time, and a rank still waiting for a peer
-that stopped a moment ago is not stuck. A rank whose engine died
+that stopped a moment ago is not stuck. A rank that reported its user's code stopped
+(:data:`pdl.runtime.interrupts.STOPPED_KEY`) is winding down PDL's side of the cell
+(its process group's teardown), which a busy machine can stretch over seconds: it is
+not interrupted again, and counts as stuck only after :data:`WIND_DOWN_TIMEOUT_S`.
+A rank whose engine died
 is reported at once (:data:`~pdl_magics.errors.ENGINE_DIED`). The hang watchdog shows
 every running rank's stack after ``hang_timeout_s`` without progress (:mod:`pdl.runtime.stacks`).
 """
@@ -22,6 +26,7 @@ import ipyparallel as ipp
 from pdl import memory_limit
 from pdl.metrics import DATA_KEY
 from pdl.runtime import stacks
+from pdl.runtime.interrupts import STOPPED_KEY
 from pdl_server.session_clock import session_end
 from pdl_server.world import CellResult, Rank
 
@@ -35,6 +40,10 @@ PEER_GRACE_S = 1.0
 #: Seconds a rank may go on running after the interrupt reached it and after the last
 #: of its peers stopped; then it is reported as stuck.
 STOP_TIMEOUT_S = 5.0
+#: Seconds a rank that reported its user's code stopped may take to wind down PDL's side
+#: of the cell (tear down its process group, free what referenced it) before it counts
+#: as stuck: a teardown that takes half a second alone took over 5 s on a busy machine.
+WIND_DOWN_TIMEOUT_S = 60.0
 #: Seconds between polls for output and results while a cell runs; the last
 #: rank's result ends the wait at once.
 POLL_S = 0.05
@@ -69,6 +78,8 @@ class CellWatch:
         self._signalled: set[int] = set()  # ranks an interrupt was sent to in this cell
         # when the stop last moved on: a rank got its first interrupt, or a rank stopped
         self._stop_moved_at: float | None = None
+        #: rank -> when (monotonic s) the notebook saw its report that its user's code stopped
+        self._stopped_seen: dict[int, float] = {}
         self.progress = LiveProgress(err)
         #: rank -> latest ``pdl.log`` snapshot of this cell
         self.metrics: dict[int, dict] = {}
@@ -119,24 +130,38 @@ class CellWatch:
                     self.trigger_at = time.monotonic()
                     print(f"Interrupting {len(self.pending())} rank(s)...", file=self.err, flush=True)
                     self._signal_pending()
-            if self._stop_moved_at is not None and time.monotonic() - self._stop_moved_at > STOP_TIMEOUT_S:
-                self.stuck = self.pending()
-                for r in self.stuck:
-                    self.results[r.rank] = {
-                        "status": "interrupted", "ename": "Stuck", "comm_error": True,
-                        "evalue": "did not respond to interrupts", "traceback": [], "time": time.time(),
-                    }
+            self._find_stuck()
         self._await_output()
         self._pump()
         self.progress.close("ok" if not self.failed else "interrupted" if self.user_interrupt else "failed")
         return self
 
+    def _find_stuck(self) -> None:
+        """Give up on the ranks still running :data:`STOP_TIMEOUT_S` after the stop last
+        moved on, unless they reported their user's code stopped (those get
+        :data:`WIND_DOWN_TIMEOUT_S` from that report): their results read "Stuck"."""
+        now = time.monotonic()
+        timed_out = self._stop_moved_at is not None and now - self._stop_moved_at > STOP_TIMEOUT_S
+        for r in self.pending():
+            seen = self._stopped_seen.get(r.rank)
+            if (now - seen > WIND_DOWN_TIMEOUT_S) if seen is not None else timed_out:
+                self.stuck.append(r)
+                self.results[r.rank] = {
+                    "status": "interrupted", "ename": "Stuck", "comm_error": True,
+                    "evalue": "did not respond to interrupts", "traceback": [], "time": time.time(),
+                }
+
     def _pump(self) -> None:
-        """Write rank 0's new output and progress since the last poll."""
+        """Write rank 0's new output and progress since the last poll; note the ranks
+        that reported their user's code stopped (the stop moves on)."""
         for r, md in zip(self.world, self.meta):
             snap = md["data"].get(DATA_KEY)
             if snap is not None:
                 self.metrics[r.rank] = snap
+            if STOPPED_KEY in md["data"] and r.rank not in self._stopped_seen:
+                self._stopped_seen[r.rank] = time.monotonic()
+                if self.trigger_at is not None:
+                    self._stop_moved_at = time.monotonic()
         self.progress.feed(self.metrics.get(0))
         if self.on_progress is not None:
             self.on_progress(self.metrics)
@@ -252,10 +277,11 @@ class CellWatch:
         print("\n".join(lines), file=self.err, flush=True)
 
     def _signal_pending(self) -> None:
-        """Interrupt every running rank; the stop clock starts again once the interrupt
-        has reached (or was given up on for) a rank not interrupted before."""
+        """Interrupt every rank still running its user's code (not those winding down);
+        the stop clock starts again once the interrupt has reached (or was given up on
+        for) a rank not interrupted before."""
         self._signalled_at = time.monotonic()
-        pending = self.pending()
+        pending = [r for r in self.pending() if r.rank not in self._stopped_seen]
         self.engines.interrupt(pending)  # returns once the engines confirmed it, or gave up
         first = {r.rank for r in pending} - self._signalled
         if first:

@@ -22,7 +22,7 @@ import traceback
 from pdl.contract import ServerContract
 from pdl.runtime import horovod_group as horovod_engine
 from pdl.runtime.identity import describe  # noqa: F401 - called by name (pdl_server.world.call_engine)
-from pdl.runtime.interrupts import CellInterrupts
+from pdl.runtime.interrupts import CellInterrupts, report_stopped
 from pdl.runtime.group_sockets import GroupSockets
 from pdl.netaddr import free_port  # noqa: F401 - called by name, as describe
 
@@ -352,12 +352,12 @@ def run_cell(code: str, cell_number: int, balance: str = "auto") -> dict:
         stacks.install()  # the hang watchdog can then ask for this rank's stack
         metrics.begin_cell(publish_data)
         try:
-            return _run_cell(code, cell_number, interrupts)
+            return _run_cell(code, cell_number, interrupts, publish_data)
         finally:
             metrics.end_cell()
 
 
-def _run_cell(code: str, cell_number: int, interrupts: CellInterrupts) -> dict:
+def _run_cell(code: str, cell_number: int, interrupts: CellInterrupts, publish) -> dict:
     shell = _shell()
     try:
         body, last = _compile_cell(shell, code, cell_number)
@@ -366,6 +366,8 @@ def _run_cell(code: str, cell_number: int, interrupts: CellInterrupts) -> dict:
             value = eval(last, shell.user_ns) if last is not None else None
         return {"status": "ok", "value": None if value is None else repr(value)}
     except BaseException as exc:  # noqa: BLE001 - every failure goes back as data
+        if isinstance(exc, KeyboardInterrupt):
+            report_stopped(publish)  # before the wind-down, which can take seconds
         failure = _describe_failure(shell, exc)
         traceback.clear_frames(exc.__traceback__)  # a failed collective's frames hold its Work
         del exc

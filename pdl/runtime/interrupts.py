@@ -8,13 +8,30 @@ the last ``pdl.log`` snapshot) it would escape :func:`pdl.runtime.engine.run_cel
 read as a failure of PDL. While a :class:`CellInterrupts` is held, SIGINT is only noted:
 one that came before the user's code started stops it as it starts; one that comes
 after it ended is dropped (the rank has stopped, which is what it asked for).
+
+PDL's wind-down can itself take seconds on a busy machine. So that the notebook does
+not take a rank that is winding down for one stuck in native code, the rank reports
+the moment its user's code stopped: :func:`report_stopped` publishes
+:data:`STOPPED_KEY` (``pdl_magics.cell_watch`` reads it).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
+
+#: The key of the cell's published data (``ipyparallel.datapub``) under which a rank
+#: reports that its user's code stopped at an interrupt; the value is the epoch second.
+STOPPED_KEY = "pdl_stopped"
+
+
+def report_stopped(publish: Callable[[dict], None]) -> None:
+    """Tell the notebook, through ``publish`` (``publish_data``), that this rank's
+    user's code has stopped at an interrupt: what follows is PDL's wind-down."""
+    publish({STOPPED_KEY: time.time()})
 
 
 class CellInterrupts:

@@ -86,3 +86,43 @@ def test_a_rank_that_ignores_interrupts_is_restarted_and_the_others_keep_their_s
                                      "dist.all_reduce(t)\n(os.getpid(), globals().get('kept'), t.item())")
     assert [(kept, total) for _, kept, total in after] == [(0, 3.0), (None, 3.0), (20, 3.0)]
     assert [pid for pid, _, _ in after][::2] == pids[::2] and after[1][0] != pids[1]
+
+
+#: A loop whose rank 1, once interrupted, takes STOP_TIMEOUT_S + SLOW_WIND_DOWN_S seconds
+#: more in PDL's own wind-down of the cell (its process group's teardown), as a busy
+#: machine stretches it. The fault is injected at that one seam: the cell wraps the
+#: engine's teardown, once, with a sleep before it.
+SLOW_WIND_DOWN_S = 3.0
+SLOW_WIND_DOWN = f"""
+import time
+import pdl.runtime.engine as pdl_engine
+kept = rank * 10
+teardown = pdl_engine.abort_group
+def slow_teardown():
+    pdl_engine.abort_group = teardown
+    time.sleep({STOP_TIMEOUT_S + SLOW_WIND_DOWN_S})
+    return teardown()
+steps = 0
+try:
+    while True:
+        time.sleep(0.01)
+        steps += 1
+        if steps == 5 and rank == 0:
+            print("loop running", flush=True)
+except KeyboardInterrupt:
+    if rank == 1:
+        pdl_engine.abort_group = slow_teardown
+    raise
+"""
+
+
+def test_a_rank_whose_wind_down_outlasts_the_stop_limit_is_not_taken_for_stuck(pdl_session):
+    """Rank 1's user's code stops at once, but PDL's teardown after it takes longer than
+    STOP_TIMEOUT_S: the rank said its code stopped, so it keeps its engine and state."""
+    pids = rank_values(pdl_session, "os.getpid()")
+    elapsed, err = interrupt_cell(pdl_session, SLOW_WIND_DOWN)
+    assert "Interrupted: all 3 ranks stopped." in err.text(), err.text()
+    assert "restarting its engine" not in err.text(), err.text()
+    assert elapsed > STOP_TIMEOUT_S + SLOW_WIND_DOWN_S  # the notebook waited for rank 1's wind-down
+
+    assert rank_values(pdl_session, "(os.getpid(), kept)") == [(pid, r * 10) for r, pid in enumerate(pids)]
