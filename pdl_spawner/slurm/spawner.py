@@ -29,7 +29,8 @@ nobody else.
   the job's position and Slurm's estimated start; cancelling the spawn cancels the job.
 - **Idle engines** (``engine_idle_timeout``): the server stops its steps, the hub
   cancels the job (its GPUs go back to Slurm), and the next cell's request submits a
-  new one, granted once it runs or refused with Slurm's reason. Not for a server in
+  new one (once the cancelled one has left Slurm's queue: :data:`ENDING_WAIT_S`),
+  granted once it runs or refused with Slurm's reason. Not for a server in
   its job: the job hosts it, its engines stay, and its GPUs go back when it stops.
 - **Stop, restart, crash.** Stopping the server cancels its jobs. The job id is in
   the spawner state, so a restarted hub re-attaches to a running server and its job;
@@ -74,6 +75,11 @@ SETTLE_S = 15.0
 EXTEND_STEP_MIN = 60
 #: Seconds between looks at a job waiting to start.
 JOB_POLL_S = 1.0
+#: Seconds a new job waits for this server's earlier jobs to leave Slurm's queue: a
+#: cancelled job holds its GPUs while it completes (its processes' SIGTERM grace,
+#: Slurm's KillWait, 30 s by default, then the site's epilog), and Slurm would refuse
+#: the new job for GPUs that are the server's own. Then it is submitted anyway.
+ENDING_WAIT_S = 60.0
 #: :attr:`PDLSlurmSpawner.worker_capacity` before Slurm has been asked (no bound yet).
 UNREAD_CAPACITY = 1 << 20
 
@@ -322,6 +328,7 @@ class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, Loca
         ``queue_timeout`` in Slurm's queue.
         Returns the engines' slots ``gpu:0..n-1``; the job is :attr:`job_id`."""
         await self.slurm.cancel_named(self.account, self.job_name)  # left by a crash mid-spawn
+        await self._wait_earlier_jobs_ended()
         argv = slurm_jobs.sbatch_argv(self.job_name, n, partition=self.chosen_partition,
                                       time_limit_min=self.chosen_time_limit,
                                       cpus_per_gpu=self.cpus_per_gpu, account=self.slurm_account,
@@ -341,6 +348,21 @@ class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, Loca
             if not started:
                 await asyncio.shield(self._cancel_job())
         return [f"gpu:{i}" for i in range(n)]
+
+    async def _wait_earlier_jobs_ended(self) -> None:
+        """Wait, at most :data:`ENDING_WAIT_S`, until no job of this server's name and
+        account holds GPUs (one cancelled a moment ago still completes)."""
+        deadline = time.monotonic() + ENDING_WAIT_S
+        while True:
+            ending = [j.id for j in await self.slurm.jobs()
+                      if j.user == self.account and j.name == self.job_name and j.holding]
+            if not ending:
+                return
+            if time.monotonic() > deadline:
+                self.log.warning("Slurm job(s) %s of %s still hold GPUs %d s after their end; asking anyway",
+                                 ",".join(map(str, ending)), self.owner, ENDING_WAIT_S)
+                return
+            await asyncio.sleep(JOB_POLL_S)
 
     async def _wait_running(self, n: int, wait: bool) -> None:
         t0 = time.monotonic()

@@ -20,7 +20,8 @@ Everything lives under one run directory (``$PDL_SLURM_DIR``, default
 their own): ``etc/`` (slurm.conf, gres.conf), the controller's state, the nodes' spools, pid files,
 the daemons' logs (``log/``), the users' homes (``home/``) and the key and socket of a
 MUNGE daemon of the cluster's own (``munge/``, ``AuthInfo=`` in slurm.conf), which every
-namespace reaches through the file system. Nothing is written to /etc/slurm or
+namespace reaches through the file system, and each node's Epilog (quick, unless a test
+makes it slow: :meth:`SlurmSim.slow_epilog`). Nothing is written to /etc/slurm or
 /etc/munge: the daemons get ``-f``, and every client command runs with ``SLURM_CONF``
 set to the run directory's slurm.conf (:meth:`SlurmSim.env`).
 
@@ -183,6 +184,9 @@ def slurm_conf(run_dir: Path, controller: tuple[str, str], nodes: list[tuple[str
         # ends (job_container.conf: :func:`job_container_conf`), as docs/admin.md asks sites to
         "JobContainerType=job_container/tmpfs",
         "PrologFlags=contain",
+        # the site's epilog, run on each node as a job ends (the job holds its GPUs until
+        # it is done): quick, or slow while a test says so (:meth:`SlurmSim.slow_epilog`)
+        f"Epilog={r}/etc/epilog",
     ]
     if extra_conf:
         lines.append(extra_conf.strip())
@@ -200,6 +204,13 @@ def job_container_conf(run_dir: Path) -> str:
     """job_container.conf: each job's temporary places under ``<run_dir>/containers/<node>``
     (Slurm 22.05 makes /tmp and /dev/shm; ``Dirs=`` for more came with 23.02)."""
     return f"BasePath={run_dir}/containers\n"
+
+
+def epilog_script(run_dir: Path) -> str:
+    """The nodes' Epilog: sleeps the seconds ``<run_dir>/slow-epilog`` holds, if any (as
+    a site's GPU health check can take), else returns at once."""
+    flag = run_dir / "slow-epilog"
+    return f"#!/bin/sh\nif [ -r {flag} ]; then sleep \"$(cat {flag})\"; fi\nexit 0\n"
 
 
 def slurmdbd_conf(run_dir: Path, controller: tuple[str, str], db_port: int, db_password: str) -> str:
@@ -352,6 +363,17 @@ class SlurmSim(SimulatedCluster):
         """Job ``job_id`` as in :meth:`jobs` (None once it has left the queue)."""
         return next((j for j in self.jobs() if j["id"] == str(job_id)), None)
 
+    @contextlib.contextmanager
+    def slow_epilog(self, seconds: float):
+        """While in the block, each node's Epilog takes ``seconds``: an ending job stays
+        COMPLETING, holding its GPUs, that long (as a site's GPU health check can make it)."""
+        flag = self.run_dir / "slow-epilog"
+        flag.write_text(f"{seconds:g}\n")
+        try:
+            yield
+        finally:
+            flag.unlink(missing_ok=True)
+
     def reset(self, timeout: float = 60) -> None:
         """Cancel every job and wait until every node is idle again (between tests)."""
         ids = [j["id"] for j in self.jobs()]
@@ -400,6 +422,10 @@ class SlurmSim(SimulatedCluster):
         (r / "etc" / "gres.conf").write_text(gres_conf(self.node_names, self.gpu_device))
         (r / "etc" / "plugstack.conf").write_text("")
         (r / "etc" / "job_container.conf").write_text(job_container_conf(r))
+        (r / "slow-epilog").unlink(missing_ok=True)
+        epilog = r / "etc" / "epilog"
+        epilog.write_text(epilog_script(r))
+        epilog.chmod(0o755)
         self._db_password = os.urandom(12).hex()
         dbd_conf = r / "etc" / "slurmdbd.conf"  # slurmdbd wants it private: it holds the database's password
         dbd_conf.touch(mode=0o600)

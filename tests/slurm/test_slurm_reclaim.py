@@ -53,3 +53,30 @@ def test_idle_engines_end_the_job_and_the_next_cell_asks_slurm_again(hub, slurm)
         hub.api("DELETE", "/users/ann/server")
         hub.api("DELETE", "/users/ben/server")
     wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+
+
+#: Seconds each node's Epilog takes in the test below: the reclaimed job stays COMPLETING,
+#: holding its two GPUs, that long (well under the spawner's ENDING_WAIT_S).
+EPILOG_S = 15
+
+
+def test_the_next_cell_waits_for_the_reclaimed_job_to_complete_instead_of_being_refused(hub, slurm):
+    """Guards PDLSlurmSpawner._wait_earlier_jobs_ended: a cancelled job holds its GPUs
+    until it has completed (the site's epilog, its processes' grace). A cell right after
+    the reclaim must get a new job once they are back, not Slurm's "Resources" refusal
+    for GPUs that are the user's own (the CI failure of 64a31df)."""
+    first, kernel = spawn_and_sum(hub, "ann", 2)
+    try:
+        with slurm.slow_epilog(EPILOG_S):
+            hub.wait_for_log(f"Reclaimed Slurm job {first['id']} from ann", 90)
+            ending = slurm.job(first["id"])
+            assert ending is not None and ending["state"] == "COMPLETING", ending  # the race is on
+            out = kernel.execute(magic(SUM, 2), timeout=180)
+        assert out["error"] is None and "sum 2" in out["stdout"], out
+        assert "cannot start" not in out["stderr"], out
+        [second] = hub.pdl_jobs("ann")
+        assert second["id"] != first["id"] and second["state"] == "RUNNING"
+    finally:
+        kernel.close()
+        hub.api("DELETE", "/users/ann/server")
+    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
