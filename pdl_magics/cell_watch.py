@@ -151,6 +151,13 @@ class CellWatch:
                     "evalue": "did not respond to interrupts", "traceback": [], "time": time.time(),
                 }
 
+    def stuck_reason(self, rank: Rank) -> str:
+        """How ``rank`` (one of :attr:`stuck`) was stuck, in words that follow "rank 1 (host)"."""
+        if rank.rank in self._stopped_seen:
+            return (f"stopped its code but did not end the cell within {WIND_DOWN_TIMEOUT_S:.0f} s "
+                    "(stuck tearing down its process group)")
+        return f"did not stop within {STOP_TIMEOUT_S:.0f} s (stuck in a collective or native code)"
+
     def _pump(self) -> None:
         """Write rank 0's new output and progress since the last poll; note the ranks
         that reported their user's code stopped (the stop moves on)."""

@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import TextIO
 
 import ipyparallel as ipp
@@ -314,9 +315,9 @@ class Engines:
             except Exception:  # noqa: BLE001 - no answer, or an engine that is gone: sent anyway
                 pass
 
-    def replace(self, ranks: list[Rank], stop_timeout_s: float, err: TextIO | None = None) -> None:
-        """Kill the engines of ``ranks`` (stuck in native code for ``stop_timeout_s``)
-        and bring up fresh ones on the same slots.
+    def replace(self, ranks: list[Rank], why: Callable[[Rank], str], err: TextIO | None = None) -> None:
+        """Kill the engines of ``ranks`` (stuck: ``why(rank)`` says how, in words that
+        follow "rank 1 (host)") and bring up fresh ones on the same slots.
 
         Under the hub, ``pdl-singleuser`` restarts the engine; locally this object does.
         Variables on those ranks are lost. RanksStuck for an engine on another host.
@@ -327,8 +328,7 @@ class Engines:
             info = self._info.pop(r.engine_id, None)
             self._replaced.add(r.engine_id)
             print(
-                f"rank {r.rank} ({r.host}) did not stop within {stop_timeout_s:.0f} s (stuck in a "
-                f"collective or native code); restarting its engine: variables on that rank are lost.",
+                f"rank {r.rank} ({r.host}) {why(r)}; restarting its engine: variables on that rank are lost.",
                 file=err, flush=True,
             )
             if info is None or info["host"] != socket.gethostname():

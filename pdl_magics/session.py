@@ -57,7 +57,7 @@ from pdl_server import clusters, status_file
 from pdl_server.world import CellResult, Rank
 
 from . import horovod_driver, preflight, scale
-from .cell_watch import STOP_TIMEOUT_S, CellWatch
+from .cell_watch import CellWatch
 from .engines import Engines
 from .errors import ENGINE_DIED, DistributedUsageError, EnginesReleased, RankFailed
 from .group import ProcessGroup
@@ -206,7 +206,7 @@ class DistributedSession:
             # down, and its unnamed collectives are numbered per rank.
             self.group.forget()
         if outcome.stuck:
-            self.engines.replace(outcome.stuck, STOP_TIMEOUT_S, err)
+            self.engines.replace(outcome.stuck, outcome.stuck_reason, err)
         if all_output:
             self.show_output(range(1, len(world)), out)
         return outcome.finish()

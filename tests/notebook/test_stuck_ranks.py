@@ -14,6 +14,7 @@ import socket
 import pytest
 
 from engines_harness import Recorder, interrupt_cell
+from pdl_magics import cell_watch
 from pdl_magics.cell_watch import STOP_TIMEOUT_S
 
 # deadline: these wait for the product's stop limit of STOP_TIMEOUT_S seconds
@@ -126,3 +127,20 @@ def test_a_rank_whose_wind_down_outlasts_the_stop_limit_is_not_taken_for_stuck(p
     assert elapsed > STOP_TIMEOUT_S + SLOW_WIND_DOWN_S  # the notebook waited for rank 1's wind-down
 
     assert rank_values(pdl_session, "(os.getpid(), kept)") == [(pid, r * 10) for r, pid in enumerate(pids)]
+
+
+def test_a_rank_whose_wind_down_never_ends_is_restarted_after_the_wind_down_limit(pdl_session, monkeypatch):
+    """Rank 1's user's code stops, then PDL's teardown hangs: after the wind-down limit
+    (3 s here) its engine is replaced, in one line that says where it hung."""
+    monkeypatch.setattr(cell_watch, "WIND_DOWN_TIMEOUT_S", 3.0)
+    pids = rank_values(pdl_session, "os.getpid()")
+    hung = SLOW_WIND_DOWN.replace(f"time.sleep({STOP_TIMEOUT_S + SLOW_WIND_DOWN_S})", "time.sleep(600)")
+    elapsed, err = interrupt_cell(pdl_session, hung)
+    host = socket.gethostname()
+    assert (f"rank 1 ({host}) stopped its code but did not end the cell within 3 s (stuck tearing down its "
+            "process group); restarting its engine: variables on that rank are lost.") in err.text(), err.text()
+    assert elapsed < STOP_TIMEOUT_S + 30
+
+    after = rank_values(pdl_session, "(os.getpid(), globals().get('kept'))")
+    assert [kept for _, kept in after] == [0, None, 20]
+    assert [pid for pid, _ in after][::2] == pids[::2] and after[1][0] != pids[1]
