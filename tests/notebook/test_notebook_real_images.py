@@ -26,7 +26,10 @@ from pdl_cinic10.digits import write_digits
 from pdl_cinic10.recipe import Hyper
 from waiting import wait_until
 
-pytestmark = pytest.mark.hub
+# training: minutes of training on every core the workers get, within the cells' hang
+# guard; scripts/test runs these alone (beside part 3 on a slow machine the Horovod run's
+# training cell took over its 500 s)
+pytestmark = [pytest.mark.hub, pytest.mark.training]
 
 WORKERS = [1, 2] + ([3] if cpu_count() >= 3 else [])
 POOL = [f"cpu:{i}" for i in range(max(WORKERS))]
