@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+import textwrap
 import threading
 import time
 
@@ -110,6 +111,41 @@ def interrupt_cell(session, code: str, *, backend: str = "torch", n: int = 3):
     return time.monotonic() - started, err
 
 
+def wind_down_fault(*, before: str = "", after: str = "", prelude: str = "") -> str:
+    """A cell for :func:`interrupt_cell` whose rank 1, once interrupted, meets a fault in
+    PDL's own wind-down of the cell: its process group's teardown
+    (``pdl.runtime.engine.abort_group``) runs once with the lines ``before`` and ``after``
+    around it (a function's body; ``os``, ``signal`` and ``time`` imported). The fault
+    is injected at that one seam, where a busy machine stretches the wind-down and a
+    second interrupt can land. The cell runs ``prelude`` first, sets ``kept = rank * 10``,
+    counts its loop's iterations in ``steps`` and reports ``loop running`` on rank 0."""
+    def body(lines: str) -> str:
+        return textwrap.indent(textwrap.dedent(lines).strip(), "    ") + "\n" if lines.strip() else ""
+
+    return f"""
+import os, signal, time
+import pdl.runtime.engine as pdl_engine
+{textwrap.dedent(prelude).strip()}
+kept = rank * 10
+teardown = pdl_engine.abort_group
+def faulty_teardown():
+    pdl_engine.abort_group = teardown
+{body(before)}    done = teardown()
+{body(after)}    return done
+steps = 0
+try:
+    while True:
+        time.sleep(0.01)
+        steps += 1
+        if steps == 5 and rank == 0:
+            print("loop running", flush=True)
+except KeyboardInterrupt:
+    if rank == 1:
+        pdl_engine.abort_group = faulty_teardown
+    raise
+"""
+
+
 def local_session(tmp_path_factory):
     """For the ``pdl_session`` fixture (``yield from``): a DistributedSession over three
     local CPU slots, engines already started, closed afterwards.
@@ -131,4 +167,5 @@ def local_session(tmp_path_factory):
             session.close()
 
 
-__all__ = ["SLOTS", "Recorder", "interrupt_cell", "interrupt_running_loop", "local_session", "strip_ansi"]
+__all__ = ["SLOTS", "Recorder", "interrupt_cell", "interrupt_running_loop", "local_session", "strip_ansi",
+           "wind_down_fault"]

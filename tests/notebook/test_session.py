@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from engines_harness import SLOTS, Recorder, interrupt_cell, interrupt_running_loop, strip_ansi
+from engines_harness import SLOTS, Recorder, interrupt_cell, interrupt_running_loop, strip_ansi, wind_down_fault
 from pdl.process import pid_alive
 from pdl_magics import DistributedSession, RankFailed
 from pdl_server import clusters
@@ -167,29 +167,12 @@ def test_interrupt_stops_every_rank_and_keeps_their_state(pdl_session, loop):
 #: the cell, just as its process group is torn down: where the notebook's repeated
 #: interrupt of a rank slow to stop can land. The fault is injected at that one seam:
 #: the cell wraps the engine's teardown, once, with a signal to itself after it.
-SECOND_INTERRUPT_IN_WIND_DOWN = """
-import os, signal, time
-import pdl.runtime.engine as pdl_engine
-teardown = pdl_engine.abort_group
-def teardown_then_interrupt_again():
-    pdl_engine.abort_group = teardown
-    teardown()
+SECOND_INTERRUPT_IN_WIND_DOWN = wind_down_fault(prelude="interrupted_again = False", after="""
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(1)  # Python runs the signal's handler here
     global interrupted_again
     interrupted_again = True
-steps, interrupted_again = 0, False
-try:
-    while True:
-        time.sleep(0.01)
-        steps += 1
-        if steps == 5 and rank == 0:
-            print("loop running", flush=True)
-except KeyboardInterrupt:
-    if rank == 1:
-        pdl_engine.abort_group = teardown_then_interrupt_again
-    raise
-"""
+""")
 
 
 def test_a_second_interrupt_during_pdls_wind_down_is_still_a_stop_not_a_failure(pdl_session):

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from engines_harness import Recorder, interrupt_cell
+from engines_harness import Recorder, interrupt_cell, wind_down_fault
 from pdl_magics import cell_watch
 from pdl_magics.cell_watch import STOP_TIMEOUT_S
 
@@ -94,27 +94,7 @@ def test_a_rank_that_ignores_interrupts_is_restarted_and_the_others_keep_their_s
 #: machine stretches it. The fault is injected at that one seam: the cell wraps the
 #: engine's teardown, once, with a sleep before it.
 SLOW_WIND_DOWN_S = 3.0
-SLOW_WIND_DOWN = f"""
-import time
-import pdl.runtime.engine as pdl_engine
-kept = rank * 10
-teardown = pdl_engine.abort_group
-def slow_teardown():
-    pdl_engine.abort_group = teardown
-    time.sleep({STOP_TIMEOUT_S + SLOW_WIND_DOWN_S})
-    return teardown()
-steps = 0
-try:
-    while True:
-        time.sleep(0.01)
-        steps += 1
-        if steps == 5 and rank == 0:
-            print("loop running", flush=True)
-except KeyboardInterrupt:
-    if rank == 1:
-        pdl_engine.abort_group = slow_teardown
-    raise
-"""
+SLOW_WIND_DOWN = wind_down_fault(before=f"time.sleep({STOP_TIMEOUT_S + SLOW_WIND_DOWN_S})")
 
 
 def test_a_rank_whose_wind_down_outlasts_the_stop_limit_is_not_taken_for_stuck(pdl_session):
@@ -134,7 +114,7 @@ def test_a_rank_whose_wind_down_never_ends_is_restarted_after_the_wind_down_limi
     (3 s here) its engine is replaced, in one line that says where it hung."""
     monkeypatch.setattr(cell_watch, "WIND_DOWN_TIMEOUT_S", 3.0)
     pids = rank_values(pdl_session, "os.getpid()")
-    hung = SLOW_WIND_DOWN.replace(f"time.sleep({STOP_TIMEOUT_S + SLOW_WIND_DOWN_S})", "time.sleep(600)")
+    hung = wind_down_fault(before="time.sleep(600)")
     elapsed, err = interrupt_cell(pdl_session, hung)
     host = socket.gethostname()
     assert (f"rank 1 ({host}) stopped its code but did not end the cell within 3 s (stuck tearing down its "
