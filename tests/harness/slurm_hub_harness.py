@@ -61,6 +61,11 @@ c.Spawner.start_timeout = 120
         return [j for j in self.slurm.jobs() if j["name"].startswith("pdl:")
                 and (user is None or j["name"].split(":")[1] == user)]
 
+    def wait_no_pdl_jobs(self, timeout: float = 60) -> None:
+        """Wait (up to ``timeout`` s) until no PDL job is left in Slurm's queue (a test's
+        last step: the servers it stopped have cancelled theirs, completing ones included)."""
+        wait_until(lambda: not self.pdl_jobs(), timeout, what=lambda: f"every PDL job to go: {self.slurm.jobs()}")
+
     def delete_account(self, user: str) -> None:
         """Remove ``user``'s account from Slurm's accounting (the hub added it to the lab's
         account), then delete the Unix account as :meth:`Hub.delete_account` does.

@@ -68,4 +68,4 @@ def test_a_jobs_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_
     finally:
         kernel.close()
         hub.api("DELETE", "/users/ann/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()

@@ -53,4 +53,4 @@ def test_each_gpu_type_is_offered_with_its_free_count_and_reserved_as_chosen(hub
     finally:
         hub.api("DELETE", "/users/ann/server")
         hub.api("DELETE", "/users/ben/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()

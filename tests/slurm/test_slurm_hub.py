@@ -135,7 +135,7 @@ def test_busy_gpus_a_direct_spawn_is_refused_with_slurms_reason_a_queued_one_wai
     assert [j["state"] for j in hub.pdl_jobs("ben")] == ["RUNNING"]
     assert not hub.pdl_jobs("ann")
     hub.api("DELETE", "/users/ben/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()
 
 
 def test_cancelling_a_queued_spawn_cancels_its_job(hub, slurm):
@@ -224,7 +224,7 @@ def test_ben_cannot_reach_anns_job_engines_or_files(hub, slurm):
     assert anns_engine in slurm_engines(hub.root)
     for user in ("ann", "ben"):
         hub.api("DELETE", f"/users/{user}/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()
 
 
 def test_ben_cannot_squat_the_ports_the_hub_gives_servers_on_the_login_node(hub, slurm):
@@ -283,7 +283,7 @@ def test_the_form_offers_the_admins_partitions_and_time_limits_and_refuses_other
                 if str(j["job_id"]) == job["id"])
     assert seen["partition"] == "short" and seen["time_limit"] in (20, {"set": True, "infinite": False, "number": 20})
     hub.api("DELETE", "/users/ann/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()
 
 
 def test_a_hub_killed_while_a_spawn_waits_in_slurms_queue_leaves_no_job(hub, slurm):
@@ -325,7 +325,7 @@ def test_a_job_that_ends_under_its_engines_is_a_release_and_the_next_cell_gets_a
     finally:
         kernel.close()
         hub.api("DELETE", "/users/ann/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()
 
 
 #: Seconds the time-limit test needs left of a job when its limit is set: the kernel's
@@ -373,4 +373,4 @@ def test_a_jobs_time_limit_is_shown_warned_of_and_ends_in_a_release_the_next_cel
     finally:
         kernel.close()
         hub.api("DELETE", "/users/ann/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()

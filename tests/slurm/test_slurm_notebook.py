@@ -56,5 +56,5 @@ def test_the_cinic10_notebook_trains_across_the_nodes_and_recovers_from_failures
     assert (waiting["user"], waiting["gpus"], waiting["reason"], waiting["position"]) == ("ben", 1, "Resources", 1)
     hub.api("DELETE", "/users/ben/server")
     hub.api("DELETE", "/users/ann/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()
     assert not (hub.state_dir / "reservations.sqlite").exists(), "PDL kept a ledger of its own beside Slurm"

@@ -52,7 +52,7 @@ def test_idle_engines_end_the_job_and_the_next_cell_asks_slurm_again(hub, slurm)
         kernel.close()
         hub.api("DELETE", "/users/ann/server")
         hub.api("DELETE", "/users/ben/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()
 
 
 #: Seconds each node's Epilog takes in the test below: the reclaimed job stays COMPLETING,
@@ -79,4 +79,4 @@ def test_the_next_cell_waits_for_the_reclaimed_job_to_complete_instead_of_being_
     finally:
         kernel.close()
         hub.api("DELETE", "/users/ann/server")
-    wait_until(lambda: not hub.pdl_jobs(), 60, what=lambda: f"every PDL job to go: {slurm.jobs()}")
+    hub.wait_no_pdl_jobs()
