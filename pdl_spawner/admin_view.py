@@ -1,57 +1,52 @@
 """The admin view: who holds which slot or GPU, who waits in the queue, what was reclaimed.
 
-A JupyterHub managed service, ``pdl-admin`` (registered in ``jupyterhub_config.py``),
-run by the hub as ``python -m pdl_spawner.admin_view``: the page and its JSON API
-(:mod:`pdl_spawner.core.admin_frame`) over the source of the hub's cluster kind, chosen
-from the environment the service definition sets:
+A JupyterHub managed service, ``pdl-admin`` (registered by
+:mod:`pdl_spawner.settings.hub_config`), run by the hub as ``python -m
+pdl_spawner.admin_view``: the page and its JSON API (:mod:`pdl_spawner.core.admin_frame`)
+over the source of the hub's cluster kind. The hub tells it which, and that source's
+settings, in one variable, ``PDL_ADMIN_SOURCE``: JSON ``{"kind": <name>, ...}``; the
+kind's plug-in (:mod:`pdl_spawner.kinds`) names its source module, whose
+``reader(settings)`` reads the status and whose ``PAGE`` draws it.
 
-- Slurm (``PDL_SLURM=1``): :mod:`pdl_spawner.slurm.admin_source`;
-- Swarm (``PDL_DOCKER_HOST`` set): :mod:`pdl_spawner.swarm.admin_source`;
-- otherwise the embedded default: :mod:`pdl_spawner.local.admin_source`.
-
-``PDL_ADMIN_VIEW_PORT`` (read by ``jupyterhub_config.py``, not here) is the port on
-127.0.0.1 in the service's URL, default 8002; the service listens where
-``$JUPYTERHUB_SERVICE_URL`` says.
+``PDL_ADMIN_VIEW_PORT`` (read by the hub's config, not here) is the port on 127.0.0.1
+in the service's URL, default 8002; the service listens where ``$JUPYTERHUB_SERVICE_URL`` says.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 
 from pdl_spawner.core.admin_frame import PageParts, serve
 from pdl_spawner.core.admin_frame import render_page as render_with
-from pdl_spawner.local import admin_source as local_source
-from pdl_spawner.slurm import admin_source as slurm_source
-from pdl_spawner.swarm import admin_source as swarm_source
+from pdl_spawner.kinds import kind_named, kinds
 
-#: Each kind's page parts, by the ``source`` its status model names.
-PAGES = {"local": local_source.PAGE, "swarm": swarm_source.PAGE, "slurm": slurm_source.PAGE}
+#: The variable the hub passes the source's settings in (as JSON).
+SOURCE_VARIABLE = "PDL_ADMIN_SOURCE"
 
 
-def source_from_env(env=os.environ) -> tuple[Callable[[], dict], PageParts]:
-    """The reader and page parts of the kind the environment names: Slurm when
-    ``PDL_SLURM`` is ``1``, else Swarm when ``PDL_DOCKER_HOST`` is set, else local."""
-    if env.get("PDL_SLURM") == "1":
-        return slurm_source.reader_from_env(env), slurm_source.PAGE
-    if env.get("PDL_DOCKER_HOST"):
-        return swarm_source.reader_from_env(env), swarm_source.PAGE
-    return local_source.reader_from_env(env), local_source.PAGE
+def source(settings: dict) -> tuple[Callable[[], dict], PageParts]:
+    """The reader and page parts of the kind ``settings["kind"]`` names, given the rest
+    of ``settings``; ValueError (one line) for a kind that is not registered."""
+    settings = dict(settings)
+    module = kind_named(settings.pop("kind")).admin_module()
+    return module.reader(settings), module.PAGE
 
 
-def reader_from_env(env=os.environ) -> Callable[[], dict]:
-    """The status reader of :func:`source_from_env`."""
-    return source_from_env(env)[0]
+def reader(settings: dict) -> Callable[[], dict]:
+    """The status reader of :func:`source`."""
+    return source(settings)[0]
 
 
 def render_page(status: dict) -> str:
-    """The admin page of any kind's status model (by its ``source``)."""
-    return render_with(status, PAGES[status["source"]])
+    """The admin page of any kind's status model (by its ``source``, the kind's name)."""
+    return render_with(status, kind_named(status["source"], kinds()).admin_module().PAGE)
 
 
 def main() -> None:
     """Serve until the hub stops the service; never outlive the hub (even after ``kill -9``)."""
-    serve(*source_from_env())
+    serve(*source(json.loads(os.environ[SOURCE_VARIABLE])))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,19 @@ if os.geteuid() == 0:
     os.environ["TMPDIR"] = str(TESTS_TMP)
     tempfile.tempdir = None  # tempfile reads TMPDIR again
 
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """As root, each session's own base temp folder (``harness/session_tmp.py``): a session
+    started beside another never removes the other's folders. Not for xdist's workers
+    (theirs is below their controller's) nor where ``--basetemp`` is given."""
+    if os.geteuid() == 0 and not config.option.basetemp and not hasattr(config, "workerinput"):
+        from session_tmp import session_basetemp
+
+        config.option.basetemp = str(session_basetemp(TESTS_TMP / "sessions"))
+
+
 # each user's server is an origin of its own, <name>.localhost: resolve it as browsers do
 host_names.install()
 

@@ -171,3 +171,28 @@ def test_the_processes_get_the_machine_wide_groups_then_the_longest_first():
     assert worker_groups.worker_group("tests/hub/test_x.py::test_y[1]") == "tests/hub/test_x.py"
     recorded = worker_groups.group_seconds()
     assert recorded["tests/swarm/"] > 0 and all(Path(ROOT / group).exists() for group in recorded), recorded
+
+
+def test_a_session_never_removes_the_folders_of_a_session_still_running(tmp_path):
+    """Guards harness/session_tmp.py: pytest's own numbering removed a running session's
+    folders when another session started beside it (a hub's homes went, its tests failed)."""
+    import subprocess
+    import sys
+
+    from session_tmp import KEPT_ENDED, session_basetemp
+
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        theirs = session_basetemp(tmp_path, running.pid)
+        (theirs.parent / "homes").mkdir()
+        ended = []
+        for _ in range(KEPT_ENDED + 2):  # sessions that ended: their pid is gone
+            gone = subprocess.Popen([sys.executable, "-c", "pass"])
+            gone.wait()
+            ended.append(session_basetemp(tmp_path, gone.pid).parent)
+        mine = session_basetemp(tmp_path)
+        assert (theirs.parent / "homes").is_dir() and mine.parent.is_dir()
+        assert [folder.exists() for folder in ended] == [False] * 2 + [True] * KEPT_ENDED
+    finally:
+        running.kill()
+        running.wait()

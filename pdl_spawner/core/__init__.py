@@ -25,9 +25,7 @@
   processes and memory each user may have; :mod:`pdl_spawner.core.cpu_limits`: the CPU
   each server may take, each engine kept on its slot's cores and ended with the slot;
   :mod:`pdl_spawner.core.cgroup_v2`: the same bounds on hosts with cgroup v2 only.
-- :mod:`pdl_spawner.core.request_limits`: the largest request body the hub reads;
-  :mod:`pdl_spawner.core.hub_settings`: the users' port range (``PDL_PORT_RANGE``) and
-  whether the admin's local config file is safe to load.
+- :mod:`pdl_spawner.core.request_limits`: the largest request body the hub reads.
 - :mod:`pdl_spawner.core.public_url`: the hub's public URL, each user's server an
   origin of its own.
 - :mod:`pdl_spawner.core.admin_frame`: the admin view's page and handlers, over a

@@ -48,7 +48,7 @@ from jupyterhub.spawner import set_user_setuid
 from jupyterhub.traitlets import ByteSpecification
 from jupyterhub.utils import url_path_join
 from tornado import web
-from traitlets import Bool, Integer, List, Tuple, Unicode, default, validate
+from traitlets import Bool, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from pdl.contract import ServerContract, cluster_dir_in
@@ -143,23 +143,6 @@ class HostServer(LoggingConfigurable):
         help="Home of each user's server when `system_users` is False; "
         "{username} is the hub user's name, ~ the hub user's home.",
     )
-
-    port_range = Tuple(
-        Integer(), Integer(), default_value=(20000, 32000), config=True,
-        help="""Ports (inclusive) the hub picks each server's port from. Below Linux's
-        ephemeral range (32768+), where the users' ipyparallel controllers and engines
-        get their ZeroMQ ports: picked from there, a port that was free when the hub
-        chose it could be taken by another user's cluster before the server binds it.
-        As root, a server's processes may bind only their own server's port of the
-        range (:mod:`~pdl_spawner.core.port_filter`).""",
-    )
-
-    @validate("port_range")
-    def _validate_port_range(self, proposal):
-        low, high = proposal.value
-        if not 1024 <= low <= high <= 65535:
-            raise ValueError(f"port_range must be (low, high), 1024 <= low <= high <= 65535: {proposal.value}")
-        return proposal.value
 
     slots = List(Unicode(), help="The engines' slots of this server (spawner state).")
 

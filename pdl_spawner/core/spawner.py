@@ -33,7 +33,8 @@ import dataclasses
 from typing import Any
 
 from tornado import web
-from traitlets import Float, Integer, default, validate
+from traitlets import Float, Integer, Tuple, default, validate
+from traitlets.config import LoggingConfigurable
 
 from pdl.lease import Grant, Refusal
 from pdl.limits import holding_line
@@ -43,10 +44,32 @@ from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
 from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
 from pdl_spawner.core.session_limit import SessionLimit
 from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
+from pdl_spawner.settings.values import port_range_problem
 
 
-class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch):
-    """Mixin: the worker rules every PDL spawner shares (see the module docstring)."""
+class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, LoggingConfigurable):
+    """Mixin: the worker rules every PDL spawner shares (see the module docstring).
+
+    Configurable: its settings, and those of the mixins it gathers, are ``c.SpawnerCore.<name>``
+    for every kind (a kind's own section, ``c.PDLLocalSpawner.<name>``, wins over it)."""
+
+    port_range = Tuple(
+        Integer(), Integer(), default_value=(20000, 32000), config=True,
+        help="""Ports (both included) the hub picks each server's ports from: its Jupyter
+        server's (on Swarm published on its node's address, so free on every node) and, on
+        Swarm, its ipyparallel controller's. Below Linux's ephemeral range (32768+), where
+        the users' controllers and engines get their ZeroMQ ports: picked from there, a
+        port free when the hub chose it could be taken by another user's cluster before
+        the server binds it. As root on one machine, a server's processes may bind only
+        their own server's port of the range (pdl_spawner.core.port_filter).""",
+    )
+
+    @validate("port_range")
+    def _validate_port_range(self, proposal):
+        problem = port_range_problem(tuple(proposal.value))
+        if problem:
+            raise ValueError(f"port_range {problem}")
+        return tuple(proposal.value)
 
     default_workers = Integer(
         1, config=True,

@@ -3,19 +3,13 @@
 The holdings are the slot ledger's, a SQLite file
 (:class:`~pdl_spawner.core.reservations.SlotLedger`), on this machine; the queue
 (:class:`~pdl_spawner.core.wait_queue.WaitQueue`) and the recent reclaims live in the
-same file. Environment (set by ``jupyterhub_config.py`` in the service definition):
-
-- ``PDL_RESERVATIONS_DB``: the ledger file, the same as
-  ``c.PDLLocalSpawner.reservations_db`` (required);
-- ``PDL_POOL``: the spawner's slots, comma-separated, when configured; otherwise the
-  spawner's default pool (:func:`pdl.slots.default_pool`, with ``PDL_CPU_SLOTS``);
-- ``PDL_NVIDIA_SMI``: the nvidia-smi that names the GPUs' types, as
-  ``c.PDLLocalSpawner.nvidia_smi`` (unset: the one on PATH).
+same file. Its settings (:func:`reader`) come from the hub's final config
+(:func:`pdl_spawner.local.kind.admin_settings`): the ledger file, the pool and the
+nvidia-smi that names the GPUs' types, as the spawner has them.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -92,16 +86,10 @@ def read_status(db_path: str | Path, *, node: str, pool: list[str] | None, nvidi
     )
 
 
-def pool_from_env(env=os.environ) -> list[str]:
-    """The spawner's pool: ``PDL_POOL`` (comma-separated) when the hub configured one,
-    else the spawner's default (every GPU, else ``PDL_CPU_SLOTS`` CPU slots)."""
-    if env.get("PDL_POOL"):
-        return [s.strip() for s in env["PDL_POOL"].split(",") if s.strip()]
-    return default_pool(int(env["PDL_CPU_SLOTS"]) if env.get("PDL_CPU_SLOTS") else None)
-
-
-def reader_from_env(env=os.environ) -> Callable[[], dict]:
-    """The local reader: the ledger ``PDL_RESERVATIONS_DB``, the pool of ``PDL_POOL``, the
-    GPUs' types from ``PDL_NVIDIA_SMI``."""
-    return partial(read_status, env["PDL_RESERVATIONS_DB"], node=socket.gethostname(), pool=pool_from_env(env),
-                   nvidia_smi=env.get("PDL_NVIDIA_SMI", ""))
+def reader(settings: dict) -> Callable[[], dict]:
+    """The local reader, from :func:`pdl_spawner.local.kind.admin_settings`: the ledger
+    ``reservations_db``, the spawner's ``pool`` (None: its default, every GPU, else
+    ``cpu_slots`` CPU slots) and the GPUs' types read with ``nvidia_smi``."""
+    pool = settings.get("pool") or default_pool(settings.get("cpu_slots"))
+    return partial(read_status, settings["reservations_db"], node=socket.gethostname(), pool=list(pool),
+                   nvidia_smi=settings.get("nvidia_smi") or "")

@@ -73,6 +73,12 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         """,
     )
 
+    @default("default_workers")
+    def _default_default_workers(self):
+        """3 on the embedded default (a newcomer's first cell runs on 3 engines, fewer where
+        fewer slots exist); the other kinds' 1 is the core's."""
+        return 3
+
     @default("pool")
     def _default_pool(self):
         return default_pool(self.cpu_slots)

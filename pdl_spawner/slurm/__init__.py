@@ -13,6 +13,7 @@ Slurm holds the reservations: no ledger.
   of its own job).
 - :mod:`pdl_spawner.slurm.admin_source`: the admin view's source (Slurm's jobs and
   nodes, through its commands).
+- :mod:`pdl_spawner.slurm.kind`: the kind's plug-in (its variables, its hub settings).
 """
 
 

@@ -11,17 +11,10 @@ nodes of PDL's partition (``sinfo --json``; Slurm's default partition from ``sco
 Slurm's pending jobs that ask for GPUs, with Slurm's reason and the position in their
 partition. There is no reclaims table: a reclaim cancels the job, and the hub's log
 records it. When Slurm cannot be read (or its output cannot be understood) the page
-says so in one line. Environment (set by ``jupyterhub_config.py``):
-
-- ``PDL_ACCOUNT_PREFIX``: the prefix of the users' Unix accounts, as
-  ``c.PDLLocalSpawner.account_prefix`` (default ``pdl-``): a job is PDL's, and shown as
-  a hub user's, only when its name and its account agree;
-- ``PDL_SLURM_PARTITION``: PDL's partition, as ``c.PDLSlurmSpawner.partition`` (empty:
-  Slurm's default partition);
-- ``PDL_SLURM_FLAGS_DB``: the hub's flags on GPUs held idle, as
-  ``c.PDLSlurmSpawner.flags_db`` (unset: none shown);
-- ``PATH`` and ``SLURM_CONF``: where ``squeue``, ``sinfo`` and ``scontrol`` are, and the
-  cluster's configuration when not the default.
+says so in one line. Its settings (:func:`reader`) come from the hub's final config
+(:func:`pdl_spawner.slurm.kind.admin_settings`): the accounts' prefix (a job is PDL's,
+and shown as a hub user's, only when its name and its account agree), PDL's partition,
+the flags' file, and where Slurm's commands and configuration are.
 """
 
 from __future__ import annotations
@@ -218,19 +211,14 @@ def read_slurm_status(*, partition: str, slurm_env: Mapping[str, str],
                               error=error, account_prefix=account_prefix, gpu_idle=flags)
 
 
-def slurm_env_from(env=os.environ) -> dict[str, str]:
-    """The environment of Slurm's commands: ``PATH`` (default ``/usr/bin:/bin``), ``LANG``
-    and, when set, ``SLURM_CONF``."""
-    slurm_env = {"PATH": env.get("PATH") or "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    if env.get("SLURM_CONF"):
-        slurm_env["SLURM_CONF"] = env["SLURM_CONF"]
-    return slurm_env
-
-
-def reader_from_env(env=os.environ) -> Callable[[], dict]:
-    """The Slurm reader: Slurm's commands (``PATH``, ``SLURM_CONF``) on PDL's partition
-    ``PDL_SLURM_PARTITION``, its users' accounts named with ``PDL_ACCOUNT_PREFIX``, the
-    flags on GPUs held idle in ``PDL_SLURM_FLAGS_DB`` (unset: none)."""
-    return partial(read_slurm_status, partition=env.get("PDL_SLURM_PARTITION", "").strip(),
-                   slurm_env=slurm_env_from(env), account_prefix=env.get("PDL_ACCOUNT_PREFIX", DEFAULT_ACCOUNT_PREFIX),
-                   flags_db=env.get("PDL_SLURM_FLAGS_DB", ""))
+def reader(settings: dict) -> Callable[[], dict]:
+    """The Slurm reader, from :func:`pdl_spawner.slurm.kind.admin_settings`: Slurm's
+    commands on ``path`` with ``slurm_conf`` (empty: Slurm's default place) on PDL's
+    ``partition`` ("": Slurm's default), its users' accounts named with
+    ``account_prefix``, the flags on GPUs held idle in ``flags_db`` ("": none)."""
+    slurm_env = {"PATH": settings.get("path") or "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if settings.get("slurm_conf"):
+        slurm_env["SLURM_CONF"] = settings["slurm_conf"]
+    return partial(read_slurm_status, partition=(settings.get("partition") or "").strip(), slurm_env=slurm_env,
+                   account_prefix=settings.get("account_prefix", DEFAULT_ACCOUNT_PREFIX),
+                   flags_db=settings.get("flags_db") or "")

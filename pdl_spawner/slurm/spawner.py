@@ -117,20 +117,16 @@ class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, Loca
     controller_ip = Unicode(
         config=True,
         help="""This machine's address as the compute nodes reach it: each user's
-        ipyparallel controller listens there (CurveZMQ on). Default: $PDL_CONTROLLER_IP.""",
+        ipyparallel controller listens there (CurveZMQ on). Required.""",
     )
-
-    @default("controller_ip")
-    def _default_controller_ip(self):
-        return os.environ.get("PDL_CONTROLLER_IP", "")
 
     server_placement = Enum(
         list(slurm_placement.PLACEMENTS), default_value=slurm_placement.LOGIN, config=True,
         help="""Where each user's server runs: "login" (this machine; idle engines give the
         job back and the notebook stays) or "allocation" (a step of the user's job on its
         batch host: Slurm counts everything, the notebook ends with the job; the hub's API
-        must listen where the nodes reach it). Default: $PDL_SLURM_SERVER in
-        jupyterhub_config.py, else "login". See pdl_spawner/slurm/placement.py.""",
+        must listen where the nodes reach it: PDL_SLURM_SERVER sees to it). See
+        pdl_spawner/slurm/placement.py.""",
     )
 
     flags_db = Unicode(

@@ -14,6 +14,7 @@
 - :mod:`pdl_spawner.swarm.hub_address`: where the hub's proxy listens on a manager.
 - :mod:`pdl_spawner.swarm.admin_source`: the admin view's source (the GPUs PDL's
   engine tasks hold, from the manager).
+- :mod:`pdl_spawner.swarm.kind`: the kind's plug-in (its variables, its hub settings).
 """
 
 

@@ -7,24 +7,16 @@ the time its task reached its state. The pool is the GPUs that PDL's nodes decla
 the queue and the reclaims, which come from the hub's SQLite file as locally (there
 it holds no slot reservations, and the slots of its reclaims are GPU descriptions,
 e.g. ``"pdl-node1/GPU-fake-1"``, shown as they are). The same file holds the hub's flags
-on GPUs held idle, shown for owners whose engines hold GPUs. Environment (set by
-``jupyterhub_config.py`` in the service definition):
-
-- ``PDL_RESERVATIONS_DB``: the queue and reclaim-log file (required);
-- ``PDL_DOCKER_HOST``: the Docker base URL of a swarm manager, e.g.
-  ``unix:///var/run/docker.sock`` or ``tcp://10.77.0.2:2375`` (docker-py must be
-  installed: the ``swarm`` extra);
-- ``PDL_GPU_RESOURCE``: the generic resource that counts as a GPU, the same as
-  ``c.PDLSwarmSpawner.gpu_resource`` (default ``NVIDIA-GPU``);
-- ``PDL_NODES``: the hostnames of the nodes whose GPUs PDL uses, comma-separated, as
-  ``c.PDLSwarmSpawner.nodes`` (empty: every node); the GPUs of other nodes are not in
-  the pool.
+on GPUs held idle, shown for owners whose engines hold GPUs. Its settings
+(:func:`reader`) come from the hub's final config
+(:func:`pdl_spawner.swarm.kind.admin_settings`): the hub's SQLite file, the manager's
+Docker URL (docker-py must be installed: the ``swarm`` extra), the generic resource
+that counts as a GPU, and PDL's nodes (the GPUs of other nodes are not in the pool).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -39,7 +31,7 @@ from pdl_spawner.core.wait_queue import Waiter, WaitQueue
 from pdl_spawner.swarm.gpus import GpuHolding, SwarmSnapshot, swarm_snapshot
 from pdl_spawner.swarm.specs import LABEL_PREFIX
 
-#: The generic resource that counts as a GPU on Swarm, unless ``PDL_GPU_RESOURCE`` says otherwise.
+#: The generic resource that counts as a GPU on Swarm, unless the settings name another.
 DEFAULT_GPU_RESOURCE = "NVIDIA-GPU"
 #: Seconds one Docker API call of the Swarm source may take.
 DOCKER_TIMEOUT_S = 10
@@ -136,13 +128,10 @@ def read_swarm_status(db_path: str | Path, *, docker_host: str, resource: str, n
     return swarm_status_model(snapshot, waiters, reclaims, now=time.time(), error=error, gpu_idle=flags)
 
 
-def nodes_from_env(env=os.environ) -> list[str]:
-    """PDL's swarm nodes: the hostnames in ``PDL_NODES`` (comma-separated); empty means every node."""
-    return [n.strip() for n in env.get("PDL_NODES", "").split(",") if n.strip()]
-
-
-def reader_from_env(env=os.environ) -> Callable[[], dict]:
-    """The Swarm reader: the manager at ``PDL_DOCKER_HOST`` (``PDL_GPU_RESOURCE``,
-    ``PDL_NODES``), the queue and reclaims of ``PDL_RESERVATIONS_DB``."""
-    return partial(read_swarm_status, env["PDL_RESERVATIONS_DB"], docker_host=env["PDL_DOCKER_HOST"],
-                   resource=env.get("PDL_GPU_RESOURCE") or DEFAULT_GPU_RESOURCE, node_names=nodes_from_env(env))
+def reader(settings: dict) -> Callable[[], dict]:
+    """The Swarm reader, from :func:`pdl_spawner.swarm.kind.admin_settings`: the manager at
+    ``docker_host`` (GPUs as the generic resource ``gpu_resource``, on the nodes
+    ``nodes``: empty, every node), the queue and reclaims of ``state_db``."""
+    return partial(read_swarm_status, settings["state_db"], docker_host=settings["docker_host"],
+                   resource=settings.get("gpu_resource") or DEFAULT_GPU_RESOURCE,
+                   node_names=list(settings.get("nodes") or []))

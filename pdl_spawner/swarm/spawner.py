@@ -57,7 +57,7 @@ import time
 
 from dockerspawner import SwarmSpawner
 from tornado import web
-from traitlets import Float, Instance, Integer, Tuple, Unicode, default, observe, validate
+from traitlets import Float, Instance, Integer, Unicode, default, observe, validate
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 from pdl.contract import ServerContract
@@ -144,13 +144,6 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
         help="HOME and working directory inside the containers; must be writable by `run_as`.",
     )
 
-    port_range = Tuple(
-        Integer(), Integer(), default_value=(20000, 32000), config=True,
-        help="""Ports (inclusive) the hub picks from for each notebook's Jupyter server and
-        ipyparallel controller. The Jupyter server's is published on its node's address,
-        so these must be free on every node; below Linux's ephemeral range (32768+) by default.""",
-    )
-
     private_networks = Integer(
         16, min=1, config=True,
         help="""Private overlay networks the hub keeps, one per running server (its notebook
@@ -172,6 +165,12 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
     )
 
     swarm = Instance(SwarmServer, args=(), help="This server's swarm objects (spawner state).")
+
+    @default("image")
+    def _default_image(self):
+        """PDL's notebook image (scripts/build-images), as a cluster's registry names it
+        when pulled from there (``PDL_NOTEBOOK_IMAGE``)."""
+        return "pdl-notebook:latest"
 
     @default("prefix")
     def _default_prefix(self):

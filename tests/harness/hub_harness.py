@@ -38,7 +38,7 @@ from jupyterhub.utils import subdomain_hook_idna
 
 from pdl.process import pid_alive
 from pdl_spawner.core.credentials import SignupCodes
-from pdl_spawner.core.hub_settings import port_range
+from pdl_spawner.settings.values import port_range
 from pdl.contract import cluster_dir_in
 from waiting import wait_until
 
@@ -228,20 +228,23 @@ c.JupyterHub.log_level = "INFO"
             self.homes_root.mkdir(parents=True, exist_ok=True)
             open_path_to(self.homes_root)
         config = self._write_config()
+        # the hub refuses PDL_* variables that are not its settings: the test run's own
+        # (PDL_SKIP_IMAGE_BUILD, PDL_CPU_PROFILE, ...) stay out of its environment
         env = dict(
-            os.environ,
+            {name: value for name, value in os.environ.items() if not name.startswith("PDL_")},
             PDL_STATE_DIR=str(self.state_dir),
             PDL_USERS=",".join(self.users),
             PDL_HUB_PORT=str(self.port),
             PDL_HUB_INTERNAL_PORT=str(self.internal_port),
             PDL_PROXY_API_PORT=str(self.proxy_api_port),
             PDL_ADMIN_VIEW_PORT=str(self.admin_view_port),
-            PDL_POOL=",".join(self.pool),
             PDL_PORT_RANGE="{}-{}".format(*self.port_range),
             PDL_PUBLIC_URL=self.url,
             PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             **self.hub_env,
         )
+        if env.get("PDL_SPAWNER", "local") == "local":  # the embedded default's slots
+            env["PDL_POOL"] = ",".join(self.pool)
         log = open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(config)],

@@ -1,27 +1,24 @@
 """Every setting an admin needs, in one place: the users' port range, the admin's own
-config file (loaded only when nobody but root or the hub's user can change it), and
-docs/admin.md's table of every PDL_* variable jupyterhub_config.py reads.
+config file (loaded only when nobody but root or the hub's user can change it), one
+table of variables whose every setting takes effect through its variable and its
+``c.*`` line (those of every kind and of the embedded default here; Swarm's and
+Slurm's in their folders), refusals in one line, and the documents written from the code.
 
 The config is loaded as ``scripts/serve`` checks it (traitlets' PyFileConfigLoader, in a
 subprocess): no hub is started."""
 
 from __future__ import annotations
 
-import ast
-import json
 import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from pdl_spawner.core.hub_settings import local_config_problem, port_range
+from hub_config_probe import REPO, config_file, expected, load_config, probe, refusal, settings
+from pdl_spawner.settings.local_config import local_config_problem
+from pdl_spawner.settings.values import port_range
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 
 
@@ -43,14 +40,6 @@ def test_a_bad_port_range_is_one_line_naming_what_is_valid(bad):
 
 
 # -- the local config file: who can change it ------------------------------------------------
-
-def config_file(folder: Path, mode: int = 0o644) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "hub_config.py"
-    path.write_text("c.PDLSlurmSpawner.time_limit = 480\n")
-    path.chmod(mode)
-    return path
-
 
 def test_a_file_only_its_owner_can_change_is_safe(tmp_path):
     assert local_config_problem(config_file(tmp_path / "etc")) is None
@@ -117,41 +106,6 @@ def test_a_safe_file_reached_through_a_link_to_an_open_folder_is_refused(tmp_pat
 
 # -- jupyterhub_config.py with the local config file ------------------------------------------
 
-def load_config(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """Load jupyterhub_config.py as ``scripts/serve`` checks it; prints the settings asked about as JSON."""
-    script = """
-import json, sys
-from traitlets.config.loader import PyFileConfigLoader
-c = PyFileConfigLoader("jupyterhub_config.py", path=sys.argv[1]).load_config()
-services = c.JupyterHub.services.get_value([])  # appended to: a LazyConfigValue until a hub applies it
-admin_view = next(s for s in services if s["name"] == "pdl-admin")
-print(json.dumps({"port": c.JupyterHub.port, "time_limit": c.PDLSlurmSpawner.get("time_limit"),
-                  "host_ports": c.HostServer.get("port_range"), "swarm_ports": c.PDLSwarmSpawner.get("port_range"),
-                  "session_limit_s": c.PDLLocalSpawner.get("session_limit_s"),
-                  "session_warning_s": c.PDLLocalSpawner.get("session_warning_s"),
-                  "services": [s["name"] for s in services], "user_env": c.Spawner.get("environment"),
-                  "admin_view_pool": admin_view["environment"].get("PDL_POOL")}))
-"""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PDL_")}
-    state = tmp_path / "state"
-    full_env = {**clean, "PDL_STATE_DIR": str(state), "PDL_USERS": "admin", **env}
-    return subprocess.run([sys.executable, "-c", script, str(REPO)], cwd=tmp_path, env=full_env,
-                          capture_output=True, text=True, timeout=60)
-
-
-def settings(result: subprocess.CompletedProcess) -> dict:
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def refusal(result: subprocess.CompletedProcess) -> str:
-    """The one line the config stops with (SystemExit's message, on stderr)."""
-    assert result.returncode != 0, result.stdout
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr  # one line, no traceback
-    return lines[0]
-
-
 def test_the_admins_config_file_wins_and_the_admin_view_sees_its_settings(tmp_path):
     path = config_file(tmp_path / "etc")
     path.write_text('c.PDLSlurmSpawner.time_limit = 480\nc.JupyterHub.port = 8123\n'
@@ -159,7 +113,7 @@ def test_the_admins_config_file_wins_and_the_admin_view_sees_its_settings(tmp_pa
                     'c.JupyterHub.services.append({"name": "lab-extra", "command": ["true"]})\n')
     got = settings(load_config(tmp_path, PDL_LOCAL_CONFIG=str(path), PDL_HUB_PORT="8000", PDL_POOL="cpu:0"))
     assert (got["time_limit"], got["port"]) == (480, 8123)  # over PDL_HUB_PORT too
-    assert got["admin_view_pool"] == "cpu:0,cpu:1"  # the admin view is told the final pool
+    assert got["admin_view"]["pool"] == ["cpu:0", "cpu:1"]  # the admin view is told the final pool
     assert {"idle-culler", "pdl-admin", "lab-extra"} <= set(got["services"])  # added to, not replaced
 
 
@@ -188,8 +142,8 @@ def test_a_named_config_file_that_is_missing_stops_the_hub_and_none_at_all_is_fi
 
 def test_pdl_port_range_sets_the_servers_ports_or_stops_in_one_line(tmp_path):
     got = settings(load_config(tmp_path, PDL_PORT_RANGE="21000-21999"))
-    assert got["host_ports"] == got["swarm_ports"] == [21000, 21999]
-    assert settings(load_config(tmp_path))["host_ports"] is None  # the traits' default, 20000-32000
+    assert got["ports"] == [21000, 21999]
+    assert settings(load_config(tmp_path))["ports"] is None  # the trait's default, 20000-32000
     line = refusal(load_config(tmp_path, PDL_PORT_RANGE="80-90"))
     assert line == "PDL_PORT_RANGE must be LOW-HIGH with 1024 <= LOW < HIGH <= 65535 (e.g. 20000-32000), got '80-90'"
 
@@ -197,44 +151,96 @@ def test_pdl_port_range_sets_the_servers_ports_or_stops_in_one_line(tmp_path):
 def test_pdl_session_limit_s_sets_the_longest_session_or_stops_in_one_line(tmp_path):
     got = settings(load_config(tmp_path, PDL_SESSION_LIMIT_S="28800", PDL_SESSION_WARN_S="300"))
     assert (got["session_limit_s"], got["session_warning_s"]) == (28800, 300)
-    assert settings(load_config(tmp_path))["session_limit_s"] == 0  # off by default
+    assert settings(load_config(tmp_path))["session_limit_s"] is None  # the trait's default: off
     line = refusal(load_config(tmp_path, PDL_SESSION_LIMIT_S="8h"))
-    assert line == ("jupyterhub_config.py: PDL_SESSION_LIMIT_S must be a number of seconds >= 0 "
+    assert line == ("PDL_SESSION_LIMIT_S must be a number of seconds >= 0 "
                     "(e.g. 28800 for 8 h; 0: off), got '8h'")
 
 
-# -- docs/admin.md's table ----------------------------------------------------------------
+# -- one table of settings (pdl_spawner/settings) ------------------------------------------
 
-def variables_read(source: str) -> set[str]:
-    """The PDL_* names a Python file reads from its environment: ``os.environ.get(NAME)``,
-    ``os.environ[NAME]``, ``NAME in os.environ``."""
-    def is_environ(node) -> bool:
-        return isinstance(node, ast.Attribute) and node.attr == "environ"
+#: A valid value, not the default, of each variable of every kind that sets a trait.
+SAMPLES = {"PDL_HOMES_ROOT": "/srv/homes", "PDL_ACCOUNT_PREFIX": "lab-", "PDL_HUB_PORT": "8123",
+           "PDL_HUB_INTERNAL_PORT": "8181", "PDL_PORT_RANGE": "21000-21999", "PDL_LOGIN_ATTEMPTS": "7",
+           "PDL_LOGIN_LOCKOUT_S": "90", "PDL_PENDING_SIGNUPS": "3", "PDL_SIGNUPS_PER_ADDRESS": "4",
+           "PDL_DEFAULT_WORKERS": "2", "PDL_ENGINE_IDLE_TIMEOUT": "600", "PDL_SESSION_LIMIT_S": "28800",
+           "PDL_SESSION_MAX_S": "57600", "PDL_SESSION_WARN_S": "300", "PDL_GPU_IDLE_FLAG_S": "1800",
+           "PDL_GPU_IDLE_RELEASE_S": "3600", "PDL_POOL": "cpu:0,cpu:1"}
 
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        name = None
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and is_environ(node.func.value) and node.args:
-            name = node.args[0]
-        elif isinstance(node, ast.Subscript) and is_environ(node.value):
-            name = node.slice
-        elif isinstance(node, ast.Compare) and any(is_environ(c) for c in node.comparators):
-            name = node.left
-        if isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value.startswith("PDL_"):
-            found.add(name.value)
-    return found
+def local_trait_variables():
+    from pdl_spawner.kinds import kind_named
+    from pdl_spawner.settings.variables import VARIABLES
+
+    return [v for v in (*VARIABLES, *kind_named("local").variables) if v.trait]
 
 
-def documented_variables() -> set[str]:
+def test_every_setting_of_the_embedded_default_takes_effect_through_its_variable(tmp_path):
+    variables = local_trait_variables()
+    assert sorted(SAMPLES) == sorted(v.name for v in variables), "a sample value for each variable with a trait"
+    got = settings(probe(tmp_path, [v.trait for v in variables], **SAMPLES))
+    assert {v.name: got[v.trait] for v in variables} == {v.name: expected(v, SAMPLES) for v in variables}
+
+
+def test_every_setting_of_the_embedded_default_takes_effect_through_its_c_line(tmp_path):
+    variables = local_trait_variables()
+    path = config_file(tmp_path / "etc")
+    path.write_text("".join(f"c.{v.trait} = {expected(v, SAMPLES)!r}\n" for v in variables))
+    got = settings(probe(tmp_path, [v.trait for v in variables], PDL_LOCAL_CONFIG=str(path)))
+    assert {v.name: got[v.trait] for v in variables} == {v.name: expected(v, SAMPLES) for v in variables}
+
+
+def test_a_core_setting_reaches_the_kind_and_the_kinds_own_section_wins(tmp_path):
+    """Guards the core's settings, once ignored: ``c.SpawnerCore.default_workers = 7`` left
+    the local spawner at its own default."""
+    path = config_file(tmp_path / "etc")
+    path.write_text("c.SpawnerCore.default_workers = 7\nc.SpawnerCore.queue_timeout = 11\n"
+                    "c.PDLLocalSpawner.queue_timeout = 22\n")
+    got = settings(probe(tmp_path, ["SpawnerCore.default_workers", "SpawnerCore.queue_timeout"],
+                         PDL_LOCAL_CONFIG=str(path), PDL_DEFAULT_WORKERS="2"))
+    assert got == {"SpawnerCore.default_workers": 7, "SpawnerCore.queue_timeout": 22}
+    assert settings(probe(tmp_path, ["SpawnerCore.default_workers"]))["SpawnerCore.default_workers"] == 3
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"PDL_PORT_RANGES": "21000-21999"}, "PDL_PORT_RANGES is not a setting of PDL's hub: did you mean PDL_PORT_RANGE?"),
+    ({"PDL_NODES": "gpu1"}, "PDL_NODES applies to PDL_SPAWNER=swarm only, and this hub's is local: unset it"),
+    ({"PDL_SPAWNER": "kubernetes"}, "PDL_SPAWNER must be one of local, slurm, swarm, got 'kubernetes'"),
+    ({"PDL_HUB_PORT": "http"}, "PDL_HUB_PORT must be a TCP port, 1-65535, got 'http'"),
+    ({"PDL_KEEP_SERVERS": "yes"}, "PDL_KEEP_SERVERS must be 1 or 0, got 'yes'"),
+])
+def test_an_unknown_variable_or_value_stops_the_hub_in_one_line_naming_what_is_valid(tmp_path, env, line):
+    assert refusal(load_config(tmp_path, **env)) == line
+
+
+@pytest.mark.parametrize("lines, line", [
+    ("c.SpawnerCore.default_worker = 2\n",
+     "c.SpawnerCore.default_worker is not a setting of SpawnerCore: did you mean c.SpawnerCore.default_workers?"),
+    ("c.PDLLocalSpawner.pol = ['cpu:0']\n",
+     "c.PDLLocalSpawner.pol is not a setting of PDLLocalSpawner: did you mean c.PDLLocalSpawner.pool?"),
+    ("c.PDLLocalSpawnr.pool = ['cpu:0']\n",
+     "c.PDLLocalSpawnr is not a class of PDL's settings: did you mean c.PDLLocalSpawner?"),
+    ("c.SessionLimit.session_limit_s = 60\n",
+     "c.SessionLimit is not a class of settings: set its settings as c.SpawnerCore.<name> or c.PDLLocalSpawner.<name>"),
+    ("c.PDLAuthenticator.allowed_failed_login = 3\n", "c.PDLAuthenticator.allowed_failed_login is not a setting "
+     "of PDLAuthenticator: did you mean c.PDLAuthenticator.allowed_failed_logins?"),
+])
+def test_a_c_line_that_no_class_reads_stops_the_hub_in_one_line_naming_the_nearest(tmp_path, lines, line):
+    path = config_file(tmp_path / "etc")
+    path.write_text(lines)
+    assert refusal(load_config(tmp_path, PDL_LOCAL_CONFIG=str(path))) == line
+
+
+def test_the_admin_guides_table_is_the_codes_table_of_variables():
+    from pdl_spawner.settings.guide import variables_table
+
     text = (REPO / "docs" / "admin.md").read_text()
     section = text.split("\n## Every setting, in one place\n", 1)[1].split("\n## ", 1)[0]
-    return set(re.findall(r"^\| `(PDL_[A-Z0-9_]+)`", section, flags=re.M))
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert table == variables_table(), "docs/admin.md: paste `python -m pdl_spawner.settings.guide variables`"
 
 
-def test_the_admin_guide_lists_every_variable_the_hub_config_reads_and_no_other():
-    read = variables_read((REPO / "jupyterhub_config.py").read_text())
-    assert {"PDL_STATE_DIR", "PDL_PORT_RANGE", "PDL_LOCAL_CONFIG", "PDL_ADMIN_VIEW_PORT"} <= read  # the parser sees them
-    listed = documented_variables()
-    assert sorted(read - listed) == [], "read by jupyterhub_config.py, missing from docs/admin.md's table"
-    assert sorted(listed - read) == [], "in docs/admin.md's table, never read by jupyterhub_config.py"
+def test_docs_settings_lists_every_c_setting_of_pdls_classes():
+    from pdl_spawner.settings.guide import settings_document
+
+    assert (REPO / "docs" / "settings.md").read_text() == settings_document(), \
+        "docs/settings.md: write `python -m pdl_spawner.settings.guide settings` into it"

@@ -11,7 +11,7 @@ from html import escape
 
 import pytest
 
-from pdl_spawner.admin_view import reader_from_env, render_page
+from pdl_spawner.admin_view import reader, render_page
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.slurm import admin_source as slurm_source
 from pdl_spawner.slurm.admin_source import (
@@ -237,19 +237,20 @@ def test_the_reader_asks_slurms_own_commands_for_json_and_expands_no_node_list(m
     assert asked == [["squeue", "--all", "--json"], ["sinfo", "--json"]]  # PDL named its partition
 
 
-def test_the_environment_picks_the_slurm_source_and_its_flags_file():
-    reader = reader_from_env({"PDL_SLURM": "1", "PDL_SLURM_PARTITION": " gpu ", "PATH": "/opt/slurm/bin:/usr/bin",
-                              "SLURM_CONF": "/etc/lab/slurm.conf", "PDL_DOCKER_HOST": "tcp://m:2375"})
-    assert reader.func is slurm_source.read_slurm_status and reader.args == ()
-    assert reader.keywords == {"partition": "gpu", "account_prefix": "pdl-", "flags_db": "", "slurm_env": {
+def test_the_hubs_settings_pick_the_slurm_source_and_its_flags_file():
+    settings = {"kind": "slurm", "partition": " gpu ", "path": "/opt/slurm/bin:/usr/bin",
+                "slurm_conf": "/etc/lab/slurm.conf", "account_prefix": "pdl-", "flags_db": ""}
+    slurm = reader(settings)
+    assert slurm.func is slurm_source.read_slurm_status and slurm.args == ()
+    assert slurm.keywords == {"partition": "gpu", "account_prefix": "pdl-", "flags_db": "", "slurm_env": {
         "PATH": "/opt/slurm/bin:/usr/bin", "LANG": "C.UTF-8", "SLURM_CONF": "/etc/lab/slurm.conf"}}
-    # as jupyterhub_config.py gives it: SLURM_CONF empty when the hub had none
-    default = reader_from_env({"PDL_SLURM": "1", "PDL_SLURM_PARTITION": "", "SLURM_CONF": "", "PATH": "",
-                               "PDL_ACCOUNT_PREFIX": "lab-", "PDL_SLURM_FLAGS_DB": "/srv/hub/slurm-flags.sqlite"})
+    # as the hub gives them: no SLURM_CONF when the hub had none
+    default = reader({"kind": "slurm", "partition": "", "slurm_conf": "", "path": "", "account_prefix": "lab-",
+                      "flags_db": "/srv/hub/slurm-flags.sqlite"})
     assert default.keywords == {"partition": "", "account_prefix": "lab-", "flags_db": "/srv/hub/slurm-flags.sqlite",
                                 "slurm_env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}
-    with pytest.raises(KeyError):  # any other value is not Slurm: the ledger file is needed
-        reader_from_env({"PDL_SLURM": "0"})
+    with pytest.raises(ValueError, match="PDL_SPAWNER must be one of local, slurm, swarm, got 'kubernetes'"):
+        reader({"kind": "kubernetes"})
 
 
 def test_gpus_held_idle_are_listed_for_the_pdl_job_that_holds_them_since_the_flag(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdl_spawner.admin_view import reader_from_env, render_page
+from pdl_spawner.admin_view import reader, render_page
 from pdl_spawner.local.admin_source import read_status
 from pdl_spawner.swarm import admin_source as swarm_source
 from pdl_spawner.swarm.admin_source import read_swarm_status, swarm_status_model
@@ -297,16 +297,16 @@ def test_the_swarm_page_says_when_nothing_is_held_and_when_docker_cannot_be_read
     assert "<td>1</td><td>carol</td>" in page
 
 
-def test_the_environment_picks_the_swarm_source_with_its_settings(tmp_path):
+def test_the_hubs_settings_pick_the_swarm_source(tmp_path):
     db = str(tmp_path / "reservations.sqlite")
-    swarm = reader_from_env({"PDL_RESERVATIONS_DB": db, "PDL_DOCKER_HOST": "tcp://10.77.0.2:2375",
-                             "PDL_NODES": " pdl-node1, ,pdl-node2 "})
+    swarm = reader({"kind": "swarm", "state_db": db, "docker_host": "tcp://10.77.0.2:2375",
+                    "nodes": ["pdl-node1", "pdl-node2"], "gpu_resource": None})
     assert swarm.func is read_swarm_status and swarm.args == (db,)
     assert swarm.keywords == {"docker_host": "tcp://10.77.0.2:2375", "resource": "NVIDIA-GPU",
                               "node_names": ["pdl-node1", "pdl-node2"]}
-    assert reader_from_env({"PDL_RESERVATIONS_DB": db, "PDL_DOCKER_HOST": "unix:///x.sock",
-                            "PDL_GPU_RESOURCE": "AMD-GPU"}).keywords["resource"] == "AMD-GPU"
-    local = reader_from_env({"PDL_RESERVATIONS_DB": db, "PDL_POOL": "cpu:0,cpu:1"})
+    assert reader({"kind": "swarm", "state_db": db, "docker_host": "unix:///x.sock",
+                   "gpu_resource": "AMD-GPU"}).keywords["resource"] == "AMD-GPU"
+    local = reader({"kind": "local", "reservations_db": db, "pool": ["cpu:0", "cpu:1"]})
     assert local.func is read_status and local.keywords["pool"] == ["cpu:0", "cpu:1"]
 
 

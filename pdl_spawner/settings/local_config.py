@@ -1,16 +1,9 @@
-"""The hub's own settings that ``jupyterhub_config.py`` reads besides traitlets: the
-users' servers' port range, times in seconds, and whether the admin's local config file
-is safe to run.
+"""Whether the admin's local config file is safe to load as the hub's own code.
 
-- :func:`seconds`: a time setting such as ``PDL_SESSION_LIMIT_S`` as a number >= 0.
-- :func:`port_range`: ``PDL_PORT_RANGE``'s ``LOW-HIGH`` as the ``(low, high)`` that
-  ``port_range`` traits take (inclusive TCP ports).
-- :func:`local_config_problem`: why a local config file (``PDL_LOCAL_CONFIG``) must not
-  be loaded, or None. The hub runs as root and runs that file as its own code, so a file
-  that anyone but root (or the hub's own user) could write or replace would let them run
-  code as root.
-
-Both are pure checks: one-line messages naming what is valid, no side effects.
+:func:`local_config_problem`: why a local config file (``PDL_LOCAL_CONFIG``) must not
+be loaded, or None. The hub runs as root and runs that file as its own code, so a file
+that anyone but root (or the hub's own user) could write or replace would let them run
+code as root. A pure check: one-line messages naming what is valid, no side effects.
 """
 
 from __future__ import annotations
@@ -18,35 +11,6 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-
-#: The ports ``PDL_PORT_RANGE`` may name: no privileged port (below 1024).
-LOWEST_PORT, HIGHEST_PORT = 1024, 65535
-
-
-def port_range(text: str, name: str = "PDL_PORT_RANGE") -> tuple[int, int]:
-    """``"LOW-HIGH"`` (e.g. ``"20000-32000"``, both ends included) as ``(LOW, HIGH)``;
-    ValueError, one line naming what is valid, unless ``1024 <= LOW < HIGH <= 65535``.
-    ``name`` is the setting the message names."""
-    low, dash, high = str(text).strip().partition("-")
-    if dash and low.strip().isdigit() and high.strip().isdigit():
-        low_port, high_port = int(low), int(high)
-        if LOWEST_PORT <= low_port < high_port <= HIGHEST_PORT:
-            return low_port, high_port
-    raise ValueError(f"{name} must be LOW-HIGH with {LOWEST_PORT} <= LOW < HIGH <= {HIGHEST_PORT} "
-                     f"(e.g. 20000-32000), got {str(text)[:40]!r}")
-
-
-def seconds(text: str, name: str) -> float:
-    """``text`` (e.g. ``"28800"``, ``"0.5"``) as seconds >= 0; ValueError, one line naming
-    the setting (``name``) and what is valid, otherwise."""
-    try:
-        value = float(str(text).strip())
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"{name} must be a number of seconds >= 0 (e.g. 28800 for 8 h; 0: off), "
-                         f"got {str(text)[:40]!r}")
-    return value
 
 
 def _trusted_owner(uid: int) -> bool:

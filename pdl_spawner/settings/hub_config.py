@@ -1,0 +1,195 @@
+"""The hub's configuration, from its environment: what ``jupyterhub_config.py`` runs.
+
+:func:`configure` reads every ``PDL_*`` variable against the table
+(:mod:`pdl_spawner.settings.variables`, and the chosen kind's), sets the traits they
+name (``c.<Class>.<name>``, on the class that declares the setting, so that a kind's own
+section in the admin's file still wins), and wires what every kind shares: the hub's
+ports and public URL, its state folder (mode 0700), PDL's login, the users' home
+skeleton, idle culling and the admin view. The kind (``PDL_SPAWNER``) is a plug-in
+(:mod:`pdl_spawner.kinds`): its own settings are its ``configure``. Then the admin's own
+file of ``c.*`` settings is loaded, when it exists and only root or the hub's user can
+change it, and every ``c.<PDL class>.<name>`` is checked (:mod:`pdl_spawner.settings.checks`).
+
+Any problem stops the hub with one line (SystemExit) naming what is valid.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pdl_spawner.core.account_limits import protect_hub
+from pdl_spawner.core.accounts import TEMPLATE_DIR, name_problem
+from pdl_spawner.core.credentials import SignupCodes
+from pdl_spawner.core.public_url import default_public_url, public_url_problem
+from pdl_spawner.core.request_limits import limit_request_bodies
+from pdl_spawner.kinds import ClusterKind, kind_named, kinds
+from pdl_spawner.settings.checks import unknown_setting
+from pdl_spawner.settings.local_config import local_config_problem
+from pdl_spawner.settings.variables import read_variables
+
+def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], None], repo: Path) -> ClusterKind:
+    """Configure the hub ``c`` from ``environ`` (see the module docstring); ``load_subconfig``
+    is the config loader's, ``repo`` the folder of ``jupyterhub_config.py`` (its
+    notebooks and the proxy scripts/setup installs). Returns the hub's kind."""
+    os.umask(0o077)  # the hub's files (database, secrets, pid files) are its own from creation
+    registered = kinds()
+    try:
+        kind = kind_named(environ.get("PDL_SPAWNER", "local").strip(), registered)
+        found = read_variables(environ, kind, [k for k in registered.values() if k is not kind])
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    _set_traits(c, found, kind)
+    state_dir = _state_dir(found["PDL_STATE_DIR"])
+    _hub(c, found, state_dir, repo)
+    kind.configure(c, found, state_dir)
+    _login(c, found, state_dir)
+    _servers(c, found, state_dir, kind, repo)
+    _idle_culler(c, found["PDL_CULL_IDLE_S"])
+    _local_config(c, found["PDL_LOCAL_CONFIG"], "PDL_LOCAL_CONFIG" in environ, load_subconfig)
+    problem = unknown_setting(c, kind) or kind.problem(c)
+    if problem:
+        raise SystemExit(problem)
+    _admin_view(c, kind, found["PDL_ADMIN_VIEW_PORT"])
+    return kind
+
+
+def _set_traits(c, found: Mapping[str, Any], kind: ClusterKind) -> None:
+    from pdl_spawner.settings.variables import VARIABLES
+
+    for variable in (*VARIABLES, *kind.variables):
+        if variable.trait and found.get(variable.name) is not None:
+            section, _, name = variable.trait.partition(".")
+            setattr(c[section], name, found[variable.name])
+
+
+def _state_dir(path: str) -> Path:
+    state_dir = Path(path).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    state_dir.chmod(0o700)  # also when it was made before, by hand: the hub's secrets live here
+    return state_dir
+
+
+def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
+    """Ports, public URL, database and secrets, the proxy, request limits."""
+    # The hub, and the proxy and admin view it starts, are the last the OOM killer picks: the
+    # users' processes (marked by the spawner) and their memory limits go first.
+    if os.geteuid() == 0:
+        protect_hub()
+    c.JupyterHub.ip = "127.0.0.1"
+    port = found["PDL_HUB_PORT"] or 8000
+    # Each user's server is a web origin of its own, <name>.<host> beside the hub at <host>
+    # (pdl_spawner/core/public_url.py): a page a user serves cannot act as whoever opens it.
+    public_url = found["PDL_PUBLIC_URL"] or default_public_url(port)
+    if public_url_problem(public_url):
+        raise SystemExit(public_url_problem(public_url))
+    c.JupyterHub.subdomain_host = public_url.rstrip("/")
+    c.JupyterHub.hub_ip = "127.0.0.1"
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{found['PDL_PROXY_API_PORT']}"
+    proxy = repo / ".pdl/node/node_modules/.bin/configurable-http-proxy"  # as scripts/setup installs it
+    if proxy.exists():
+        c.ConfigurableHTTPProxy.command = [str(proxy)]
+    c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
+    c.ConfigurableHTTPProxy.pid_file = str(state_dir / "proxy.pid")
+    # servers and their engines keep running across hub restarts unless PDL_KEEP_SERVERS=0:
+    # the reservations and the spawners' state let the next hub take them back
+    c.JupyterHub.cleanup_servers = not found["PDL_KEEP_SERVERS"]
+    limit_request_bodies(found["PDL_MAX_REQUEST_BYTES"])
+
+
+def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:
+    """Each user's own password (pdl_spawner/core/accounts.py): the admin's account is made
+    from ``<state>/password``; listed users sign up with their one-time codes."""
+    users = found["PDL_USERS"]
+    for name in users:
+        if name_problem(name):
+            raise SystemExit(f"PDL_USERS: {name_problem(name)}")
+    c.JupyterHub.authenticator_class = "pdl_spawner.core.accounts.PDLAuthenticator"
+    c.PDLAuthenticator.first_admin = users[0]
+    c.PDLAuthenticator.first_admin_password_file = str(state_dir / "password")
+    c.Authenticator.admin_users = set(users[:1])
+    c.Authenticator.allowed_users = set(users)
+    # each listed name but the admin's signs up with its own one-time code (scripts/serve
+    # prints the links), so that no stranger claims it first
+    SignupCodes(state_dir).ensure(users[1:])
+    # NativeAuthenticator's page.html: "Change Password" for all, "Authorize Users" for admins
+    c.JupyterHub.template_paths = [TEMPLATE_DIR]
+
+
+def _servers(c, found: Mapping[str, Any], state_dir: Path, kind: ClusterKind, repo: Path) -> None:
+    """The users' servers, whatever the kind: the spawner, their homes, what they read from the hub."""
+    c.JupyterHub.spawner_class = kind.spawner.replace(":", ".")
+    c.Spawner.disable_user_config = True  # a user's own Jupyter config never loads into their server
+    c.Spawner.default_url = "/lab"
+    c.Spawner.start_timeout = 120
+    c.Spawner.http_timeout = 120
+    # what every user's server reads from the hub's environment: the preflight checks their
+    # engines skip (pdl_magics/preflight.py) and how cells split their batches (PDL_BALANCE)
+    user_env = {name: found[name] for name in ("PDL_PREFLIGHT_SKIP", "PDL_BALANCE") if found[name]}
+    if user_env:
+        c.Spawner.environment = user_env
+    if "HostServer" not in kind.sections():
+        return
+    # where servers run on this machine as the users' own accounts: the accounts this hub
+    # made (users run only as these: never root, a system account, a lab member's own
+    # login or another hub's user), and a new home starts with PDL's notebooks
+    c.HostServer.accounts_record = str(state_dir / "accounts")
+    skeleton = state_dir / "skel"
+    (skeleton / "notebooks").mkdir(parents=True, exist_ok=True)
+    for notebook in (repo / "notebooks").glob("*.ipynb"):
+        (skeleton / "notebooks" / notebook.name).write_bytes(notebook.read_bytes())
+    c.HostServer.skeleton_dir = str(skeleton)
+
+
+def _idle_culler(c, cull_idle_s: int) -> None:
+    """jupyterhub-idle-culler, as a hub service, stops whole servers without activity for
+    ``cull_idle_s`` seconds (0: never); their workers are freed and their files stay."""
+    if not cull_idle_s:
+        return
+    c.JupyterHub.services.append({
+        "name": "idle-culler",
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={cull_idle_s}",
+                    f"--cull-every={max(5, min(300, cull_idle_s // 4))}"],
+    })
+    c.JupyterHub.load_roles.append({
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    })
+
+
+def _local_config(c, path: str, named: bool, load_subconfig: Callable[[str], None]) -> None:
+    """The admin's own ``c.*`` settings, loaded after everything above (so that they win)
+    when the file exists; the hub runs it as its own code (as root), so only a file that
+    only root or the hub's user can change."""
+    if os.path.lexists(path):
+        problem = local_config_problem(path)
+        if problem:
+            raise SystemExit(f"PDL_LOCAL_CONFIG: not loaded, since the hub runs it as its own code: {problem}")
+        load_subconfig(os.path.abspath(path))
+    elif named:
+        raise SystemExit(f"PDL_LOCAL_CONFIG names {path}, which does not exist: name the admin's config "
+                         "file (c.* settings), or unset it for the default /etc/pdl/hub_config.py (loaded when present)")
+
+
+def _admin_view(c, kind: ClusterKind, port: int) -> None:
+    """The admin view (pdl_spawner/admin_view.py): a JupyterHub managed service at
+    /services/pdl-admin/ for admins only (scope access:services!service=pdl-admin), on
+    127.0.0.1:``port``, told the kind's source settings from the final config."""
+    import json
+
+    from pdl_spawner.admin_view import SOURCE_VARIABLE
+
+    settings = {"kind": kind.name, **kind.admin_settings(c)}
+    c.JupyterHub.services.append({
+        "name": "pdl-admin",
+        "url": f"http://127.0.0.1:{port}",
+        "command": [sys.executable, "-m", "pdl_spawner.admin_view"],
+        "environment": {SOURCE_VARIABLE: json.dumps(settings)},
+        "oauth_no_confirm": True,
+    })

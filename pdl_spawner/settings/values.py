@@ -1,0 +1,103 @@
+"""How the text of a hub variable becomes its value: each parser takes the variable's
+text and its name, and returns the value or raises ValueError with one line that names
+the variable and what is valid (the hub then stops with that line).
+
+Pure functions, no side effects; the traits they feed validate again (``c.*`` settings
+reach the traits without passing here).
+"""
+
+from __future__ import annotations
+
+#: The ports a port range may name: no privileged port (below 1024).
+LOWEST_PORT, HIGHEST_PORT = 1024, 65535
+
+
+def _shown(text: str) -> str:
+    return repr(str(text)[:40])
+
+
+def text(value: str, name: str) -> str:
+    """The text as it is, without surrounding blanks."""
+    return str(value).strip()
+
+
+def whole_number(value: str, name: str) -> int:
+    """A whole number >= 0 (``"5"``)."""
+    value = str(value).strip()
+    if not value.isdigit():
+        raise ValueError(f"{name} must be a whole number >= 0, got {_shown(value)}")
+    return int(value)
+
+
+def positive_number(value: str, name: str) -> int:
+    """A whole number >= 1."""
+    number = whole_number(value, name) if str(value).strip().isdigit() else -1
+    if number < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {_shown(value)}")
+    return number
+
+
+def port(value: str, name: str) -> int:
+    """A TCP port, 1-65535."""
+    value = str(value).strip()
+    if not (value.isdigit() and 1 <= int(value) <= HIGHEST_PORT):
+        raise ValueError(f"{name} must be a TCP port, 1-{HIGHEST_PORT}, got {_shown(value)}")
+    return int(value)
+
+
+def seconds(value: str, name: str) -> float:
+    """Seconds >= 0 (``"28800"``, ``"0.5"``)."""
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = -1.0
+    if not 0 <= number < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds >= 0 (e.g. 28800 for 8 h; 0: off), got {_shown(value)}")
+    return number
+
+
+def flag(value: str, name: str) -> bool:
+    """``1`` (True) or ``0`` (False)."""
+    value = str(value).strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 1 or 0, got {_shown(value)}")
+    return value == "1"
+
+
+def names(value: str, name: str) -> list[str]:
+    """Comma-separated names, blanks and empty items dropped (``"gpu1, gpu2"``)."""
+    return [item.strip() for item in str(value).split(",") if item.strip()]
+
+
+def port_range(value: str, name: str = "PDL_PORT_RANGE") -> tuple[int, int]:
+    """``"LOW-HIGH"`` (both included, e.g. ``"20000-32000"``) as ``(LOW, HIGH)``, with
+    ``1024 <= LOW < HIGH <= 65535``."""
+    low, dash, high = str(value).strip().partition("-")
+    if dash and low.strip().isdigit() and high.strip().isdigit():
+        bounds = int(low), int(high)
+        if port_range_problem(bounds) is None:
+            return bounds
+    raise ValueError(f"{name} must be LOW-HIGH with {LOWEST_PORT} <= LOW < HIGH <= {HIGHEST_PORT} "
+                     f"(e.g. 20000-32000), got {_shown(value)}")
+
+
+def port_range_problem(bounds: tuple[int, int]) -> str | None:
+    """Why ``(low, high)`` is not a range of the users' ports, or None: the one rule of
+    every port range (the variable's and the ``port_range`` trait's)."""
+    low, high = bounds
+    if LOWEST_PORT <= low < high <= HIGHEST_PORT:
+        return None
+    return f"must be (LOW, HIGH) with {LOWEST_PORT} <= LOW < HIGH <= {HIGHEST_PORT}, got {tuple(bounds)}"
+
+
+def one_of(*choices: str):
+    """A parser of one of ``choices``."""
+
+    def parse(value: str, name: str) -> str:
+        value = str(value).strip()
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}, got {_shown(value)}")
+        return value
+
+    parse.choices = choices
+    return parse
