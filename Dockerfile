@@ -138,7 +138,7 @@ RUN --mount=type=secret,id=ca,target=/etc/ssl/certs/ca-certificates.crt \
     if [ "$WITH_HOROVOD" = 1 ]; then /tmp/pdl-docker/install-horovod; fi
 RUN --mount=type=bind,from=wheel,source=/wheel,target=/tmp/wheel \
     pip install --no-deps --no-index --no-cache-dir /tmp/wheel/*.whl \
-    && python -c "import pdl, pdl.runtime.swarm_boot, pdl_server.singleuser, pdl_magics, pdl_spawner, pdl_cinic10, ipyparallel, torch"
+    && python -c "import pdl, pdl_spawner.swarm.engine_boot, pdl_server.singleuser, pdl_magics, pdl_spawner, pdl_cinic10, ipyparallel, torch"
 USER ${NB_USER}
 WORKDIR /home/${NB_USER}
 CMD ["pdl-singleuser"]

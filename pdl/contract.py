@@ -7,6 +7,10 @@ and the engines read it, through here only.
 =========================== ====================== =====================================
 variable                    field                  meaning
 =========================== ====================== =====================================
+``PDL_KIND``                ``kind``               the cluster kind that started the
+                                                   server (its plug-in, registered under
+                                                   :data:`KINDS_GROUP`, names the
+                                                   server's engine host)
 ``PDL_SLOTS``               ``slots``              the slots reserved on this machine
                                                    (``gpu:0,gpu:1`` or ``cpu:0``; local
                                                    spawner), one engine each
@@ -21,8 +25,9 @@ variable                    field                  meaning
                                                    engines give their GPUs back (0: never)
 ``PDL_CLUSTER_FILE``        ``cluster_file``       set by the server for its kernels:
                                                    the ipyparallel cluster file
-``PDL_SLURM_JOB``           ``slurm_job``          the Slurm job holding the GPUs: the
-                                                   engines are its steps (``srun``)
+``PDL_JOB``                 ``job``                the scheduler's job holding the
+                                                   workers (Slurm: the engines are its
+                                                   steps, ``srun``)
 ``PDL_CONTROLLER_IP``       ``controller_ip``      where the controller listens for
                                                    engines on other nodes (Slurm)
 ``PDL_WORKERS_LIMIT``       ``workers_limit``      the most workers this user may hold
@@ -63,18 +68,23 @@ from pathlib import Path
 
 from pdl.slots import parse_slot_list
 
+#: The entry-point group of the cluster kinds' plug-ins (:mod:`pdl_spawner.kinds`): the hub
+#: and the user's server find a kind there by its name.
+KINDS_GROUP = "pdl.kinds"
+
 #: The cluster folder, relative to the user's home, when ``PDL_CLUSTER_DIR`` is not set.
 CLUSTER_DIR_IN_HOME = ".pdl/cluster"
 
 #: Field name -> environment variable, in the table's order.
 VARIABLES = {
+    "kind": "PDL_KIND",
     "slots": "PDL_SLOTS",
     "workers": "PDL_WORKERS",
     "cluster_dir": "PDL_CLUSTER_DIR",
     "controller_secret": "PDL_CONTROLLER_SECRET",
     "idle_timeout_s": "PDL_ENGINE_IDLE_TIMEOUT",
     "cluster_file": "PDL_CLUSTER_FILE",
-    "slurm_job": "PDL_SLURM_JOB",
+    "job": "PDL_JOB",
     "controller_ip": "PDL_CONTROLLER_IP",
     "workers_limit": "PDL_WORKERS_LIMIT",
     "limits_note": "PDL_LIMITS_NOTE",
@@ -98,6 +108,8 @@ def cluster_dir_in(home: str | os.PathLike) -> str:
 class ServerContract:
     """What a user's server is told. Empty values are left out of :meth:`env`."""
 
+    #: the cluster kind that started the server ("local", "swarm", ...); "": not told
+    kind: str = ""
     #: local slots reserved for this server (one engine each)
     slots: tuple[str, ...] = field(default=())
     #: workers the hub reserved for this server (one engine each, wherever they run); 0: unknown
@@ -111,7 +123,7 @@ class ServerContract:
     #: the ipyparallel cluster file (set by the server for its kernels)
     cluster_file: str = ""
     #: the Slurm job whose steps the engines are (Slurm); 0: none
-    slurm_job: int = 0
+    job: int = 0
     #: the address the controller listens on for engines on other nodes ("" : 127.0.0.1)
     controller_ip: str = ""
     #: the most workers this user may hold (the admin's limit within the scheduler's); 0: not told
@@ -140,13 +152,14 @@ class ServerContract:
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
         values = {
+            "kind": self.kind,
             "slots": ",".join(self.slots),
             "workers": str(self.workers) if self.workers else "",
             "cluster_dir": self.cluster_dir,
             "controller_secret": self.controller_secret,
             "idle_timeout_s": f"{self.idle_timeout_s:g}" if self.idle_timeout_s else "",
             "cluster_file": self.cluster_file,
-            "slurm_job": str(self.slurm_job) if self.slurm_job else "",
+            "job": str(self.job) if self.job else "",
             "controller_ip": self.controller_ip,
             "workers_limit": str(self.workers_limit) if self.workers_limit else "",
             "limits_note": self.limits_note,
@@ -180,13 +193,14 @@ class ServerContract:
             return value
 
         return cls(
+            kind=env.get(VARIABLES["kind"], ""),
             slots=tuple(parse_slot_list(env.get(VARIABLES["slots"], ""))),
             workers=number("workers", int),
             cluster_dir=env.get(VARIABLES["cluster_dir"], ""),
             controller_secret=env.get(VARIABLES["controller_secret"], ""),
             idle_timeout_s=number("idle_timeout_s", float),
             cluster_file=env.get(VARIABLES["cluster_file"], ""),
-            slurm_job=number("slurm_job", int),
+            job=number("job", int),
             controller_ip=env.get(VARIABLES["controller_ip"], ""),
             workers_limit=number("workers_limit", int),
             limits_note=env.get(VARIABLES["limits_note"], ""),

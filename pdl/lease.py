@@ -81,8 +81,8 @@ class Grant:
     workers: int
     #: the slots to start one engine on each; () when the hub started the engines itself (Docker Swarm)
     slots: tuple[str, ...] = ()
-    #: the Slurm job the engines come back in as steps; 0 outside Slurm
-    slurm_job: int = 0
+    #: the scheduler's job the engines come back in (Slurm: as its steps); 0: none
+    job: int = 0
     #: when the session this grant starts ends (epoch seconds; the hub's session limit); 0: none
     ends_at: float = 0.0
 
@@ -146,7 +146,7 @@ ExtendAnswer = Union[Extended, Refusal]
 
 #: What :func:`encode` writes and :func:`decode` reads, in one line (for refusals of bad bodies).
 SHAPES = ('{"reason": "why", "workers": n, "slots": [...]} (a release), {"workers": n} (a want), '
-          '{"workers": n, "slots": [...], "slurm_job": n, "ends_at": t} (a grant), {"refused": "why"} (a refusal), '
+          '{"workers": n, "slots": [...], "job": n, "ends_at": t} (a grant), {"refused": "why"} (a refusal), '
           '{"extend_asked_at": t} (a wish for more time), {"extended_to": t, "of": t} (more time given), '
           '{"gpu_idle_since": t, "release_at": t} (GPUs held idle; since 0: no longer)')
 
@@ -158,7 +158,7 @@ def encode(message: Message) -> dict:
     if isinstance(message, Want):
         return {"workers": message.workers}
     if isinstance(message, Grant):
-        return {"workers": message.workers, "slots": list(message.slots), "slurm_job": message.slurm_job,
+        return {"workers": message.workers, "slots": list(message.slots), "job": message.job,
                 "ends_at": message.ends_at}
     if isinstance(message, Refusal):
         return {"refused": message.reason}
@@ -218,7 +218,7 @@ def decode(kind: type, data: Any) -> Message:
             return Want(workers=data.get("workers"))
         if kind is Grant:
             grant = Grant(workers=_count(data, "workers", 1), slots=_slots(data),
-                          slurm_job=_count({"slurm_job": data.get("slurm_job", 0)}, "slurm_job", 0),
+                          job=_count({"job": data.get("job", 0)}, "job", 0),
                           ends_at=_time(data, "ends_at"))
             if grant.slots and len(grant.slots) != grant.workers:
                 raise LeaseFormatError(f"a grant of {grant.workers} worker(s) names {len(grant.slots)} slot(s)")

@@ -131,7 +131,7 @@ class ExtensionHandler(LeaseHandler):
     def post(self):
         files = self._files()
         files.answer_extension(self._body(ExtendAnswer))
-        session_clock.forget_readings()  # on Slurm, squeue now tells the new end
+        session_clock.forget_readings()  # the scheduler's end (Slurm's squeue) moved
         self.finish(json.dumps({"ok": True}))
 
 

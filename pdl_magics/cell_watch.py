@@ -17,9 +17,11 @@ every running rank's stack after ``hang_timeout_s`` without progress (:mod:`pdl.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import ipyparallel as ipp
 
@@ -51,6 +53,22 @@ POLL_S = 0.05
 OUTPUT_WAIT_S = 1.0
 #: Seconds to wait for the ranks' stacks once the watchdog asked for them.
 STACK_WAIT_S = 3.0
+
+
+@contextlib.contextmanager
+def interrupts_as_flag() -> Iterator[threading.Event]:
+    """While inside: SIGINT sets the yielded event instead of raising KeyboardInterrupt
+    (the previous handler is back on leaving). Where signals cannot be caught here (off
+    the main thread), SIGINT stays as it was and the event is never set."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 class CellWatch:
@@ -116,21 +134,30 @@ class CellWatch:
         """True if any rank did not finish the cell normally."""
         return any(res["status"] != "ok" for res in self.results.values())
 
-    def wait(self) -> CellWatch:
-        while self.pending():
-            try:
-                self._wake.wait(POLL_S)
-                self._pump()
-                self._collect()
-                self._escalate()
-                self._watchdog()
-            except KeyboardInterrupt:
-                if self.trigger_at is None or not self.user_interrupt:
-                    self.user_interrupt = True
-                    self.trigger_at = time.monotonic()
-                    print(f"Interrupting {len(self.pending())} rank(s)...", file=self.err, flush=True)
-                    self._signal_pending()
-            self._find_stuck()
+    def wait(self, interrupted: threading.Event | None = None) -> CellWatch:
+        """Follow the ranks until every one has a result. Ctrl-C (SIGINT) while they run
+        stops them all: it is taken as a flag between two looks (:func:`interrupts_as_flag`;
+        ``interrupted``: the caller's, set since before the ranks started), so that it can
+        never land between two steps of this loop and leave the ranks running (it once
+        did, in the look for stuck ranks)."""
+        with contextlib.nullcontext(interrupted) if interrupted is not None else interrupts_as_flag() as interrupted:
+            while self.pending():
+                try:
+                    self._wake.wait(POLL_S)
+                    if interrupted.is_set():
+                        interrupted.clear()
+                        raise KeyboardInterrupt
+                    self._pump()
+                    self._collect()
+                    self._escalate()
+                    self._watchdog()
+                except KeyboardInterrupt:  # the flag's, or SIGINT where no flag could be set
+                    if self.trigger_at is None or not self.user_interrupt:
+                        self.user_interrupt = True
+                        self.trigger_at = time.monotonic()
+                        print(f"Interrupting {len(self.pending())} rank(s)...", file=self.err, flush=True)
+                        self._signal_pending()
+                self._find_stuck()
         self._await_output()
         self._pump()
         self.progress.close("ok" if not self.failed else "interrupted" if self.user_interrupt else "failed")

@@ -57,7 +57,7 @@ from pdl_server import clusters, status_file
 from pdl_server.world import CellResult, Rank
 
 from . import horovod_driver, preflight, scale
-from .cell_watch import CellWatch
+from .cell_watch import CellWatch, interrupts_as_flag
 from .engines import Engines
 from .errors import ENGINE_DIED, DistributedUsageError, EnginesReleased, RankFailed
 from .group import ProcessGroup
@@ -187,11 +187,15 @@ class DistributedSession:
             self._preflight_once(world, backend, timeout_s)  # raises PreflightFailed: nothing runs
         self.group.ensure(world, backend, timeout_s)
         self._cell_number += 1
-        ars = [self.engines.call_async(r.engine_id, "run_cell", code, self._cell_number, balance) for r in world]
-        self.last_world = world
-        self.publish_status(running=True, force=True)
-        outcome = CellWatch(self.engines, world, ars, out, err, hang_timeout_s,
-                            on_progress=lambda metrics: self.publish_status(running=True, metrics=metrics)).wait()
+        # from the moment the ranks start until the watch has their results, Ctrl-C is a
+        # flag the watch acts on: it cannot land between two steps and leave them running
+        with interrupts_as_flag() as interrupted:
+            ars = [self.engines.call_async(r.engine_id, "run_cell", code, self._cell_number, balance) for r in world]
+            self.last_world = world
+            self.publish_status(running=True, force=True)
+            outcome = CellWatch(self.engines, world, ars, out, err, hang_timeout_s,
+                                on_progress=lambda metrics: self.publish_status(running=True, metrics=metrics)
+                                ).wait(interrupted)
         self.last_outputs = {
             r.rank: (md["stdout"] or "", md["stderr"] or "") for r, md in zip(world, outcome.meta)
         }

@@ -5,10 +5,8 @@
   released when idle (the engine lease, :mod:`pdl.lease`).
 - :mod:`pdl_server.session_clock`: the end of the server's session (Slurm: its job's
   time limit), the warning before it and the release just before it.
-- :mod:`pdl_server.engine_hosts`: one engine host per cluster kind (this machine's
-  slots, a Slurm job's steps, Docker Swarm services), chosen once from the contract.
-- :mod:`pdl_server.step_guard`: the task of a Slurm step that runs a server inside
-  its job; it ends the step with the server, stopping whatever the server left.
+- :mod:`pdl_server.engine_hosts`: the engine host's protocol, and the one its kind's
+  plug-in names (``PDL_KIND``), chosen once from the contract.
 - :mod:`pdl_server.clusters`: the engine launcher: the user's ipyparallel controller
   and engines, started by the supervisor and reached by the kernel.
 - :mod:`pdl_server.status_file`: what the kernel runs, written for the Cluster panel.

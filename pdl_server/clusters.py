@@ -4,7 +4,7 @@ Two cases, same engines:
 
 - **Hub** — the user's server was started by PDL's spawner. ``pdl-singleuser``
   started a controller and the engines of the hub's reservation (one engine host per
-  cluster kind: :mod:`pdl_server.engine_hosts`), and exported ``PDL_CLUSTER_FILE``
+  cluster kind: :mod:`pdl_server.engine_hosts`, the kind's host), and exported ``PDL_CLUSTER_FILE``
   (with ``PDL_WORKERS`` and, on one machine or in a Slurm job, ``PDL_SLOTS``) to the
   server and its kernels. On Docker Swarm the controller uses the ports and keys the
   spawner chose (:func:`start_controller` with the notebook secret); on Slurm it

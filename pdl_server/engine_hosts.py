@@ -1,12 +1,8 @@
-"""The engines of a user's server, one host per cluster kind, chosen once from the
-server contract (:func:`host_for`):
-
-- :class:`LocalSlots` (the embedded default): one engine process per reserved slot
-  of this machine, pinned to it;
-- :class:`SlurmSteps` (Slurm): one engine per worker, each a step of the user's
-  Slurm job (``srun --jobid``) on the node and GPU Slurm chose;
-- :class:`SwarmServices` (Docker Swarm): the hub runs the engines as services on
-  other nodes; the server runs only their controller.
+"""The engines of a user's server: one host per cluster kind, chosen once from the
+server contract by the kind's name (:func:`host_for`); each kind's plug-in names its
+host, in the kind's own folder (the embedded default's slots of this machine, Slurm's
+job steps, Swarm's services that the hub runs). :class:`SlotEngines` is the base of
+hosts that start one engine per slot here.
 
 Each host starts its engines, keeps them running (:meth:`EngineHost.tend`), stops them
 for an idle release (:meth:`EngineHost.release`) and brings them back as the hub's
@@ -16,15 +12,15 @@ drives them the same way, whatever the kind.
 
 from __future__ import annotations
 
-import subprocess
+import functools
+import importlib
 import sys
 import threading
+from importlib.metadata import entry_points
 
-from pdl.contract import ServerContract
-from pdl.engine_contract import EngineContract
+from pdl.contract import KINDS_GROUP, ServerContract
 from pdl.lease import Grant, Release
 from pdl_server import clusters
-from pdl_server.session_clock import RUNNING_STATES
 
 
 def log(line: str) -> None:
@@ -37,6 +33,24 @@ class EngineHost:
 
     #: how many workers the engines are
     workers: int = 0
+
+    @classmethod
+    def for_contract(cls, contract: ServerContract, cluster) -> EngineHost:
+        """The host of the server ``contract`` describes, over ``cluster`` (its kind's)."""
+        raise NotImplementedError
+
+    @classmethod
+    def scheduler_end(cls, contract: ServerContract, held: Grant | None, fresh: bool = False
+                      ) -> tuple[float, str] | None:
+        """Where the cluster's scheduler limits how long the workers are held: the end of
+        that limit (epoch seconds) and what it is, in words ("Slurm job 42's time limit"),
+        for the workers of ``contract`` or of the grant ``held`` they came back on; None
+        without one (the default). ``fresh``: read now, not from an earlier reading."""
+        return None
+
+    @classmethod
+    def forget_readings(cls) -> None:
+        """Forget this process's readings of :meth:`scheduler_end` (the hub just moved it)."""
 
     def start(self) -> None:
         """Start the engines of the spawn (blocking until their processes are started)."""
@@ -113,74 +127,20 @@ class SlotEngines(EngineHost):
         log(f"engines back on {','.join(self.slots)}")
 
 
-class LocalSlots(SlotEngines):
-    """Engines on this machine's reserved slots, each pinned to its slot."""
-
-    def launch(self, slot: str) -> None:
-        clusters.start_slot_engines(self.cluster, [slot], self.slots)
-
-
-class SlurmSteps(SlotEngines):
-    """Engines as steps of Slurm job ``job``: one per worker, on a GPU Slurm binds (the
-    slot names the engine's worker of the reservation, not a GPU index)."""
-
-    def __init__(self, cluster, slots: list[str], job: int):
-        super().__init__(cluster, slots)
-        self.job = job
-
-    def launch(self, slot: str) -> None:
-        clusters.start_engine(self.cluster, slot, environment=EngineContract(slot=slot).env(), command=srun_engine_cmd(self.job))
-
-    def lost(self) -> str | None:
-        return None if slurm_job_running(self.job) else f"Slurm job {self.job} ended"
-
-    def take_up(self, grant: Grant) -> None:
-        self.job = grant.slurm_job
-        super().take_up(grant)
-
-
-class SwarmServices(EngineHost):
-    """Engines the hub runs as Docker Swarm services: the hub starts, stops and brings
-    them back; the server only says when they are idle."""
-
-    def __init__(self, workers: int):
-        self.workers = workers
-
-    def release(self, reason: str) -> Release:
-        log(f"{reason}; the hub stops them and frees their GPUs")
-        return Release(reason=reason, workers=self.workers)
-
-    def take_up(self, grant: Grant) -> None:
-        log(f"the hub started {grant.workers} engine(s) again")
+@functools.lru_cache(maxsize=None)
+def host_class(kind: str) -> type[EngineHost]:
+    """The engine host class that the plug-in of cluster kind ``kind`` names (registered
+    under :data:`pdl.contract.KINDS_GROUP`; looked up once a process). ValueError, one
+    line naming the registered kinds, for a kind that is not one."""
+    points = {point.name: point for point in entry_points(group=KINDS_GROUP)}
+    if kind not in points:
+        raise ValueError(f"PDL_KIND must be one of {', '.join(sorted(points))}, got {kind[:40]!r}: "
+                         "this server was not started by PDL's hub")
+    module, _, name = points[kind].load().engine_host.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def host_for(contract: ServerContract, cluster) -> EngineHost:
-    """The engine host of the server ``contract`` describes, over ``cluster``."""
-    if contract.controller_secret:
-        return SwarmServices(contract.workers)
-    if contract.slurm_job:
-        return SlurmSteps(cluster, list(contract.slots), contract.slurm_job)
-    return LocalSlots(cluster, list(contract.slots))
-
-
-def srun_engine_cmd(slurm_job: int) -> list[str]:
-    """The command of an engine that is one step of Slurm job ``slurm_job``: one task on
-    one node with one GPU of the job, as Slurm chooses (``--exact``: only its own share,
-    so the steps run side by side); the step ends when the engine does, or at srun's
-    first SIGINT (ipyparallel's stop), not its second."""
-    return ["srun", f"--jobid={slurm_job}", "--ntasks=1", "--nodes=1", "--gpus=1", "--exact", "--quiet",
-            "--quit-on-interrupt", "--kill-on-bad-exit=1", "--job-name=pdl-engine", sys.executable, "-m",
-            "pdl.runtime.slurm_boot"]
-
-
-def slurm_job_running(slurm_job: int) -> bool:
-    """False once Slurm says job ``slurm_job`` has ended (its time limit, scancel) or is
-    not running; True while it runs, and when Slurm cannot be asked (never end on doubt)."""
-    try:
-        done = subprocess.run(["squeue", "-h", "-j", str(slurm_job), "-o", "%T"], capture_output=True, text=True,
-                              timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return True
-    if done.returncode != 0:
-        return "Invalid job id" not in done.stderr
-    return done.stdout.strip() in RUNNING_STATES
+    """The engine host of the server ``contract`` describes, over ``cluster``: its kind's
+    (:func:`host_class` of ``contract.kind``)."""
+    return host_class(contract.kind).for_contract(contract, cluster)

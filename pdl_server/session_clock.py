@@ -2,10 +2,9 @@
 before it, and the release just before it, so that no cell starts on engines about to
 be killed.
 
-On Slurm the end is the time limit of the job that holds the GPUs (``squeue``'s
-EndTime, which an extension moves; read at most every :data:`READ_EVERY_S` seconds).
-On the embedded default and Docker Swarm it is the hub's session limit, where the admin
-set one: the hub tells the end at the spawn (``PDL_SESSION_ENDS_AT``) and in each grant
+Where the cluster's scheduler limits the workers, the end is its limit, as the kind's
+engine host reads it (Slurm: the time limit of the job that holds the GPUs, which an
+extension moves). Under the hub's own session limit, where the admin set one: the hub tells the end at the spawn (``PDL_SESSION_ENDS_AT``) and in each grant
 of workers again (:attr:`pdl.lease.Grant.ends_at`), and takes the workers back itself
 shortly after it (:mod:`pdl_spawner.core.session_limit`) should the server not release them.
 The supervisor (:mod:`pdl_server.singleuser`) releases the engines
@@ -18,22 +17,19 @@ Cluster panel (:mod:`pdl_lab.monitor`) shows the time left and the warning, and 
 
 from __future__ import annotations
 
-import subprocess
-import threading
 import time
 from dataclasses import dataclass
 
 from pdl.contract import ServerContract
 from pdl.lease import Extended, LeaseFiles
 from pdl.limits import duration, session_limit_why
+from pdl_server.engine_hosts import host_class
 
 #: Seconds before the end that the engines are released (and cells wait for that).
 END_MARGIN_S = 5.0
 #: Seconds before the end from which the user is warned, unless the hub says otherwise
 #: (``PDL_SESSION_WARN_S``).
 WARN_BEFORE_S = 600.0
-#: Seconds a reading of Slurm's end time is reused.
-READ_EVERY_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -65,59 +61,21 @@ class SessionEnd:
         return f"{self.why} reached at {time.strftime('%H:%M UTC', time.gmtime(self.ends_at))}"
 
 
-#: ``squeue``'s states (``%T``) of a job that runs: its EndTime is its time limit. In any
-#: other state the job has ended (scancel, a node's failure, the limit itself) and its
-#: EndTime is when that happened, not a limit to count down to.
-RUNNING_STATES = ("RUNNING", "CONFIGURING", "SUSPENDED")
-
-
-def slurm_job_end(job: int) -> float | None:
-    """The time limit of Slurm job ``job`` while it runs (epoch seconds, from ``squeue``'s
-    EndTime in this machine's time zone), or None when it has none: ended (then the
-    engines are lost, :mod:`pdl_server.engine_hosts`, not timed out), no such job, no
-    limit, or no answer."""
-    try:
-        done = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T %e"], capture_output=True, text=True,
-                              timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return running_end_time(done.stdout) if done.returncode == 0 else None
-
-
-def running_end_time(text: str) -> float | None:
-    """``squeue -o "%T %e"``'s line (``RUNNING 2026-11-26T23:59:00``) as the job's time
-    limit in epoch seconds, also once that limit ended it (``TIMEOUT``); None for a job
-    that ended otherwise, or no EndTime."""
-    state, _, end = text.strip().partition(" ")
-    return end_time(end) if state in (*RUNNING_STATES, "TIMEOUT") else None
-
-
-def end_time(text: str) -> float | None:
-    """``squeue -o %e``'s EndTime (``2026-11-26T23:59:00``, this machine's time zone) in
-    epoch seconds; None for none (``Unknown``, ``N/A``, nothing)."""
-    try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-_cache: dict[int, tuple[float, float | None]] = {}
-_cache_lock = threading.Lock()
-
-
 def forget_readings() -> None:
-    """Read Slurm's end times afresh (the hub just moved one)."""
-    with _cache_lock:
-        _cache.clear()
+    """Read the scheduler's end afresh (the hub just moved it): the kind's host forgets
+    what it read in this process."""
+    contract = ServerContract.from_env()
+    if contract.kind:
+        host_class(contract.kind).forget_readings()
 
 
 def session_end(contract: ServerContract | None = None, lease: LeaseFiles | None = None, *,
                 fresh: bool = False) -> SessionEnd | None:
     """This server's session end, or None without one. Under a hub's session limit: the
     end of the grant the engines came back on, else the spawn's, as the hub extended it
-    (:class:`pdl.lease.Extended`). On Slurm: the time
-    limit of the job holding the workers (the grant's, else the spawn's), read at most
-    every :data:`READ_EVERY_S` s in this process (``fresh``: now)."""
+    (:class:`pdl.lease.Extended`). Otherwise the scheduler's own end, as the kind's
+    engine host reads it (:meth:`pdl_server.engine_hosts.EngineHost.scheduler_end`;
+    Slurm: the time limit of the job holding the workers; ``fresh``: read now)."""
     contract = contract or ServerContract.from_env()
     lease = lease if lease is not None else LeaseFiles.of_this_server()
     held = lease.held() if lease is not None else None
@@ -129,14 +87,8 @@ def session_end(contract: ServerContract | None = None, lease: LeaseFiles | None
             ends_at = max(ends_at, extension.ends_at)
         return SessionEnd(ends_at=ends_at, why=session_limit_why(contract.session_limit_s),
                           warn_before_s=warn_before_s) if ends_at else None
-    job = held.slurm_job if held is not None and held.slurm_job else contract.slurm_job
-    if not job:
+    scheduler_end = host_class(contract.kind).scheduler_end(contract, held, fresh=fresh) if contract.kind else None
+    if scheduler_end is None:
         return None
-    with _cache_lock:
-        read_at, ends_at = _cache.get(job, (0.0, None))
-        if fresh or time.monotonic() - read_at > READ_EVERY_S:
-            ends_at = slurm_job_end(job)
-            _cache[job] = (time.monotonic(), ends_at)
-    if ends_at is None:
-        return None
-    return SessionEnd(ends_at=ends_at, why=f"Slurm job {job}'s time limit", warn_before_s=warn_before_s)
+    ends_at, why = scheduler_end
+    return SessionEnd(ends_at=ends_at, why=why, warn_before_s=warn_before_s)

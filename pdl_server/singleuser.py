@@ -191,7 +191,7 @@ def notebook_secret(contract: ServerContract) -> dict | None:
     if not path:
         return None
     from pdl.connection import read_secret
-    from pdl.runtime.boot import no_new_privileges
+    from pdl.process import no_new_privileges
 
     no_new_privileges()
     return read_secret(path)

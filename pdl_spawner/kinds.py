@@ -20,10 +20,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from pdl.contract import KINDS_GROUP as GROUP
 from pdl_spawner.settings.variables import Variable
-
-#: The entry-point group kinds register under.
-GROUP = "pdl.kinds"
 
 
 @dataclass(frozen=True)
@@ -32,6 +30,9 @@ class ClusterKind:
 
     - ``name``: its ``PDL_SPAWNER`` value;
     - ``spawner``: the spawner class, ``"module:Class"``;
+    - ``engine_host``: the user's server's engine host,
+      ``"module:Class"`` (a :class:`pdl_server.engine_hosts.EngineHost` with
+      ``for_contract(contract, cluster)``), which the server loads by the kind's name;
     - ``admin_source``: the module of the admin view's source for it, which provides
       ``reader(settings: dict) -> Callable[[], dict]`` (the status model) and ``PAGE``
       (:class:`pdl_spawner.core.admin_frame.PageParts`);
@@ -49,6 +50,7 @@ class ClusterKind:
 
     name: str
     spawner: str
+    engine_host: str
     admin_source: str
     configure: Callable[[Any, Mapping[str, Any], Path], None]
     admin_settings: Callable[[Any], dict]

@@ -23,8 +23,8 @@ PACKAGES = ("pdl", "pdl_server", "pdl_magics", "pdl_spawner", "pdl_lab", "pdl_ci
 #: tests/<side>/: the tests of one side of the code; tests/harness/: what they share.
 TEST_SIDES = ("hub", "server", "notebook", "engines", "training", "swarm", "slurm", "browser")
 #: A cluster kind's folder, and the modules that exist only for that kind.
-KIND_MODULES = {"swarm": ("pdl_spawner.swarm", "pdl.runtime.swarm_boot"),
-                "slurm": ("pdl_spawner.slurm", "pdl.runtime.slurm_boot", "pdl_server.step_guard")}
+KIND_MODULES = {"swarm": ("pdl_spawner.swarm",),
+                "slurm": ("pdl_spawner.slurm",)}
 
 
 def modules() -> dict[str, Path]:
@@ -143,6 +143,51 @@ def test_every_test_file_lives_in_the_folder_of_its_side():
     assert not list(tests.rglob("__init__.py"))
     folders = [path.name for path in tests.iterdir() if path.is_dir() and not path.name.startswith((".", "__"))]
     assert sorted(folders) == sorted([*TEST_SIDES, "harness"])
+
+
+#: The cluster kinds besides the embedded default (whose name, "local", is a common word):
+#: the folders of pdl_spawner that hold a kind's plug-in.
+OTHER_KINDS = sorted(p.parent.name for p in (ROOT / "pdl_spawner").glob("*/kind.py") if p.parent.name != "local")
+
+
+def names_in(path: Path) -> list[str]:
+    """The identifiers and short string constants of a module (not its docstrings or
+    comments, which may speak of anything)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.append(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append(node.name)
+        elif isinstance(node, ast.arg):
+            found.append(node.arg)
+        elif isinstance(node, ast.alias):
+            found.append(node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                and len(node.value) < 60:
+            found.append(node.value)
+    return found
+
+
+def test_no_module_outside_a_kinds_folder_names_a_kind():
+    """Guards the kinds as plug-ins (pdl_spawner/kinds.py): the hub's config, the admin
+    view, the user's server and the engines pick a kind by its name and never branch on
+    one, so a new kind adds one folder. A kind's name appears in code only inside its
+    own folder, pdl_spawner/<kind>/."""
+    assert OTHER_KINDS == ["slurm", "swarm"]
+    offenders = sorted(
+        f"{name}: {word!r}"
+        for name, path in MODULES.items()
+        if not any(name == f"pdl_spawner.{kind}" or name.startswith(f"pdl_spawner.{kind}.") for kind in OTHER_KINDS)
+        for word in set(names_in(path)) if any(kind in word.lower() for kind in OTHER_KINDS)
+    )
+    assert offenders == []
 
 
 def test_a_test_of_a_kinds_code_lives_in_that_kinds_folder():

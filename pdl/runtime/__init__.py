@@ -15,6 +15,4 @@ controller), never in the hub or the notebook's kernel.
   without communication, the gradient's bytes, an all-reduce sweep between nodes).
 - :mod:`pdl.runtime.boot`: the engine and controller process entry point (pinned to
   its slot, dies with its parent, no new privileges).
-- :mod:`pdl.runtime.swarm_boot`: ``pdl-engine``, an engine in a Docker Swarm task.
-- :mod:`pdl.runtime.slurm_boot`: an engine as a step of the user's Slurm job.
 """

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import sys
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NO_NEW_PRIVS = 38
+from pdl.process import die_with_parent
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
@@ -37,23 +36,6 @@ MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 256 << 20
 #: Variables by which an admin sets malloc's thresholds; any of them leaves malloc alone.
 MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
-
-
-def die_with_parent() -> None:
-    """Linux only: get SIGKILL when the parent process exits; no-op elsewhere.
-
-    Processes this one forks (the controller's schedulers and heart monitor) get
-    the same, so the whole tree goes when its root's parent does.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    # SIGKILL, not SIGTERM: an engine blocked in a collective cannot run a Python handler
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # parent died before prctl took effect
-        sys.exit(1)
-    os.register_at_fork(after_in_child=die_with_parent)
 
 
 def join_slot_cgroups() -> None:
@@ -100,13 +82,6 @@ def keep_freed_memory() -> bool:
     libc = ctypes.CDLL(None)
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
-
-
-def no_new_privileges() -> None:
-    """Linux only: this process and everything it starts can never gain privileges
-    (setuid binaries, file capabilities). Irreversible; no-op elsewhere."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
 def controller_kwargs() -> dict:

@@ -38,7 +38,7 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuth
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from pdl.runtime.boot import die_with_parent
+from pdl.process import die_with_parent
 from pdl_spawner.core.reservations import Reclaim
 from pdl_spawner.core.wait_queue import Waiter
 

@@ -108,6 +108,10 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
     #: What one worker is, in the spawn form: "gpu" or "cpu".
     worker_kind = "gpu"
 
+    #: The cluster kind's name (its plug-in's, :mod:`pdl_spawner.kinds`), told to the
+    #: server (``PDL_KIND``), which picks its engine host by it.
+    kind_name = ""
+
     #: What this server was told of its user's limits when it started (:meth:`user_limits`):
     #: the most workers they may hold, and the scheduler's own limits in one line.
     told_limits: tuple[int, str] = (0, "")
@@ -177,12 +181,13 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
         return min(caps), limits.note
 
     def told_contract(self) -> dict[str, Any]:
-        """The :class:`~pdl.contract.ServerContract` fields every kind tells its server: the
-        idle timeout, the user's limits (:attr:`told_limits`), the session's warning,
+        """The :class:`~pdl.contract.ServerContract` fields every kind tells its server: its
+        kind, the idle timeout, the user's limits (:attr:`told_limits`), the session's warning,
         limit and end (the limit only with an end: Slurm's session is its job's), and the
         spawn's GPU type."""
         workers_limit, limits_note = self.told_limits
-        return dict(idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit, limits_note=limits_note,
+        return dict(kind=self.kind_name, idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit,
+                    limits_note=limits_note,
                     session_warn_s=self.session_warning_s, session_ends_at=self.session_ends_at,
                     session_limit_s=self.session_limit_s if self.session_ends_at else 0.0,
                     session_extendable=self.session_extendable, gpu_type=self.chosen_gpu_type)

@@ -5,6 +5,7 @@
 - :mod:`pdl_spawner.local.admin_source`: the admin view's source (the ledger's holdings).
 - :mod:`pdl_spawner.local.mig_nodes`: the device nodes a MIG device is opened through.
 - :mod:`pdl_spawner.local.kind`: the kind's plug-in (its variable ``PDL_POOL``, its hub settings).
+- :mod:`pdl_spawner.local.engine_host`: the user's server's engines of this kind.
 """
 
 

@@ -40,7 +40,8 @@ def admin_settings(c) -> dict:
 
 
 KIND = ClusterKind(
-    name="local", spawner=SPAWNER, admin_source="pdl_spawner.local.admin_source",
+    name="local", spawner=SPAWNER, engine_host="pdl_spawner.local.engine_host:LocalSlots",
+    admin_source="pdl_spawner.local.admin_source",
     configure=configure, admin_settings=admin_settings,
     variables=(Variable("PDL_POOL", "The embedded default's slots, e.g. `gpu:0,gpu:1` or `cpu:0,cpu:1,cpu:2`.",
                         values.names, trait="PDLLocalSpawner.pool", shown="every GPU, else one CPU slot per core"),),

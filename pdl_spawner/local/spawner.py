@@ -57,10 +57,13 @@ from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
 from pdl_spawner.local import mig_nodes
+from pdl_spawner.local.kind import KIND
 
 
 class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawner):
     """Spawn a user's server plus one ipyparallel engine per reserved GPU or CPU slot."""
+
+    kind_name = KIND.name
 
     pool = List(
         Unicode(),

@@ -30,7 +30,8 @@ def _classes(kind) -> tuple[dict[str, type], set[str]]:
     from pdl_spawner.core.accounts import PDLAuthenticator
 
     spawner = kind.spawner_class()
-    classes = [cls for cls in spawner.__mro__ if cls.__module__.startswith("pdl_spawner")] + [PDLAuthenticator]
+    classes = [cls for cls in spawner.__mro__ if cls is spawner or cls.__module__.startswith("pdl_spawner")]
+    classes.append(PDLAuthenticator)
     settable = {cls.__name__: cls for cls in classes if issubclass(cls, Configurable)}
     return settable, {cls.__name__ for cls in classes if cls.__name__ not in settable}
 

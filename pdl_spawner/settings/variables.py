@@ -103,7 +103,7 @@ VARIABLES: tuple[Variable, ...] = (
              "or `slurm` (\"A Slurm cluster\").", default="local"),
     Variable("PDL_DEFAULT_WORKERS", "The workers (GPUs, or CPU slots) a spawn form offers first, and a request "
              "naming none gets.", values.whole_number, trait="SpawnerCore.default_workers",
-             shown="`3` on the embedded default, `1` on Swarm and Slurm"),
+             shown="`1` (`3` on the embedded default)"),
     Variable("PDL_ENGINE_IDLE_TIMEOUT", "Seconds without a task after which a user's engines stop and give their "
              "workers back (0: never; \"The queue and idle reclaim\").", values.whole_number,
              trait="SpawnerCore.engine_idle_timeout"),

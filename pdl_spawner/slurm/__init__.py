@@ -14,6 +14,10 @@ Slurm holds the reservations: no ledger.
 - :mod:`pdl_spawner.slurm.admin_source`: the admin view's source (Slurm's jobs and
   nodes, through its commands).
 - :mod:`pdl_spawner.slurm.kind`: the kind's plug-in (its variables, its hub settings).
+- :mod:`pdl_spawner.slurm.engine_host`: the user's server's engines of this kind.
+- :mod:`pdl_spawner.slurm.job_clock`: when a job's time limit ends, as the server reads it.
+- :mod:`pdl_spawner.slurm.engine_boot`: an engine as a step of the user's Slurm job.
+- :mod:`pdl_spawner.slurm.step_guard`: the task of a Slurm step that runs a server inside its job.
 """
 
 

@@ -54,7 +54,8 @@ def admin_settings(c) -> dict:
 
 
 KIND = ClusterKind(
-    name="slurm", spawner=SPAWNER, admin_source="pdl_spawner.slurm.admin_source",
+    name="slurm", spawner=SPAWNER, engine_host="pdl_spawner.slurm.engine_host:SlurmSteps",
+    admin_source="pdl_spawner.slurm.admin_source",
     configure=configure, admin_settings=admin_settings,
     variables=(
         Variable("PDL_CONTROLLER_IP", "This machine's address as the compute nodes reach it.",

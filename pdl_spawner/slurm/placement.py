@@ -10,7 +10,7 @@
   runs. The ``srun`` that starts that step runs on the login node, as the user's
   account, where the hub's local process handling watches and signals it (srun
   forwards SIGINT and SIGTERM to the server), and it ends when the server does
-  (:mod:`pdl_server.step_guard`). The server listens on its node's address
+  (:mod:`pdl_spawner.slurm.step_guard`). The server listens on its node's address
   (:class:`ServerNode`), where the hub's proxy reaches it; it reaches the hub's API at
   an address the nodes reach (:func:`hub_api_problem`); its ipyparallel controller
   listens on the node's address too, and its engines are steps of the same job. The
@@ -42,8 +42,8 @@ LOGIN, ALLOCATION = "login", "allocation"
 PLACEMENTS = (LOGIN, ALLOCATION)
 #: The Slurm step name of a server that runs inside its job.
 SERVER_STEP_NAME = "pdl-server"
-#: The step's task, which runs the server and ends the step with it (:mod:`pdl_server.step_guard`).
-STEP_GUARD = (sys.executable, "-m", "pdl_server.step_guard")
+#: The step's task, which runs the server and ends the step with it (:mod:`pdl_spawner.slurm.step_guard`).
+STEP_GUARD = (sys.executable, "-m", "pdl_spawner.slurm.step_guard")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ nobody else.
   the spawner state, so a restarted hub re-attaches to a running server and its job;
   a job submitted just before a crash, before the state was saved, carries the
   server's name and is cancelled with the server (``scancel --user --name``). A server
-  in its job that dies ends its step and its ``srun`` (:mod:`pdl_server.step_guard`):
+  in its job that dies ends its step and its ``srun`` (:mod:`pdl_spawner.slurm.step_guard`):
   the hub's poll finds it gone and cancels the job.
 """
 
@@ -67,6 +67,7 @@ from pdl_spawner.slurm import placement as slurm_placement
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
 from pdl_spawner.slurm import time_limits
 from pdl_spawner.slurm.jobs import SlurmJob
+from pdl_spawner.slurm.kind import KIND
 
 #: Seconds a spawn that does not wait in the queue gives its job to start while Slurm
 #: has not looked at it yet (reason ``None``; its scheduler does within a few seconds).
@@ -86,6 +87,8 @@ UNREAD_CAPACITY = 1 << 20
 
 class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, LocalProcessSpawner):
     """A user's server on the login node or in its job; their GPUs a Slurm job, their engines its steps."""
+
+    kind_name = KIND.name
 
     cpus_per_gpu = Integer(1, config=True, help="CPU cores each engine's task gets (sbatch --cpus-per-task).")
 
@@ -459,7 +462,7 @@ class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, Loca
             raise web.HTTPError(409, message, reason=message)
         self.slots = await self.take_workers(n)
         self.log.info("Granted Slurm job %d (%d GPU(s)) to %s again", self.job_id, n, self.owner)
-        return Grant(workers=n, slots=tuple(self.slots), slurm_job=self.job_id)
+        return Grant(workers=n, slots=tuple(self.slots), job=self.job_id)
 
     # -- GPUs held idle ---------------------------------------------------------------
 
@@ -535,7 +538,7 @@ class PDLSlurmSpawner(GpuTypeChoice, SlurmChoices, HostServer, SpawnerCore, Loca
         """The host server's contract plus the job its engines are steps of and where the
         controller listens for them; a server in its job listens on its node, and its
         engines never idle out."""
-        contract = replace(super().server_contract(), slurm_job=self.job_id, controller_ip=self.controller_ip)
+        contract = replace(super().server_contract(), job=self.job_id, controller_ip=self.controller_ip)
         if self.server_node is None:
             return contract
         return replace(contract, controller_ip=self.server_node.addr, idle_timeout_s=0)

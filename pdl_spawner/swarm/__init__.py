@@ -15,6 +15,8 @@
 - :mod:`pdl_spawner.swarm.admin_source`: the admin view's source (the GPUs PDL's
   engine tasks hold, from the manager).
 - :mod:`pdl_spawner.swarm.kind`: the kind's plug-in (its variables, its hub settings).
+- :mod:`pdl_spawner.swarm.engine_host`: the user's server's engines of this kind.
+- :mod:`pdl_spawner.swarm.engine_boot`: ``pdl-engine``, an engine in a Docker Swarm task.
 """
 
 

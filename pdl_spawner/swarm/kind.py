@@ -68,7 +68,8 @@ def admin_settings(c) -> dict:
 
 
 KIND = ClusterKind(
-    name="swarm", spawner=SPAWNER, admin_source="pdl_spawner.swarm.admin_source",
+    name="swarm", spawner=SPAWNER, engine_host="pdl_spawner.swarm.engine_host:SwarmServices",
+    admin_source="pdl_spawner.swarm.admin_source",
     configure=configure, admin_settings=admin_settings,
     variables=(
         Variable("PDL_DEFAULT_GPUS", "The older name of `PDL_DEFAULT_WORKERS`.", values.whole_number,

@@ -78,6 +78,7 @@ from pdl_spawner.swarm.state import (
 )
 from pdl_spawner.swarm.storage import SwarmStorage
 from pdl_spawner.swarm.teardown import POLL_S, SwarmTeardown
+from pdl_spawner.swarm.kind import KIND
 
 #: Upper bound on workers per server when ``max_workers`` is 0 (the real bound is what is free).
 GPU_REQUEST_CAP = 1024
@@ -102,6 +103,8 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
     :class:`~pdl_spawner.swarm.idle.SwarmIdleEngines`, removal by
     :class:`~pdl_spawner.swarm.teardown.SwarmTeardown`, each container's limits by
     :class:`~pdl_spawner.swarm.limits.SwarmLimits`; here the services' life."""
+
+    kind_name = KIND.name
 
     worker_unit = "GPUs"
     worker_kind = "gpu"

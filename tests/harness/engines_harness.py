@@ -61,16 +61,12 @@ class Recorder(io.TextIOBase):
         return None
 
 
-def interrupt_running_loop(session, body: str, *, backend: str = "torch", n: int = 3):
-    """Run ``body`` in a loop on ``n`` ranks and press Ctrl-C a second after it runs.
-
-    ``body`` is the loop's body (indented by 4 spaces after its first line); the
-    cell imports ``time``, ``torch`` and ``torch.distributed as dist`` and defines
-    ``a`` (a 64x64 tensor) first, and
-    counts iterations in ``steps``. Asserts that ``run()`` raised KeyboardInterrupt;
-    returns ``(seconds run() took, err Recorder)``.
-    """
-    return interrupt_cell(session, f"""
+def loop_cell(body: str) -> str:
+    """A cell that runs ``body`` in a loop for up to 60 s: it imports ``time``, ``torch``
+    and ``torch.distributed as dist``, defines ``a`` (a 64x64 tensor), counts iterations
+    in ``steps`` and prints ``loop running`` on rank 0 at the fifth. ``body`` is the loop's
+    body (indented by 4 spaces after its first line)."""
+    return f"""
 import time, torch, torch.distributed as dist
 steps = 0
 a = torch.randn(64, 64)
@@ -80,7 +76,14 @@ while time.time() < stop_at:
     steps += 1
     if steps == 5 and rank == 0:
         print("loop running", flush=True)
-""", backend=backend, n=n)
+"""
+
+
+def interrupt_running_loop(session, body: str, *, backend: str = "torch", n: int = 3):
+    """Run :func:`loop_cell` of ``body`` on ``n`` ranks and press Ctrl-C a second after it
+    runs. Asserts that ``run()`` raised KeyboardInterrupt; returns ``(seconds run()
+    took, err Recorder)``."""
+    return interrupt_cell(session, loop_cell(body), backend=backend, n=n)
 
 
 def interrupt_cell(session, code: str, *, backend: str = "torch", n: int = 3):

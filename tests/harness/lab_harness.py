@@ -24,7 +24,8 @@ import requests
 from hub_harness import free_port
 from pdl.contract import ServerContract
 from pdl.process import pid_alive
-from pdl_server import clusters, engine_hosts, singleuser
+from pdl_server import clusters, singleuser
+from pdl_spawner.local.engine_host import LocalSlots
 from waiting import wait_until
 
 
@@ -139,7 +140,7 @@ class SlotCluster:
 
     def start(self) -> SlotCluster:
         clusters.start_controller(self.cluster)
-        host = engine_hosts.LocalSlots(self.cluster, self.slots)
+        host = LocalSlots(self.cluster, self.slots)
         host.start()
         client = self.cluster.connect_client_sync()
         try:
@@ -162,7 +163,8 @@ class SlotCluster:
 
     def hub_env(self) -> dict:
         """What ``pdl-singleuser`` exports to the user's server."""
-        return ServerContract(cluster_file=self.cluster_file, slots=tuple(self.slots), workers=len(self.slots)).env()
+        return ServerContract(kind="local", cluster_file=self.cluster_file, slots=tuple(self.slots),
+                              workers=len(self.slots)).env()
 
     def stop(self) -> None:
         self._stop.set()

@@ -19,7 +19,7 @@ def slurm_engines(root) -> dict[int, dict[str, str]]:
     -> their PDL_* variables, SLURM_JOB_ID, SLURMD_NODENAME and CUDA_VISIBLE_DEVICES."""
     found = {}
     def engine(cmd: str, cwd: str) -> bool:  # the engine, not the srun that started its step
-        return "-m pdl.runtime.slurm_boot" in cmd and not cmd.startswith("srun ") and cwd.startswith(str(root))
+        return "-m pdl_spawner.slurm.engine_boot" in cmd and not cmd.startswith("srun ") and cwd.startswith(str(root))
 
     for pid in pids_matching(engine):
         env = process_env(pid)

@@ -513,7 +513,7 @@ print(json.dumps(LeaseFiles(Path({str(lease)!r})).view().to_json()))
     assert "admin logged in" not in hub.log_tail(400)
 
     # ben grants himself ann's slot: the ledger and the device cgroup do not follow his file
-    write("engines-granted.json", {"workers": 1, "slots": [anns], "slurm_job": 0})
+    write("engines-granted.json", {"workers": 1, "slots": [anns], "job": 0})
     index = int(anns.split(":")[1])
     found = run_as_ben(ben, f"""
 import json, os

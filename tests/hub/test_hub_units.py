@@ -338,7 +338,7 @@ def test_workers_just_granted_are_not_reclaimed_before_the_server_takes_them_up(
     takes a grant up within seconds, and until then its lease still says "released";
     the hub's next look must not reclaim the slots it has just granted."""
     spawner = _lease_spawner(tmp_path, {**RELEASED, "want": {"workers": 2},
-                                        "grant": {"workers": 2, "slots": ["cpu:0", "cpu:1"], "slurm_job": 0}})
+                                        "grant": {"workers": 2, "slots": ["cpu:0", "cpu:1"], "job": 0}})
     SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
     asyncio.run(spawner.tend_lease())
     assert SlotLedger(spawner.reservations_db).reclaims() == [] and spawner.fetch_lease.answers == []

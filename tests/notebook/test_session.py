@@ -7,12 +7,14 @@ import io
 import os
 import signal
 import socket
+import threading
 import time
 
 import pytest
 import torch
 
-from engines_harness import SLOTS, Recorder, interrupt_cell, interrupt_running_loop, strip_ansi, wind_down_fault
+from engines_harness import (SLOTS, Recorder, interrupt_cell, interrupt_running_loop, loop_cell, strip_ansi,
+                             wind_down_fault)
 from pdl.process import pid_alive
 from pdl_magics import DistributedSession, RankFailed
 from pdl_server import clusters
@@ -184,6 +186,33 @@ def test_a_second_interrupt_during_pdls_wind_down_is_still_a_stop_not_a_failure(
     result, _, _ = run(pdl_session, "(os.getpid(), steps >= 5, interrupted_again)")
     assert [ast.literal_eval(v) for v in result.values] == [(pid, True, r == 1) for r, pid in enumerate(pids)]
     assert run(pdl_session, ALL_REDUCE_RANK_PLUS_ONE)[0].values == ["6.0", "6.0", "6.0"]
+
+
+def test_an_interrupt_that_lands_between_two_looks_of_the_watch_still_stops_every_rank(pdl_session, monkeypatch):
+    """Guards the race of CI's run of 524a71c (tests/browser/test_browser_panel.py): the
+    toolbar's interrupt landed in the watch's look for stuck ranks, outside its handler,
+    and the cell ended in a traceback with every rank still training. The fault is
+    injected at that one seam: the look, once the loop runs, signals the kernel itself."""
+    from pdl_magics import cell_watch
+
+    pids = [int(v) for v in run(pdl_session, "import os\nos.getpid()")[0].values]
+    armed, fired = threading.Event(), []
+    look = cell_watch.CellWatch._find_stuck
+
+    def look_then_interrupt(watch):
+        if armed.is_set() and not fired:
+            fired.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # Python runs the signal's handler here, inside the look
+        return look(watch)
+
+    monkeypatch.setattr(cell_watch.CellWatch, "_find_stuck", look_then_interrupt)
+    out, err = Recorder(on_write=lambda text: "loop running" in text and armed.set()), Recorder()
+    with pytest.raises(KeyboardInterrupt):
+        pdl_session.run(loop_cell(LOOP_BODIES["training"]), 3, out=out, err=err)
+    assert fired and "Interrupted: all 3 ranks stopped." in err.text(), err.text()
+    result, _, _ = run(pdl_session, "(os.getpid(), steps >= 5)")
+    assert [ast.literal_eval(v) for v in result.values] == [(pid, True) for pid in pids]  # stopped, state kept
 
 
 # The tests below create DDP models, which stay referenced on the engines;

@@ -22,7 +22,7 @@ MESSAGES = [
     Release(reason="engines idle for 5 s", workers=3),
     Want(workers=2),
     Grant(workers=2, slots=("gpu:1", "gpu:2")),
-    Grant(workers=2, slots=("gpu:0", "gpu:1"), slurm_job=41),
+    Grant(workers=2, slots=("gpu:0", "gpu:1"), job=41),
     Grant(workers=4),
     Grant(workers=1, slots=("cpu:0",), ends_at=1_800_000_000.5),
     Refusal("Not enough free GPUs for you now: 1 free, you asked for 2."),
@@ -51,7 +51,7 @@ def test_a_wish_for_more_time_and_its_answers_round_trip():
 def test_the_wire_shapes_are_exactly_these():
     """Golden values: the hub and every user's server speak this; a change is a change of both."""
     assert encode(MESSAGES[0]) == {"reason": "engines idle for 600 s", "workers": 2, "slots": ["gpu:0", "gpu:3"]}
-    assert encode(MESSAGES[4]) == {"workers": 2, "slots": ["gpu:0", "gpu:1"], "slurm_job": 41, "ends_at": 0.0}
+    assert encode(MESSAGES[4]) == {"workers": 2, "slots": ["gpu:0", "gpu:1"], "job": 41, "ends_at": 0.0}
     assert encode(MESSAGES[7]) == {"refused": "Not enough free GPUs for you now: 1 free, you asked for 2."}
     assert encode(Want(workers=3)) == {"workers": 3}
 
@@ -64,7 +64,7 @@ def test_the_wire_shapes_are_exactly_these():
     (Release, {"reason": "idle", "workers": 1, "slots": "gpu:0"}, "slots must be a list of slots"),
     (Answer, {"workers": 2, "slots": ["gpu:0"]}, "a grant of 2 worker(s) names 1 slot(s)"),
     (Answer, {"workers": "2"}, "workers must be a whole number >= 1, got '2'"),
-    (Answer, {"workers": 1, "slurm_job": -4}, "slurm_job must be a whole number >= 0, got -4"),
+    (Answer, {"workers": 1, "job": -4}, "job must be a whole number >= 0, got -4"),
     (Answer, {"refused": None}, "refused must be text"),
     (Answer, {"workers": 1, "ends_at": "soon"}, "ends_at must be a time in epoch seconds >= 0, got 'soon'"),
     (Answer, {"workers": 1, "ends_at": -1}, "ends_at must be a time in epoch seconds >= 0, got -1"),

@@ -10,9 +10,10 @@ from pdl.contract import ServerContract, cluster_dir_in
 
 
 def test_a_local_servers_contract_is_exactly_these_variables():
-    contract = ServerContract(slots=("gpu:0", "gpu:2"), workers=2, cluster_dir="/home/ann/.pdl/cluster",
+    contract = ServerContract(kind="local", slots=("gpu:0", "gpu:2"), workers=2, cluster_dir="/home/ann/.pdl/cluster",
                               idle_timeout_s=600)
     assert contract.env() == {
+        "PDL_KIND": "local",
         "PDL_SLOTS": "gpu:0,gpu:2",
         "PDL_WORKERS": "2",
         "PDL_CLUSTER_DIR": "/home/ann/.pdl/cluster",
@@ -21,9 +22,10 @@ def test_a_local_servers_contract_is_exactly_these_variables():
 
 
 def test_a_swarm_servers_contract_is_exactly_these_variables():
-    contract = ServerContract(workers=3, cluster_dir="/tmp/pdl-cluster",
+    contract = ServerContract(kind="swarm", workers=3, cluster_dir="/tmp/pdl-cluster",
                               controller_secret="/run/secrets/pdl-notebook.json")
     assert contract.env() == {
+        "PDL_KIND": "swarm",
         "PDL_WORKERS": "3",
         "PDL_CLUSTER_DIR": "/tmp/pdl-cluster",
         "PDL_CONTROLLER_SECRET": "/run/secrets/pdl-notebook.json",
@@ -36,7 +38,7 @@ def test_a_swarm_servers_contract_is_exactly_these_variables():
     ServerContract(workers=8, controller_secret="/run/secrets/x", cluster_dir="/tmp/pdl-cluster"),
     ServerContract(slots=("cpu:1",), session_warn_s=600, session_limit_s=28800, session_ends_at=1_800_000_000.25,
                    session_extendable=True),
-    ServerContract(workers=2, slurm_job=42, gpu_type="a100"),
+    ServerContract(kind="slurm", workers=2, job=42, gpu_type="a100"),
     ServerContract(slots=("mig:1",), nvidia_smi="/opt/nvidia/bin/nvidia-smi", pool=("gpu:1", "mig:0", "mig:1")),
 ])
 def test_what_the_builder_writes_the_parser_reads_back(contract):

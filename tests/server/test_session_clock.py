@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pdl.limits import duration
-from pdl_server.session_clock import END_MARGIN_S, SessionEnd, end_time, running_end_time, session_end
+from pdl_server.session_clock import END_MARGIN_S, SessionEnd, session_end
 
 pytestmark = pytest.mark.unit
 
@@ -33,23 +33,6 @@ def test_the_user_is_warned_in_the_last_minutes_and_the_engines_released_in_the_
         "%H:%M UTC", time.gmtime(NOW + 3600))
 
 
-def test_squeues_end_time_is_read_in_this_machines_time_zone_and_unknown_is_none():
-    assert end_time("2026-11-26T23:59:00\n") == time.mktime((2026, 11, 26, 23, 59, 0, 0, 0, -1))
-    for none in ("Unknown", "N/A", "", "NONE"):
-        assert end_time(none) is None
-
-
-def test_only_a_running_jobs_end_time_is_its_time_limit():
-    """A cancelled job's EndTime is when it was cancelled: read as a time limit, the
-    release said "time limit reached" for a job an admin ended (CI of issue 44)."""
-    limit = time.mktime((2026, 11, 26, 23, 59, 0, 0, 0, -1))
-    for state in ("RUNNING", "CONFIGURING", "SUSPENDED", "TIMEOUT"):
-        assert running_end_time(f"{state} 2026-11-26T23:59:00\n") == limit
-    for line in ("COMPLETING 2026-11-26T23:59:00", "CANCELLED 2026-11-26T23:59:00", "FAILED 2026-11-26T23:59:00",
-                 "RUNNING Unknown", "RUNNING", ""):
-        assert running_end_time(line) is None, line
-
-
 def test_under_a_hubs_limit_the_end_is_the_spawns_then_each_grants(tmp_path):
     from pdl.contract import ServerContract
     from pdl.lease import Grant, LeaseFiles
@@ -60,7 +43,7 @@ def test_under_a_hubs_limit_the_end_is_the_spawns_then_each_grants(tmp_path):
                                                       warn_before_s=300)
     lease.keep_held(Grant(workers=1, slots=("cpu:0",), ends_at=NOW + 4000))
     assert session_end(contract, lease).ends_at == NOW + 4000
-    assert session_end(ServerContract(), lease) is None  # no limit, no Slurm job: no end
+    assert session_end(ServerContract(kind="local"), lease) is None  # no limit, no scheduler's: no end
 
 
 def test_the_hubs_extension_moves_the_end_of_its_own_session_only(tmp_path):

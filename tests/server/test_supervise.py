@@ -15,19 +15,17 @@ from pdl.contract import ServerContract
 from pdl.lease import FILES, Grant, LeaseFiles, Release, Want
 from pdl_server import clusters, engine_hosts
 from pdl_server.singleuser import IdleTracker, supervise
+from pdl_spawner.local.engine_host import LocalSlots
 from waiting import wait_until
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("contract", "kind"), [
-    (ServerContract(slots=("cpu:0", "cpu:1"), workers=2), engine_hosts.LocalSlots),
-    (ServerContract(slots=("gpu:0", "gpu:1"), workers=2, slurm_job=7, controller_ip="10.0.0.1"),
-     engine_hosts.SlurmSteps),
-    (ServerContract(workers=3, controller_secret="/run/secrets/pdl-notebook.json"), engine_hosts.SwarmServices),
-])
-def test_the_engine_host_is_chosen_once_from_the_contract(contract, kind):
-    host = engine_hosts.host_for(contract, cluster=None)
-    assert type(host) is kind and host.workers == contract.workers
+def test_the_engine_host_is_the_one_the_contracts_kind_names():
+    host = engine_hosts.host_for(ServerContract(kind="local", slots=("cpu:0", "cpu:1"), workers=2), cluster=None)
+    assert type(host) is LocalSlots and host.workers == 2 and host.slots == ["cpu:0", "cpu:1"]
+    with pytest.raises(ValueError, match=r"^PDL_KIND must be one of local, slurm, swarm, got '': this server was not "
+                                         r"started by PDL's hub$"):
+        engine_hosts.host_for(ServerContract(slots=("cpu:0",), workers=1), cluster=None)
 
 
 def running(cluster, slot: str) -> bool:
@@ -64,7 +62,7 @@ def supervised(cluster):
 @pytest.mark.integration
 def test_idle_engines_are_released_then_brought_back_on_the_slots_the_hub_granted(cluster, supervised, tmp_path):
     lease = LeaseFiles(tmp_path)
-    supervised(engine_hosts.LocalSlots(cluster, ["cpu:0", "cpu:1"]), IdleTracker(cluster), 1.0, lease)
+    supervised(LocalSlots(cluster, ["cpu:0", "cpu:1"]), IdleTracker(cluster), 1.0, lease)
 
     released = wait_until(lease.released, 60, what="the idle engines' release")
     assert released == Release(reason="engines idle for 1 s", workers=2, slots=("cpu:0", "cpu:1"))
@@ -90,7 +88,7 @@ def test_a_cell_that_starts_as_the_engines_go_idle_keeps_them(cluster, supervise
 
     lease = LeaseFiles(tmp_path)
     with lease.decision_lock():  # a kernel at a cell's start, while the engines' idle time runs out
-        supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 2.0, lease)
+        supervised(LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 2.0, lease)
         time.sleep(4)  # the engines have been idle for longer than the timeout
         lease.note_cell_start()
         noted = time.time()
@@ -112,7 +110,7 @@ def test_engines_are_not_idle_before_they_can_be_used(cluster, supervised, tmp_p
     expected, server = [2], socket.socket()
     server.bind(("127.0.0.1", 0))  # the server's port, not listening yet
     lease = LeaseFiles(tmp_path)
-    supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]),
+    supervised(LocalSlots(cluster, ["cpu:0"]),
                IdleTracker(cluster, lambda: expected[0], server.getsockname()), 1.0, lease)
     wait_until(lambda: running(cluster, "cpu:0"), 60, what="the engine")
     time.sleep(4)
@@ -142,7 +140,7 @@ def test_the_servers_address_comes_from_the_hubs_url_for_it(url, address):
 
 @pytest.mark.integration
 def test_a_killed_engine_is_restarted_on_its_slot(cluster, supervised):
-    supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]))
+    supervised(LocalSlots(cluster, ["cpu:0"]))
     killed = engine_pid(cluster, "cpu:0")
     os.kill(killed, signal.SIGKILL)
     wait_until(lambda: running(cluster, "cpu:0") and engine_pid(cluster, "cpu:0") != killed, 60,
@@ -158,7 +156,7 @@ def test_gpus_the_hub_flags_as_held_idle_are_released_at_the_flags_time(cluster,
     lease = LeaseFiles(tmp_path)
     flag = GpuIdle(since=time.time() - 900, release_at=time.time() + 3)
     lease.note_gpu_idle(flag)
-    supervised(engine_hosts.LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 3600.0, lease)
+    supervised(LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 3600.0, lease)
     released = wait_until(lease.released, 30, what="the release at the flag's time")
     assert released == Release(reason=flag.reason(), workers=1, slots=("cpu:0",))
     assert time.time() >= flag.release_at and not running(cluster, "cpu:0")

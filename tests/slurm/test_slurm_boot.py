@@ -1,11 +1,11 @@
 """What an engine started as a Slurm job step sets from Slurm's variables
-(pdl/runtime/slurm_boot.py, ``slurm_engine_env``); no Slurm, no engine."""
+(pdl_spawner/slurm/engine_boot.py, ``slurm_engine_env``); no Slurm, no engine."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdl.runtime.slurm_boot import slurm_engine_env
+from pdl_spawner.slurm.engine_boot import slurm_engine_env
 
 pytestmark = pytest.mark.unit
 

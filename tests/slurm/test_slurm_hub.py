@@ -13,7 +13,7 @@ import time
 import pytest
 
 import slurm_harness
-from pdl_server.session_clock import READ_EVERY_S
+from pdl_spawner.slurm.job_clock import READ_EVERY_S
 from pdl_spawner.core import device_cgroup
 from hub_harness import Kernel, Progress, origin_answers, queue_up, release_ports, squat_ports
 from fault_cells import SUM, magic

@@ -1,7 +1,7 @@
 """A Slurm server inside its job (pdl_spawner/slurm/placement.py): the server step's
 srun arguments, its node read from ``squeue --json`` / ``sinfo --json``, the check
 that the nodes can reach the hub's API, and the step's guard
-(pdl_server/step_guard.py), which ends the step with the server; no Slurm."""
+(pdl_spawner/slurm/step_guard.py), which ends the step with the server; no Slurm."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ pytestmark = pytest.mark.unit
 
 def test_the_server_step_shares_the_jobs_cores_takes_no_gpu_and_runs_the_server_under_its_guard():
     assert server_step_argv(42, "n1", ["/py", "-m", "pdl_server.singleuser"], srun="/opt/slurm/bin/srun",
-                            guard=("/py", "-m", "pdl_server.step_guard")) == [
+                            guard=("/py", "-m", "pdl_spawner.slurm.step_guard")) == [
         "/opt/slurm/bin/srun", "--jobid=42", "--nodes=1", "--ntasks=1", "--nodelist=n1", "--overlap", "--gres=none",
         "--export=ALL", "--input=none", "--disable-status", "--quiet", "--job-name=pdl-server",
-        "/py", "-m", "pdl_server.step_guard", "/py", "-m", "pdl_server.singleuser",
+        "/py", "-m", "pdl_spawner.slurm.step_guard", "/py", "-m", "pdl_server.singleuser",
     ]
     # no --cpus-per-task: the server's SLURM_CPUS_PER_TASK would reach its engines' sruns
     assert not any(a.startswith(("--cpus-per-task", "-c", "--gpus")) for a in server_step_argv(1, "n1", ["x"]))
@@ -66,7 +66,7 @@ def test_the_step_guard_passes_stop_signals_on_and_stops_what_the_server_left(tm
     def guarded(script: str, lines: int) -> tuple[subprocess.Popen, list[int]]:
         """The guard running ``script``, once the script has written ``lines`` PIDs."""
         pids = tmp_path / f"pids-{lines}"
-        guard = subprocess.Popen([sys.executable, "-m", "pdl_server.step_guard", "bash", "-c",
+        guard = subprocess.Popen([sys.executable, "-m", "pdl_spawner.slurm.step_guard", "bash", "-c",
                                   script.format(pids=pids)])
         deadline = time.monotonic() + 10
         while len(pids.read_text().split() if pids.exists() else []) < lines and time.monotonic() < deadline:

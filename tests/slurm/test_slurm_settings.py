@@ -57,3 +57,4 @@ def test_the_admin_view_is_told_the_partition_prefix_and_flags(tmp_path):
 ])
 def test_what_slurm_cannot_use_stops_the_hub_in_one_line(tmp_path, env, line):
     assert refusal(load_config(tmp_path, PDL_SPAWNER="slurm", **env)) == line
+

@@ -47,7 +47,7 @@ def start_engine(tmp_path, name: str, connection: dict, gpu: str) -> subprocess.
                PDL_ENGINE_HOST=name, PYTHONUNBUFFERED="1")
     env["DOCKER_RESOURCE_NVIDIA-GPU"] = gpu
     return subprocess.Popen(
-        [sys.executable, "-m", "pdl.runtime.swarm_boot", f"--IPEngine.timeout={REGISTRATION_TIMEOUT_S}"],
+        [sys.executable, "-m", "pdl_spawner.swarm.engine_boot", f"--IPEngine.timeout={REGISTRATION_TIMEOUT_S}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 

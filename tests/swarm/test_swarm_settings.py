@@ -66,3 +66,14 @@ def test_a_c_line_of_the_hubs_machine_is_refused_on_swarm(tmp_path):
     path.write_text("c.HostServer.homes_root = '/srv/homes'\n")
     assert refusal(load_config(tmp_path, **REQUIRED, PDL_LOCAL_CONFIG=str(path))) == (
         "c.HostServer does not apply to PDL_SPAWNER=swarm: its spawner, PDLSwarmSpawner, has no HostServer")
+
+
+def test_the_servers_engine_host_leaves_the_engines_to_the_hub():
+    """The kind's plug-in names the user's server's engine host (pdl_spawner/swarm/engine_host.py)."""
+    from pdl.contract import ServerContract
+    from pdl_server.engine_hosts import host_for
+    from pdl_spawner.swarm.engine_host import SwarmServices
+
+    host = host_for(ServerContract(kind="swarm", workers=3, controller_secret="/run/secrets/pdl-notebook.json"),
+                    cluster=None)
+    assert type(host) is SwarmServices and host.workers == 3

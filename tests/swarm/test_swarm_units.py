@@ -10,7 +10,7 @@ import pytest
 from tornado import web
 
 from pdl.connection import PORTS_NEEDED, ClusterKeys, controller_files, engine_file
-from pdl.runtime.swarm_boot import gpu_slot_env
+from pdl_spawner.swarm.engine_boot import gpu_slot_env
 from pdl_spawner.core import form
 from pdl_spawner.swarm.gpus import OTHER_SERVICES, Promise, gpu_types, gpu_usage
 from pdl_spawner.swarm.state import (
@@ -277,7 +277,7 @@ def test_the_swarm_spawner_takes_the_queue_option_from_the_api_and_the_form(tmp_
 
 
 def test_a_swarm_engine_keeps_the_thread_counts_the_admin_set():
-    from pdl.runtime.swarm_boot import admin_threads
+    from pdl_spawner.swarm.engine_boot import admin_threads
 
     assert admin_threads({"OMP_NUM_THREADS": "1", "PATH": "/bin"}) == {"OMP_NUM_THREADS": "1"}
     assert admin_threads({"OMP_NUM_THREADS": ""}) == {}

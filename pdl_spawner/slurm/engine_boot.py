@@ -1,7 +1,7 @@
 """One ipyparallel engine as a step of the user's Slurm job, on the GPU Slurm bound.
 
 The user's server starts each engine with ``srun --jobid=<job> ... python -m
-pdl.runtime.slurm_boot [ipyparallel engine args...]`` (:func:`pdl_server.engine_hosts.srun_engine_cmd`);
+pdl_spawner.slurm.engine_boot [ipyparallel engine args...]`` (:func:`pdl_spawner.slurm.engine_host.srun_engine_cmd`);
 srun passes the server's environment on. Slurm has already chosen the node, bound the
 GPU (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``) and the cores of the task. This
 records what PDL's ranks report (:func:`slurm_engine_env`: the slot, the node's name,

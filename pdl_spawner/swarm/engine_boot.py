@@ -67,7 +67,8 @@ def admin_threads(environ) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     from pdl.connection import read_secret
-    from pdl.runtime.boot import keep_freed_memory, no_new_privileges, pin_cpus
+    from pdl.process import no_new_privileges
+    from pdl.runtime.boot import keep_freed_memory, pin_cpus
 
     argv = list(sys.argv[1:] if argv is None else argv)
     no_new_privileges()

@@ -1,4 +1,4 @@
-"""``python -m pdl_server.step_guard CMD...``: run a user's server as the task of a Slurm
+"""``python -m pdl_spawner.slurm.step_guard CMD...``: run a user's server as the task of a Slurm
 step, and end the step with it.
 
 With ``PDLSlurmSpawner.server_placement = "allocation"`` the server is a step of the
@@ -85,7 +85,7 @@ def stop_leftovers(grace_s: float = GRACE_S) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        print("usage: python -m pdl_server.step_guard CMD...", file=sys.stderr)
+        print("usage: python -m pdl_spawner.slurm.step_guard CMD...", file=sys.stderr)
         return 2
     become_subreaper()
     child = subprocess.Popen(argv)
