@@ -13,6 +13,7 @@ registry imports no spawner (the Swarm one needs Docker's client) and no admin s
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -72,8 +73,9 @@ class ClusterKind:
         return importlib.import_module(self.admin_source)
 
 
+@functools.lru_cache(maxsize=1)
 def kinds() -> dict[str, ClusterKind]:
-    """Every registered kind, by name."""
+    """Every registered kind, by name (read once a process: the admin view asks at each page)."""
     return {point.name: point.load() for point in entry_points(group=GROUP)}
 
 

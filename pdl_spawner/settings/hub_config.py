@@ -29,7 +29,7 @@ from pdl_spawner.core.request_limits import limit_request_bodies
 from pdl_spawner.kinds import ClusterKind, kind_named, kinds
 from pdl_spawner.settings.checks import unknown_setting
 from pdl_spawner.settings.local_config import local_config_problem
-from pdl_spawner.settings.variables import read_variables
+from pdl_spawner.settings.variables import VARIABLES, read_variables
 
 def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], None], repo: Path) -> ClusterKind:
     """Configure the hub ``c`` from ``environ`` (see the module docstring); ``load_subconfig``
@@ -58,8 +58,6 @@ def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], Non
 
 
 def _set_traits(c, found: Mapping[str, Any], kind: ClusterKind) -> None:
-    from pdl_spawner.settings.variables import VARIABLES
-
     for variable in (*VARIABLES, *kind.variables):
         if variable.trait and found.get(variable.name) is not None:
             section, _, name = variable.trait.partition(".")
