@@ -31,12 +31,16 @@ def configure(c, found: dict[str, Any], state_dir: Path) -> None:
     c.PDLLocalSpawner.reservations_db = str(state_dir / "reservations.sqlite")
 
 
+def ledger_settings(c, sections: list[str]) -> dict:
+    """What the admin source of a kind on the slot ledger reads, as a spawner whose config
+    sections are ``sections`` has it: the ledger, the pool (None: the spawner's default)
+    and nvidia-smi."""
+    return {name: effective(c, sections, name) for name in ("reservations_db", "pool", "cpu_slots", "nvidia_smi")}
+
+
 def admin_settings(c) -> dict:
-    """The ledger, the pool (None: the spawner's default) and nvidia-smi, as the spawner has them."""
-    sections = KIND.sections()
-    return {"reservations_db": effective(c, sections, "reservations_db"),
-            "pool": effective(c, sections, "pool"), "cpu_slots": effective(c, sections, "cpu_slots"),
-            "nvidia_smi": effective(c, sections, "nvidia_smi")}
+    """:func:`ledger_settings` of this kind's spawner."""
+    return ledger_settings(c, KIND.sections())
 
 
 KIND = ClusterKind(

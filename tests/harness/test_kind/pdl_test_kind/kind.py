@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pdl_spawner.kinds import ClusterKind
+from pdl_spawner.local.kind import ledger_settings
 from pdl_spawner.settings import values
-from pdl_spawner.settings.config_reading import effective
 from pdl_spawner.settings.variables import Variable
 
 
@@ -27,9 +27,7 @@ def configure(c, found: dict[str, Any], state_dir: Path) -> None:
 
 
 def admin_settings(c) -> dict:
-    sections = KIND.sections()
-    return {"reservations_db": effective(c, sections, "reservations_db"), "pool": effective(c, sections, "pool"),
-            "cpu_slots": effective(c, sections, "cpu_slots"), "nvidia_smi": effective(c, sections, "nvidia_smi")}
+    return ledger_settings(c, KIND.sections())
 
 
 KIND = ClusterKind(
