@@ -15,11 +15,13 @@ import torch.distributed as dist
 
 from pdl.runtime.identity import describe
 
-#: Timed forward and backward passes, after one untimed warm-up pass: at least
-#: MIN_PASSES, and more until PROFILE_MIN_S seconds of them, at most MAX_PASSES: a host
-#: that gives a rank's cores in slices (a CPU quota) shows within a second what it
-#: gives under a sustained load, and a shared virtual machine's core, whose speed
-#: wanders by a fifth from one second to the next, is seen over more than one second.
+#: Timed forward and backward passes, after one untimed warm-up pass, in two halves,
+#: one before the all-reduce sweep and one after it: each half at least MIN_PASSES // 2
+#: + 1 passes, and more until PROFILE_MIN_S / 2 seconds of them, at most MAX_PASSES // 2.
+#: A host that gives a rank's cores in slices (a CPU quota) shows within a second what
+#: it gives under a sustained load; a shared virtual machine's core, whose speed wanders
+#: by a fifth from one second to the next and by more over tens of seconds, is seen at
+#: two moments as far apart as the sweep, which at a few hundred Mbit/s takes 20 s.
 MIN_PASSES = 5
 PROFILE_MIN_S = 2.0
 MAX_PASSES = 200
@@ -49,23 +51,23 @@ def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device:
     model's state (weights, BatchNorm statistics) and gradients are as they were
     afterwards. Every rank of the group must call it."""
     device = torch.device(device)
-    quiet = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
-    passes = []  # (forward s, backward s, CPU s)
     kept_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     kept_grads = {p: p.grad for p in model.parameters()}
     model.zero_grad(set_to_none=True)  # else the first backward pass adds to the user's gradients
-    with quiet:
+    with _quiet(model):
         _one_pass(loss_fn, model, device)  # warm-up
-        while len(passes) < MIN_PASSES or (
-                sum(f + b for f, b, _ in passes) < PROFILE_MIN_S and len(passes) < MAX_PASSES):
-            passes.append(_one_pass(loss_fn, model, device))
+        passes = _passes(loss_fn, model, device)  # (forward s, backward s, CPU s)
         ready = _gradients_ready(loss_fn, model, device)
+    host = describe()["host"]
+    nodes, sweep = _sweep_across_nodes(host, device)
+    if dist.is_initialized():
+        dist.barrier()  # no rank's passes share the leaders' cores with their sweep
+    with _quiet(model):
+        passes += _passes(loss_fn, model, device)
     model.load_state_dict(kept_state)
     for param, grad in kept_grads.items():
         param.grad = grad
     params = [p for p in model.parameters() if p.requires_grad]
-    host = describe()["host"]
-    nodes, sweep = _sweep_across_nodes(host, device)
     on_cpu = device.type == "cpu"
     forward_s, backward_s = _typical_pass(passes, on_cpu)
     cpu_rate = sum(c for _, _, c in passes) / sum(f + b for f, b, _ in passes) if on_cpu else 0.0
@@ -73,6 +75,21 @@ def measure(loss_fn: Callable[[], torch.Tensor], model: torch.nn.Module, device:
             "cpu_s": statistics.median(c for _, _, c in passes) if on_cpu else 0.0, "cpu_rate": cpu_rate,
             "grad_bytes": sum(p.numel() * p.element_size() for p in params), "ready": ready, "host": host,
             "nodes": nodes, "sweep": sweep}
+
+
+def _quiet(model: torch.nn.Module):
+    """A context in which ``model``'s backward passes do not all-reduce (a DDP wrapper's
+    ``no_sync``; nothing to turn off otherwise)."""
+    return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+
+
+def _passes(loss_fn, model: torch.nn.Module, device: torch.device) -> list[tuple[float, float, float]]:
+    """One half of the timed passes (see :data:`MIN_PASSES`), as :func:`_one_pass` gives each."""
+    passes: list[tuple[float, float, float]] = []
+    while len(passes) < MIN_PASSES // 2 + 1 or (
+            sum(f + b for f, b, _ in passes) < PROFILE_MIN_S / 2 and len(passes) < MAX_PASSES // 2):
+        passes.append(_one_pass(loss_fn, model, device))
+    return passes
 
 
 def _typical_pass(passes: list[tuple[float, float, float]], on_cpu: bool) -> tuple[float, float]:

@@ -124,30 +124,39 @@ def timed_steps(session) -> list[list[tuple[float, float, float]]]:
     return [ast.literal_eval(v) for v in result.values]
 
 
+def slowest_median(steps: list[list[tuple[float, float, float]]]) -> float:
+    """The median, over the steps, of the slowest rank's step (seconds): what a step of
+    the group took, as DDP waits for its slowest rank."""
+    return statistics.median(max(sum(parts) for parts in at_step) for at_step in zip(*steps))
+
+
 def check_prediction(session, nodes, mbit: int) -> None:
     """Shape the links to ``mbit``, predict the step with ``%pdl scale``, time real DDP
     steps, and hold the prediction to the issue's bounds (the message names the parts)."""
     linked_nodes.shape(nodes, mbit)
-    before = cpu_times()
-    # real steps before and after the prediction: a shared virtual machine's core speeds
-    # up and slows down by a fifth from one second to the next, and the steps timed
-    # around the probe see the same machine as the probe did
-    steps = timed_steps(session)
+    cores_before = cpu_times()
+    # real steps just before and just after the prediction, whose probe times passes
+    # first and last (before and after its all-reduce sweep): a shared virtual machine's
+    # core speeds up and slows down from one second to the next and over tens of seconds,
+    # and the steps see the machine at the moments the probe saw it
+    first = timed_steps(session)
     report = session.scale("step", "net", BATCH, 2)
     [predicted] = [r for r in report.rows if r["link"] == "measured" and r["nodes"] == 2]
-    steps = [before + after for before, after in zip(steps, timed_steps(session))]
-    measured = statistics.median(max(sum(parts) for parts in at_step) for at_step in zip(*steps))
+    last = timed_steps(session)
+    steps = [early + late for early, late in zip(first, last)]
+    measured = slowest_median(steps)
     slowest = max(steps, key=lambda rank: statistics.median(sum(parts) for parts in rank))
     parts = "/".join(f"{statistics.median(p[i] for p in slowest) * 1e3:.0f}" for i in range(3))
     compute = report.profile.one_node_s()
     link = report.measured
     said = (f"at {mbit} Mbit/s (measured {link.bandwidth_bytes_s * 8 / 1e6:.0f}, {link.latency_s * 1e6:.0f} us): "
             f"predicted {predicted['step_s'] * 1e3:.0f} ms, measured {measured * 1e3:.0f} ms "
-            f"(forward/backward with the all-reduce/optimizer {parts} ms); compute {compute * 1e3:.0f} ms "
+            f"({slowest_median(first) * 1e3:.0f} before the prediction, {slowest_median(last) * 1e3:.0f} after; "
+            f"forward/backward with the all-reduce/optimizer {parts} ms); compute {compute * 1e3:.0f} ms "
             f"(forward {report.profile.forward_s * 1e3:.0f}; CPU {report.profile.cpu_s * 1e3:.0f} ms at "
             f"{report.profile.cpu_rate:.2f} CPU-s a second, the all-reduce's "
             f"{report.profile.cpu_bound_s(2) * report.profile.cpu_rate * 1e3 - report.profile.cpu_s * 1e3:.0f} ms); "
-            f"{machine_share(before, cpu_times())}")
+            f"{machine_share(cores_before, cpu_times())}")
     print(said)
     assert abs(predicted["step_s"] / measured - 1) <= 0.15, said
     assert abs(predicted["efficiency"] - compute / measured) <= 0.10, said
