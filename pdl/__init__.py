@@ -33,6 +33,8 @@ Shared by the hub side, the notebook side and the engines:
   server (and the server its kernels), built and parsed in one place.
 - :mod:`pdl.engine_contract`: the engine contract, everything an engine is told
   about its place in the reservation, built and parsed in one place.
+- :mod:`pdl.engine_channel`: what a rank tells the notebook beside its output while a
+  cell runs (the published data's keys, the signal that asks for its stack).
 - :mod:`pdl.lease`: the engine lease's typed messages (release, want, grant,
   refusal), their one writer and reader, and the files a server keeps them in.
 

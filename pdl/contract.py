@@ -145,7 +145,7 @@ class ServerContract:
     #: the hub's whole pool on this machine, every user's slots, which the machine's cores
     #: are split over (:func:`pdl.slots.cpus_for_slot`; embedded default); (): not told
     pool: tuple[str, ...] = field(default=())
-    #: folders holding a cgroup per slot (:mod:`pdl_spawner.core.cpu_limits`), which each
+    #: folders holding a cgroup per slot (:mod:`pdl_spawner.host.cpu_limits`), which each
     #: engine joins (:func:`pdl.slots.engine_env`); (): none
     slot_cgroups: tuple[str, ...] = field(default=())
 

@@ -3,8 +3,8 @@ of the account's processes the kernel's OOM killer has ended there: what lets a 
 say that a rank was ended by its user's memory limit rather than only that it died.
 
 Where the hub sets it: a cgroup v1 ``memory`` cgroup per account
-(:mod:`pdl_spawner.core.account_limits`), or on cgroup v2 the server's folder, the one
-above the leaf the process is in (:mod:`pdl_spawner.core.cgroup_v2`). Reads the files the
+(:mod:`pdl_spawner.host.account_limits`), or on cgroup v2 the server's folder, the one
+above the leaf the process is in (:mod:`pdl_spawner.host.cgroup_v2`). Reads the files the
 kernel shows every process (``/proc/self/cgroup`` and the cgroup's own); None where
 there is no such cgroup."""
 

@@ -38,7 +38,7 @@ from pdl.limits import duration, holding_line
 from pdl_server import clusters
 from pdl_server.session_clock import session_end
 from pdl_server.status_file import pid_alive, read_status
-from pdl_server.world import rank_order
+from pdl_server.world import call_engine, rank_order
 
 from .resources import ProcessSampler, gpu_stats, gpus_of
 
@@ -48,13 +48,6 @@ RETRY_S = 3.0
 KERNEL_GRACE_S = 3.0
 #: Seconds an nvidia-smi reading is reused.
 GPU_CACHE_S = 0.8
-
-
-def _describe():
-    """Runs on an engine: who it is (see :func:`pdl.runtime.identity.describe`)."""
-    import pdl.runtime.identity
-
-    return pdl.runtime.identity.describe()
 
 
 def _controller_ready(cluster_file: str) -> bool:
@@ -205,7 +198,7 @@ class ClusterMonitor:
         for eid in ids:
             if eid not in self._info and eid not in self._pending and queues.get(eid, 0) == 0:
                 try:
-                    self._pending[eid] = client[eid].apply_async(_describe)
+                    self._pending[eid] = client[eid].apply_async(call_engine, "describe")
                 except Exception:  # noqa: BLE001 - gone since ``ids`` was read (a release): the next read tells
                     continue
         for eid in set(self._info) - set(ids):

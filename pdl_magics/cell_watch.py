@@ -7,7 +7,7 @@ progress, and when a rank fails first on its own, gives its peers
 the interrupt reached it and the last of its peers stopped: on a busy machine the
 interrupt and the peers' results take their time, and a rank still waiting for a peer
 that stopped a moment ago is not stuck. A rank that reported its user's code stopped
-(:data:`pdl.runtime.interrupts.STOPPED_KEY`) is winding down PDL's side of the cell
+(:data:`pdl.engine_channel.STOPPED_KEY`) is winding down PDL's side of the cell
 (its process group's teardown), which a busy machine can stretch over seconds: it is
 not interrupted again, and counts as stuck only after :data:`WIND_DOWN_TIMEOUT_S`.
 A rank whose engine died
@@ -26,9 +26,8 @@ from collections.abc import Callable, Iterator
 import ipyparallel as ipp
 
 from pdl import memory_limit
+from pdl.engine_channel import STACK_KEY, STACK_SIGNAL, STOPPED_KEY
 from pdl.metrics import DATA_KEY
-from pdl.runtime import stacks
-from pdl.runtime.interrupts import STOPPED_KEY
 from pdl_server.session_clock import session_end
 from pdl_server.world import CellResult, Rank
 
@@ -286,10 +285,10 @@ class CellWatch:
         running = self.pending()
 
         def count(r: Rank):
-            return (self.meta[r.rank]["data"].get(stacks.DATA_KEY) or {}).get("count")
+            return (self.meta[r.rank]["data"].get(STACK_KEY) or {}).get("count")
 
         before = {r.rank: count(r) for r in running}
-        self.engines.send_signal(running, stacks.SIGNAL)
+        self.engines.send_signal(running, STACK_SIGNAL)
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline and any(count(r) == before[r.rank] for r in running):
             time.sleep(POLL_S)
@@ -305,7 +304,7 @@ class CellWatch:
             if count(r) == before[r.rank]:
                 lines.append("  (no stack: the engine did not answer)")
             else:
-                lines += ["  " + line for line in self.meta[r.rank]["data"][stacks.DATA_KEY]["stack"]]
+                lines += ["  " + line for line in self.meta[r.rank]["data"][STACK_KEY]["stack"]]
         lines.append("Still waiting. To stop every rank, press the stop button (Ctrl-C): "
                      "the engines and their variables stay.")
         print("\n".join(lines), file=self.err, flush=True)

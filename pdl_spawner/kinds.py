@@ -4,7 +4,7 @@ A kind (the embedded default ``local``, ``swarm``, ``slurm``, ...) is one packag
 exports a :class:`ClusterKind` and registers it under the entry-point group
 :data:`GROUP` (``pyproject.toml``: ``local = "pdl_spawner.local.kind:KIND"``). The hub's
 config (:mod:`pdl_spawner.settings.hub_config`) and the admin view
-(:mod:`pdl_spawner.admin_view`) pick a kind by its name (``PDL_SPAWNER``) through
+(:mod:`pdl_spawner.admin.view`) pick a kind by its name (``PDL_SPAWNER``) through
 :func:`kind_named`, and never branch on one: what differs is what the kind's object says.
 
 A kind's object is light: it names its heavier parts by import path, so reading the
@@ -36,7 +36,7 @@ class ClusterKind:
       ``for_contract(contract, cluster)``), which the server loads by the kind's name;
     - ``admin_source``: the module of the admin view's source for it, which provides
       ``reader(settings: dict) -> Callable[[], dict]`` (the status model) and ``PAGE``
-      (:class:`pdl_spawner.core.admin_frame.PageParts`);
+      (:class:`pdl_spawner.admin.frame.PageParts`);
     - ``variables``: its own ``PDL_*`` variables (:class:`~pdl_spawner.settings.variables.Variable`);
     - ``configure(c, values, state_dir)``: its hub settings, from the values of every
       variable (by name) and the hub's state folder; SystemExit with one line where

@@ -25,7 +25,7 @@ import host_names
 from worker_groups import group_order, group_seconds, worker_group
 
 #: As root, the tests' temporary folders (pytest's ``tmp_path``, :mod:`tempfile`'s), outside
-#: /tmp and /var/tmp: each user's server sees those of its own (pdl_spawner/core/private_tmp.py),
+#: /tmp and /var/tmp: each user's server sees those of its own (pdl_spawner/host/private_tmp.py),
 #: never the machine's, and the tests hand servers folders they made (stand-in GPUs, data
 #: sets). Outside the repository too: the GPU check's tests tell its copy of PDL from the
 #: repository's by where it lies.

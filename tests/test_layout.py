@@ -190,6 +190,44 @@ def test_no_module_outside_a_kinds_folder_names_a_kind():
     assert offenders == []
 
 
+#: Where code outside the engine runtime may import it: the engine processes' entry
+#: points (a kind's ``engine_boot``) and the one function the notebook side ships to
+#: engines, whose body runs there.
+RUNTIME_DOORS = ("pdl_server.world.call_engine",)
+
+
+def runtime_imports(name: str, path: Path) -> list[str]:
+    """Where a module imports :mod:`pdl.runtime`: ``<module>`` at its top level,
+    ``<module>.<function>`` inside a function (the outermost one)."""
+    found = []
+
+    def visit(node, where):
+        for child in ast.iter_child_nodes(node):
+            inner = f"{name}.{child.name}" if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and where == name else where
+            if isinstance(child, ast.Import) and any(a.name == "pdl.runtime" or a.name.startswith("pdl.runtime.") for a in child.names):
+                found.append(where)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and (child.module or "").split(".")[:2] == ["pdl", "runtime"]:
+                found.append(where)
+            elif isinstance(child, ast.ImportFrom) and child.module == "pdl" and any(a.name == "runtime" for a in child.names):
+                found.append(where)
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text()), name)
+    return found
+
+
+def test_only_engines_import_the_engine_runtime():
+    """pdl.runtime runs inside engines only: the hub, the user's server, the kernel and
+    the panel reach it through the engines (``call_engine``), and what they share with
+    it (the data a rank publishes, the process helpers) lives in the floor."""
+    offenders = sorted(
+        where for name, path in MODULES.items()
+        if not name.startswith("pdl.runtime") and not name.endswith(".engine_boot")
+        for where in runtime_imports(name, path) if where not in RUNTIME_DOORS)
+    assert offenders == []
+    assert runtime_imports("pdl_server.world", MODULES["pdl_server.world"]) == ["pdl_server.world.call_engine"]
+
+
 def test_a_test_of_a_kinds_code_lives_in_that_kinds_folder():
     """Guards the axis: a test that imports a module of one cluster kind is in its folder."""
     tests = ROOT / "tests"

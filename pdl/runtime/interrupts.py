@@ -12,7 +12,7 @@ after it ended is dropped (the rank has stopped, which is what it asked for).
 PDL's wind-down can itself take seconds on a busy machine. So that the notebook does
 not take a rank that is winding down for one stuck in native code, the rank reports
 the moment its user's code stopped: :func:`report_stopped` publishes
-:data:`STOPPED_KEY` (``pdl_magics.cell_watch`` reads it).
+:data:`pdl.engine_channel.STOPPED_KEY` (``pdl_magics.cell_watch`` reads it).
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-#: The key of the cell's published data (``ipyparallel.datapub``) under which a rank
-#: reports that its user's code stopped at an interrupt; the value is the epoch second.
-STOPPED_KEY = "pdl_stopped"
+from pdl.engine_channel import STOPPED_KEY
+
 
 
 def report_stopped(publish: Callable[[dict], None]) -> None:

@@ -1,15 +1,16 @@
 """A rank's Python stack on request, even while it is blocked in native code.
 
-The hang watchdog (:mod:`pdl_magics.session`) sends :data:`SIGNAL` to the engines
-of a cell that has stopped making progress (through ipyparallel's nanny, like an
-interrupt). :func:`install` has registered :mod:`faulthandler` for it, which writes
-the stack of every thread into a pipe from inside the signal handler, without
-needing the interpreter: it works while the main thread waits in a collective,
-``time.sleep`` or any other native call. A daemon thread reads the pipe and
+The hang watchdog (:mod:`pdl_magics.session`) sends
+:data:`pdl.engine_channel.STACK_SIGNAL` to the engines of a cell that has stopped making
+progress (through ipyparallel's nanny, like an interrupt). :func:`install` has
+registered :mod:`faulthandler` for it, which writes the stack of every thread into a
+pipe from inside the signal handler, without needing the interpreter: it works while
+the main thread waits in a collective, ``time.sleep`` or any other native call
+(faulthandler restarts interrupted syscalls). A daemon thread reads the pipe and
 publishes the main thread's stack on the running cell's data channel under
-:data:`DATA_KEY` as ``{"count": n, "stack": [lines]}``: the frames from the user's
-cell to the innermost call, most recent call last, each ``File "...", line N, in f``
-followed by that source line when it is known, as in a Python traceback.
+:data:`pdl.engine_channel.STACK_KEY` as ``{"count": n, "stack": [lines]}``: the frames
+from the user's cell to the innermost call, most recent call last, each ``File "...",
+line N, in f`` followed by that source line when it is known, as in a Python traceback.
 
 The engine keeps running: this only reports where it is.
 """
@@ -21,13 +22,10 @@ import linecache
 import os
 import re
 import select
-import signal
 import threading
 
-#: Signal that asks an engine for its stack (faulthandler restarts interrupted syscalls).
-SIGNAL = signal.SIGUSR1
-#: Key under which the stack travels on ipyparallel's data channel.
-DATA_KEY = "pdl.stacks"
+from pdl.engine_channel import STACK_KEY, STACK_SIGNAL
+
 #: Seconds of silence on the pipe that end one dump.
 _DUMP_GAP_S = 0.2
 #: A frame of PDL's own cell runner: frames from here down are not the user's.
@@ -40,7 +38,7 @@ _count = 0
 
 
 def install(publish=None) -> None:
-    """Register the stack dump for :data:`SIGNAL` in this process (once).
+    """Register the stack dump for :data:`~pdl.engine_channel.STACK_SIGNAL` in this process (once).
 
     ``publish(dict)`` sends data to the notebook; default: ipyparallel's
     ``publish_data`` (the running cell's data channel).
@@ -51,7 +49,7 @@ def install(publish=None) -> None:
     if publish is None:
         from ipyparallel.datapub import publish_data as publish
     read_fd, write_fd = os.pipe()
-    faulthandler.register(SIGNAL, file=write_fd, all_threads=True, chain=False)
+    faulthandler.register(STACK_SIGNAL, file=write_fd, all_threads=True, chain=False)
     threading.Thread(target=_relay, args=(read_fd, publish), name="pdl-stacks", daemon=True).start()
     _installed = True
 
@@ -65,7 +63,7 @@ def _relay(read_fd: int, publish) -> None:
             dump += os.read(read_fd, 1 << 16)
         _count += 1
         try:
-            publish({DATA_KEY: {"count": _count, "stack": main_thread_stack(dump.decode(errors="replace"), main_id)}})
+            publish({STACK_KEY: {"count": _count, "stack": main_thread_stack(dump.decode(errors="replace"), main_id)}})
         except Exception:  # noqa: BLE001 - never let the relay die
             pass
 

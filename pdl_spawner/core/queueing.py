@@ -27,7 +27,7 @@ from tornado import web
 from traitlets import HasTraits, Integer, observe
 
 from pdl_spawner.core import form
-from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.core.usage import WorkerUsage
 from pdl_spawner.core.wait_queue import WaitQueue
 

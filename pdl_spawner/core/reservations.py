@@ -5,7 +5,7 @@ users": ``slot`` is the table's primary key, and a reservation takes all of its
 slots in one ``BEGIN IMMEDIATE`` transaction. It lives in a file, so it survives
 hub restarts; every call opens its own short connection. Every call blocks (SQLite
 waits up to 30 s for another connection's write lock): the hub makes them off its
-event loop, through :func:`pdl_spawner.core.db_thread.off_loop`.
+event loop, through :func:`pdl_spawner.hub.db_thread.off_loop`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdl_spawner.core import sqlite_file
+from pdl_spawner.hub import sqlite_file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS slots (

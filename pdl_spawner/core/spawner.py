@@ -61,7 +61,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
         the users' controllers and engines get their ZeroMQ ports: picked from there, a
         port free when the hub chose it could be taken by another user's cluster before
         the server binds it. As root on one machine, a server's processes may bind only
-        their own server's port of the range (pdl_spawner.core.port_filter).""",
+        their own server's port of the range (pdl_spawner.host.port_filter).""",
     )
 
     @validate("port_range")
@@ -92,7 +92,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
         4096, config=True,
         help="""Processes and threads each user may have at once. On the embedded default
         and Slurm's login node, all their servers, kernels and engines together, when the
-        hub runs as root (a pids cgroup per account: pdl_spawner.core.account_limits); on
+        hub runs as root (a pids cgroup per account: pdl_spawner.host.account_limits); on
         Swarm, in each of their containers (the notebook's, each engine's). Past it,
         starting one more fails in that user's processes only (Python: BlockingIOError,
         errno 11); everyone else and the hub go on. A PyTorch engine runs some tens of

@@ -14,7 +14,7 @@ The queue lives in SQLite next to the slot ledger; every call opens its own shor
 connection, so admin views and several spawners read one truth. Reads never write
 (stale entries are filtered out, and purged by the next write), so a reader is not
 held up by another connection's write lock; the hub makes every call off its event
-loop all the same (:func:`pdl_spawner.core.db_thread.off_loop`).
+loop all the same (:func:`pdl_spawner.hub.db_thread.off_loop`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdl_spawner.core import sqlite_file
+from pdl_spawner.hub import sqlite_file
 
 #: Queue files this process has given the ``gpu_type`` column.
 _typed: set[Path] = set()

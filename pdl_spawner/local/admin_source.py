@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from pdl.slots import default_pool, holds_gpu, slot_index, slot_types
-from pdl_spawner.core.admin_frame import (
+from pdl_spawner.admin.frame import (
     RECENT_RECLAIMS, PageParts, gpu_idle_rows, gpu_idle_section, holdings_sections, iso_utc, queue_rows, reclaim_rows,
     reservation_row, split_owner,
 )
@@ -27,7 +27,7 @@ from pdl_spawner.core.wait_queue import Waiter, WaitQueue
 
 def reservation_rows(holdings: list[Holding], node: str, now: float,
                      slot_types: dict[str, str] | None = None) -> list[dict]:
-    """One row per reserved slot (:func:`~pdl_spawner.core.admin_frame.reservation_row`),
+    """One row per reserved slot (:func:`~pdl_spawner.admin.frame.reservation_row`),
     in slot order, ``node`` the machine the slot is on, ``gpu_type`` its type where
     ``slot_types`` names one (else ""); ``now`` is epoch seconds."""
     ordered = sorted(holdings, key=lambda h: (h.slot.partition(":")[0], slot_index(h.slot), h.slot))
@@ -44,10 +44,10 @@ def status_model(
     """Everything the view shows, JSON-ready: ``source`` (``"local"``), ``node`` (this
     machine's hostname), ``now`` (ISO UTC), ``pool`` and ``free`` (slot names; None when
     the pool is not known), and the rows of :func:`reservation_rows`,
-    :func:`~pdl_spawner.core.admin_frame.queue_rows` and
-    :func:`~pdl_spawner.core.admin_frame.reclaim_rows` as ``reservations``, ``queue``
+    :func:`~pdl_spawner.admin.frame.queue_rows` and
+    :func:`~pdl_spawner.admin.frame.reclaim_rows` as ``reservations``, ``queue``
     and ``reclaims``, and the flags on GPUs held idle (``gpu_idle``: owner -> since) as
-    the rows of :func:`~pdl_spawner.core.admin_frame.gpu_idle_rows`, ``gpu_idle``.
+    the rows of :func:`~pdl_spawner.admin.frame.gpu_idle_rows`, ``gpu_idle``.
     ``slot_types``: GPU slot -> its type, for the reservations. ``now`` is epoch seconds."""
     held = {h.slot for h in holdings}
     return {

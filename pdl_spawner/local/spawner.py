@@ -1,6 +1,6 @@
 """The embedded-default spawner: the user's server and engines as local processes.
 
-Contract, on top of :class:`~pdl_spawner.core.host_server.HostServer` (JupyterHub's
+Contract, on top of :class:`~pdl_spawner.host.server.HostServer` (JupyterHub's
 :class:`~jupyterhub.spawner.LocalProcessSpawner`):
 
 - ``start()`` first checks ``user_options``: ``workers`` is the only key a user may
@@ -21,12 +21,12 @@ Contract, on top of :class:`~pdl_spawner.core.host_server.HostServer` (JupyterHu
   saved the spawner's state, is freed when the restarted hub finds no server).
 - The reservation is in the spawner state and in the ledger file, so it survives
   hub restarts (with ``JupyterHub.cleanup_servers = False`` the servers do too).
-- **Accounts.** The server part is :class:`~pdl_spawner.core.host_server.HostServer`'s
+- **Accounts.** The server part is :class:`~pdl_spawner.host.server.HostServer`'s
   (each hub user's own Unix account when the hub runs as root, their cgroups, their
   port). Here the device cgroup lets the user's processes open only the GPU device
   nodes of their reservation (and a GPU is freed only when none of them holds it open).
 - The ledger and the queue are SQLite files: every call is made off the event loop
-  (:mod:`~pdl_spawner.core.db_thread`), so a lock held elsewhere never freezes the hub.
+  (:mod:`~pdl_spawner.hub.db_thread`), so a lock held elsewhere never freezes the hub.
 - Idle engines give their slots back through the server's HTTP lease API
   (:mod:`~pdl_spawner.core.idle_engines`); nothing the user can write decides which slots
   are theirs or how many they get.
@@ -49,10 +49,10 @@ from pdl.contract import ServerContract
 from pdl.lease import Grant
 from pdl.nvidia_smi import MigDevice, query_gpus
 from pdl.slots import cpu_count, cpus_for_slot, default_pool, holds_gpu, mig_slots, parse_slot, slot_types, usable_cores
-from pdl_spawner.core import device_cgroup
-from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.host import device_cgroup
+from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.core.gpu_types import GpuTypeChoice
-from pdl_spawner.core.host_server import HostServer
+from pdl_spawner.host.server import HostServer
 from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
@@ -270,8 +270,8 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
 
     def give_slot_cores(self, slots: list[str]) -> None:
         """Let this server's engines join the cgroups of ``slots``, each kept to its
-        slot's cores (:mod:`~pdl_spawner.core.cpu_limits`, or on cgroup v2
-        :mod:`~pdl_spawner.core.cgroup_v2`; nothing without them)."""
+        slot's cores (:mod:`~pdl_spawner.host.cpu_limits`, or on cgroup v2
+        :mod:`~pdl_spawner.host.cgroup_v2`; nothing without them)."""
         cpu = self.cpu_limits or self.tree
         if cpu is None:
             return

@@ -27,7 +27,7 @@ def _nearest(word: str, choices) -> str | None:
 
 def _classes(kind) -> tuple[dict[str, type], set[str]]:
     """The kind's settable PDL classes by name, and its PDL mixins that are not settable."""
-    from pdl_spawner.core.accounts import PDLAuthenticator
+    from pdl_spawner.accounts.authenticator import PDLAuthenticator
 
     spawner = kind.spawner_class()
     classes = [cls for cls in spawner.__mro__ if cls is spawner or cls.__module__.startswith("pdl_spawner")]
@@ -40,7 +40,7 @@ def unknown_setting(c, kind, other_spawners: set[str] | None = None) -> str | No
     """One line on the first ``c.<Class>.<name>`` of config ``c`` that the hub's ``kind``
     (:class:`pdl_spawner.kinds.ClusterKind`) would not read, or None. ``other_spawners``:
     the class names of the other kinds' spawners (default: from the registry)."""
-    from pdl_spawner.core.host_server import HostServer
+    from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
 
     if other_spawners is None:

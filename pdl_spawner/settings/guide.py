@@ -29,7 +29,7 @@ def _class(name: str, registered: dict[str, ClusterKind]) -> type:
         for cls in kind.spawner_class().__mro__:
             if cls.__name__ == name:
                 return cls
-    from pdl_spawner.core.accounts import PDLAuthenticator
+    from pdl_spawner.accounts.authenticator import PDLAuthenticator
 
     if name == PDLAuthenticator.__name__:
         return PDLAuthenticator
@@ -70,8 +70,8 @@ def _declared(cls: type) -> dict[str, TraitType]:
 def settings_sections() -> list[tuple[str, str, dict[str, TraitType]]]:
     """(section, where it applies, its traits declared by PDL) for every settable class:
     the core's, the login's, each kind's spawner (with its mixins' settings)."""
-    from pdl_spawner.core.accounts import PDLAuthenticator
-    from pdl_spawner.core.host_server import HostServer
+    from pdl_spawner.accounts.authenticator import PDLAuthenticator
+    from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
 
     def gathered(cls: type, elsewhere: tuple[type, ...]) -> dict[str, TraitType]:
@@ -117,8 +117,8 @@ def settings_document() -> str:
 
 
 def _settable_classes() -> list[type]:
-    from pdl_spawner.core.accounts import PDLAuthenticator
-    from pdl_spawner.core.host_server import HostServer
+    from pdl_spawner.accounts.authenticator import PDLAuthenticator
+    from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
 
     return [SpawnerCore, HostServer, PDLAuthenticator, *(k.spawner_class() for k in kinds().values())]

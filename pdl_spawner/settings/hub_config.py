@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pdl_spawner.core.account_limits import protect_hub
-from pdl_spawner.core.accounts import TEMPLATE_DIR, name_problem
-from pdl_spawner.core.credentials import SignupCodes
-from pdl_spawner.core.public_url import default_public_url, public_url_problem
-from pdl_spawner.core.request_limits import limit_request_bodies
+from pdl_spawner.host.account_limits import protect_hub
+from pdl_spawner.accounts.authenticator import TEMPLATE_DIR, name_problem
+from pdl_spawner.accounts.credentials import SignupCodes
+from pdl_spawner.hub.public_url import default_public_url, public_url_problem
+from pdl_spawner.hub.request_limits import limit_request_bodies
 from pdl_spawner.kinds import ClusterKind, kind_named, kinds
 from pdl_spawner.settings.checks import unknown_setting
 from pdl_spawner.settings.local_config import local_config_problem
@@ -80,7 +80,7 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
     c.JupyterHub.ip = "127.0.0.1"
     port = found["PDL_HUB_PORT"] or 8000
     # Each user's server is a web origin of its own, <name>.<host> beside the hub at <host>
-    # (pdl_spawner/core/public_url.py): a page a user serves cannot act as whoever opens it.
+    # (pdl_spawner/hub/public_url.py): a page a user serves cannot act as whoever opens it.
     public_url = found["PDL_PUBLIC_URL"] or default_public_url(port)
     if public_url_problem(public_url):
         raise SystemExit(public_url_problem(public_url))
@@ -101,13 +101,13 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
 
 
 def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:
-    """Each user's own password (pdl_spawner/core/accounts.py): the admin's account is made
+    """Each user's own password (pdl_spawner/accounts/authenticator.py): the admin's account is made
     from ``<state>/password``; listed users sign up with their one-time codes."""
     users = found["PDL_USERS"]
     for name in users:
         if name_problem(name):
             raise SystemExit(f"PDL_USERS: {name_problem(name)}")
-    c.JupyterHub.authenticator_class = "pdl_spawner.core.accounts.PDLAuthenticator"
+    c.JupyterHub.authenticator_class = "pdl_spawner.accounts.authenticator.PDLAuthenticator"
     c.PDLAuthenticator.first_admin = users[0]
     c.PDLAuthenticator.first_admin_password_file = str(state_dir / "password")
     c.Authenticator.admin_users = set(users[:1])
@@ -176,18 +176,18 @@ def _local_config(c, path: str, named: bool, load_subconfig: Callable[[str], Non
 
 
 def _admin_view(c, kind: ClusterKind, port: int) -> None:
-    """The admin view (pdl_spawner/admin_view.py): a JupyterHub managed service at
+    """The admin view (pdl_spawner/admin/view.py): a JupyterHub managed service at
     /services/pdl-admin/ for admins only (scope access:services!service=pdl-admin), on
     127.0.0.1:``port``, told the kind's source settings from the final config."""
     import json
 
-    from pdl_spawner.admin_view import SOURCE_VARIABLE
+    from pdl_spawner.admin.view import SOURCE_VARIABLE
 
     settings = {"kind": kind.name, **kind.admin_settings(c)}
     c.JupyterHub.services.append({
         "name": "pdl-admin",
         "url": f"http://127.0.0.1:{port}",
-        "command": [sys.executable, "-m", "pdl_spawner.admin_view"],
+        "command": [sys.executable, "-m", "pdl_spawner.admin.view"],
         "environment": {SOURCE_VARIABLE: json.dumps(settings)},
         "oauth_no_confirm": True,
     })

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdl.balance.plan import MODES as BALANCE_MODES
-from pdl_spawner.core.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from pdl_spawner.hub.request_limits import DEFAULT_MAX_REQUEST_BYTES
 from pdl_spawner.settings import values
 
 #: The prefix of the hub's own variables.

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from html import escape
 
-from pdl_spawner.core.admin_frame import (
+from pdl_spawner.admin.frame import (
     PageParts, duration_text, gpu_idle_rows, gpu_idle_section, gpu_name, iso_utc, nodes_summary, table_html, typed,
 )
 from pdl_spawner.core.reservations import SlotLedger
@@ -122,7 +122,7 @@ def slurm_status_model(
     (:data:`SLURM_RECLAIMS_NOTE`). ``now`` is epoch seconds; ``account_prefix``: the
     hub's users' account prefix, which tells PDL's jobs from others'. ``gpu_idle``: the
     hub's flags on GPUs held idle (owner -> since, epoch s), shown as ``gpu_idle`` rows
-    (:func:`~pdl_spawner.core.admin_frame.gpu_idle_rows`) for a PDL job of that owner that
+    (:func:`~pdl_spawner.admin.frame.gpu_idle_rows`) for a PDL job of that owner that
     holds GPUs and started before the flag's time (an older job's flag is not its)."""
     mine = sorted(in_partition(partition, nodes, default_partition), key=lambda n: node_order(n.name))
     reservations = slurm_reservation_rows(jobs, now, account_prefix)

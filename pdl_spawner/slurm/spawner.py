@@ -1,7 +1,7 @@
 """``PDLSlurmSpawner`` (entry point ``pdl-slurm``): GPUs reserved as a real Slurm job.
 
 The user's server runs as the user's own Unix account, with the accounts, homes,
-ports and process handling of :class:`~pdl_spawner.core.host_server.HostServer`, where
+ports and process handling of :class:`~pdl_spawner.host.server.HostServer`, where
 :attr:`PDLSlurmSpawner.server_placement` says (:mod:`~pdl_spawner.slurm.placement`):
 on the hub's machine, the cluster's login node (``"login"``, the default), or as a
 step of its own job on the job's batch host (``"allocation"``: the ``srun`` of that
@@ -54,10 +54,10 @@ from traitlets import Dict, Enum, Integer, List, Unicode, default
 
 from pdl.contract import ServerContract
 from pdl.lease import ExtendAnswer, Extended, Grant, Refusal
-from pdl_spawner.core import unix_accounts
-from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.accounts import unix_accounts
+from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.core.gpu_types import GpuTypeChoice
-from pdl_spawner.core.host_server import HostServer
+from pdl_spawner.host.server import HostServer
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.core.usage import SchedulerLimits, WorkerUsage

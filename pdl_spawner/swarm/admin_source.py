@@ -22,7 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from pdl_spawner.core.admin_frame import (
+from pdl_spawner.admin.frame import (
     RECENT_RECLAIMS, PageParts, gpu_idle_rows, gpu_idle_section, gpu_name, holdings_sections, iso_utc,
     nodes_summary, queue_rows, reclaim_rows, reservation_row, split_owner,
 )
@@ -38,7 +38,7 @@ DOCKER_TIMEOUT_S = 10
 
 
 def gpu_reservation_rows(holdings: list[GpuHolding], now: float) -> list[dict]:
-    """One row per GPU held (:func:`~pdl_spawner.core.admin_frame.reservation_row`), in
+    """One row per GPU held (:func:`~pdl_spawner.admin.frame.reservation_row`), in
     the holdings' order (node, then GPU): the GPU id as ``slot`` (``"(pending)"`` for a
     task not placed yet), its node's hostname as ``node``, its type as ``gpu_type``
     (:attr:`~pdl_spawner.swarm.gpus.GpuHolding.gpu_type`)."""

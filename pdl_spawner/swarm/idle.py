@@ -17,7 +17,7 @@ from tornado import web
 from traitlets import HasTraits
 
 from pdl.lease import Grant
-from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.swarm.gpus import GpuHolding, gpu_holdings
 from pdl_spawner.swarm.specs import LABEL_PREFIX

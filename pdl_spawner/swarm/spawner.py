@@ -63,7 +63,7 @@ from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secr
 from pdl.contract import ServerContract
 
 from pdl_spawner.swarm import specs as swarm_specs
-from pdl_spawner.core.db_thread import off_loop
+from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore

@@ -66,7 +66,7 @@ from traitlets.config.loader import PyFileConfigLoader
 c = PyFileConfigLoader("jupyterhub_config.py", path=sys.argv[1]).load_config()
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
-from pdl_spawner.core.accounts import PDLAuthenticator
+from pdl_spawner.accounts.authenticator import PDLAuthenticator
 from pdl_spawner.kinds import kind_named
 c.PDLAuthenticator.first_admin = ""  # no account is made: only the settings are read
 login = PDLAuthenticator(config=c, db=orm.new_session_factory("sqlite://")())

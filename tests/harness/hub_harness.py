@@ -37,7 +37,7 @@ import websocket
 from jupyterhub.utils import subdomain_hook_idna
 
 from pdl.process import pid_alive
-from pdl_spawner.core.credentials import SignupCodes
+from pdl_spawner.accounts.credentials import SignupCodes
 from pdl_spawner.settings.values import port_range
 from pdl.contract import cluster_dir_in
 from waiting import wait_until
@@ -180,7 +180,7 @@ class Hub:
         self.url = f"http://{public_host}:{self.port}"  # the hub's public URL (PDL_PUBLIC_URL)
         # fixed for the hub's lifetime: running servers keep talking to these after a restart
         self.internal_port, self.proxy_api_port = free_port(), free_port()
-        self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin_view.py)
+        self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin/view.py)
         self.hub_env = hub_env or {}  # extra environment of the hub process (PDL_* settings)
         # its users' servers' ports (PDL_PORT_RANGE): this worker's, unless the test sets them
         self.port_range = (port_range(self.hub_env["PDL_PORT_RANGE"]) if "PDL_PORT_RANGE" in self.hub_env
@@ -309,7 +309,7 @@ c.JupyterHub.log_level = "INFO"
         # account is gone, an account another test makes beside this one may get the uid
         shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)
         subprocess.run(["userdel", "--remove", name], capture_output=True)
-        from pdl_spawner.core import device_cgroup
+        from pdl_spawner.host import device_cgroup
 
         if device_cgroup.support():  # its cgroup, left behind when the hub was killed
             device_cgroup.DeviceCgroup(name).remove()

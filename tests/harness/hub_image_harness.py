@@ -21,7 +21,7 @@ import requests
 
 import host_names
 from hub_harness import REPO
-from pdl_spawner.core.credentials import USED
+from pdl_spawner.accounts.credentials import USED
 from swarm_harness import HOST_DOCKER
 from swarm_hub_harness import SwarmHub
 from waiting import wait_until

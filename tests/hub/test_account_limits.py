@@ -1,4 +1,4 @@
-"""Each account's limits with the real kernel (:mod:`pdl_spawner.core.account_limits`), no
+"""Each account's limits with the real kernel (:mod:`pdl_spawner.host.account_limits`), no
 mocks: a process started the way the spawner starts a server (joins the account's cgroups
 as root in the forked child, then gives root up as ``nobody``) forks until the kernel
 says no, or allocates past its memory. Needs root and the cgroup v1 pids and memory
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pdl_spawner.core import account_limits, device_cgroup
-from pdl_spawner.core.account_limits import AccountLimits
+from pdl_spawner.host import account_limits, device_cgroup
+from pdl_spawner.host.account_limits import AccountLimits
 from waiting import wait_until
 
 pytestmark = pytest.mark.integration

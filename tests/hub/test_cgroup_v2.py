@@ -1,4 +1,4 @@
-"""A server's cgroup v2 folder and leaves (:mod:`pdl_spawner.core.cgroup_v2`) with the real
+"""A server's cgroup v2 folder and leaves (:mod:`pdl_spawner.host.cgroup_v2`) with the real
 kernel, no mocks: processes started the way the spawner starts a server's (joined to the
 main leaf as root, then the user's account) and an engine (moving itself into its slot's
 leaf, as :func:`pdl.runtime.boot.join_slot_cgroups` does).
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from pdl_spawner.core import cgroup_v2, device_cgroup, port_filter
-from pdl_spawner.core.cgroup_v2 import ServerTree
+from pdl_spawner.host import cgroup_v2, device_cgroup, port_filter
+from pdl_spawner.host.cgroup_v2 import ServerTree
 
 pytestmark = pytest.mark.integration
 

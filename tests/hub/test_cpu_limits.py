@@ -1,5 +1,5 @@
 """Each server's CPU limit and each slot's cores with the real kernel
-(:mod:`pdl_spawner.core.cpu_limits`), no mocks: processes started the way the spawner
+(:mod:`pdl_spawner.host.cpu_limits`), no mocks: processes started the way the spawner
 starts a server's (joined as root, then ``nobody``) and an engine (joining its slot's
 cgroups as itself, as :func:`pdl.runtime.boot.join_slot_cgroups` does). Needs root and
 the cgroup v1 cpu and cpuset controllers: skips otherwise, and fails instead with
@@ -19,8 +19,8 @@ import pytest
 
 from pdl.engine_contract import EngineContract
 from pdl.slots import engine_env
-from pdl_spawner.core import cpu_limits, device_cgroup
-from pdl_spawner.core.cpu_limits import CpuLimits
+from pdl_spawner.host import cpu_limits, device_cgroup
+from pdl_spawner.host.cpu_limits import CpuLimits
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""GPU device isolation with the real kernel (:mod:`pdl_spawner.core.device_cgroup`), no mocks.
+"""GPU device isolation with the real kernel (:mod:`pdl_spawner.host.device_cgroup`), no mocks.
 
 Stand-in GPUs are char device nodes made here with ``os.mknod`` (a major of Linux's
 local/experimental range that no driver has, mode 0666), so file permissions let
@@ -29,8 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from pdl_spawner.core import device_cgroup, unix_accounts
-from pdl_spawner.core.device_cgroup import DeviceCgroup
+from pdl_spawner.accounts import unix_accounts
+
+from pdl_spawner.host import device_cgroup
+from pdl_spawner.host.device_cgroup import DeviceCgroup
 
 pytestmark = pytest.mark.integration
 

@@ -104,7 +104,7 @@ def test_the_server_is_told_the_flag_once_and_its_lifting_and_the_gpus_are_taken
 
 
 def test_the_admin_view_lists_gpus_held_idle_until_the_flag_lifts_or_the_slots_go(tmp_path):
-    from pdl_spawner.core.admin_frame import render_page
+    from pdl_spawner.admin.frame import render_page
     from pdl_spawner.core.reservations import SlotLedger
     from pdl_spawner.local.admin_source import PAGE, read_status
 

@@ -1,4 +1,4 @@
-"""Each hub user's own login (pdl_spawner/core/accounts.py), through a real JupyterHub's login
+"""Each hub user's own login (pdl_spawner/accounts/authenticator.py), through a real JupyterHub's login
 and sign-up forms: the admin's printed password, sign-up with one's own password, no
 shared password, bcrypt hashes, lockout, the admin's approval, valid names. The last
 tests build the authenticator alone (no hub) for what a root-run hub cannot show."""
@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from hub_harness import hub_fixture, runs_as_root
-from pdl_spawner.core.credentials import ADMIN_PASSWORD_BYTES, secret_file
+from pdl_spawner.accounts.credentials import ADMIN_PASSWORD_BYTES, secret_file
 
 #: The harness signs ann, ben, cal and dee up. A test that locks a name out uses one
 #: no other test locks, so that no test waits for what another left of a lock.
@@ -210,7 +210,7 @@ def test_a_strangers_check_in_flight_does_not_turn_the_owners_browser_away(authe
     import threading
     from types import SimpleNamespace
 
-    import pdl_spawner.core.accounts as accounts
+    import pdl_spawner.accounts.authenticator as accounts
 
     auth = make_authenticator(authenticator_db, tmp_path)
     checks, release = [], threading.Event()
@@ -359,7 +359,7 @@ def authenticator_db(tmp_path):
 
 
 def make_authenticator(db, tmp_path, **config):
-    from pdl_spawner.core.accounts import PDLAuthenticator
+    from pdl_spawner.accounts.authenticator import PDLAuthenticator
 
     return PDLAuthenticator(_deprecated_db_session=db, first_admin="admin",
                             first_admin_password_file=str(tmp_path / "state" / "password"), **config)
@@ -375,7 +375,7 @@ def test_a_name_has_one_password_check_at_a_time_counted_before_it_runs(authenti
 
     from tornado import web
 
-    import pdl_spawner.core.accounts as accounts
+    import pdl_spawner.accounts.authenticator as accounts
 
     auth = make_authenticator(authenticator_db, tmp_path)
     checks, release = [], threading.Event()
@@ -415,7 +415,7 @@ def test_a_flood_of_logins_gets_429_beyond_the_cap_and_never_the_hubs_default_th
 
     from tornado import web
 
-    import pdl_spawner.core.accounts as accounts
+    import pdl_spawner.accounts.authenticator as accounts
 
     auth = make_authenticator(authenticator_db, tmp_path)
     monkeypatch.setattr(auth, "get_user", lambda name: SimpleNamespace(password=b"", has_2fa=False,
@@ -499,8 +499,8 @@ def test_sign_ups_are_limited_per_client_address_whatever_headers_the_client_sen
 
     from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
-    import pdl_spawner.core.account_pages as account_pages
-    import pdl_spawner.core.accounts as accounts
+    import pdl_spawner.accounts.pages as account_pages
+    import pdl_spawner.accounts.authenticator as accounts
 
     now = [1000.0]
     monkeypatch.setattr(accounts, "time", SimpleNamespace(monotonic=lambda: now[0]))
@@ -538,7 +538,7 @@ def test_a_sign_ups_password_is_hashed_off_the_event_loop_and_429_beyond_the_cap
 
     from tornado import web
 
-    import pdl_spawner.core.accounts as accounts
+    import pdl_spawner.accounts.authenticator as accounts
 
     auth = make_authenticator(authenticator_db, tmp_path)
     threads, release, real_hash = set(), threading.Event(), bcrypt.hashpw
@@ -576,7 +576,7 @@ def test_sign_up_codes_are_private_one_per_name_and_work_once(tmp_path):
     """Guards ``credentials.SignupCodes``: a restart (``ensure`` again) keeps each code and
     never makes a used one new; the file is mode 0600 from the start; a code works for
     its own name only, once."""
-    from pdl_spawner.core.credentials import SignupCodes
+    from pdl_spawner.accounts.credentials import SignupCodes
 
     codes = SignupCodes(tmp_path / "state")
     first = codes.ensure(["ann", "ben"])
@@ -596,7 +596,7 @@ def test_wrong_password_counts_are_forgotten_an_hour_after_the_last_for_every_na
     FAILED_LOGINS_KEPT_S after its last wrong password, whether the name has an account or not."""
     import asyncio
 
-    from pdl_spawner.core.accounts import FAILED_LOGINS_KEPT_S
+    from pdl_spawner.accounts.authenticator import FAILED_LOGINS_KEPT_S
 
     auth = make_authenticator(authenticator_db, tmp_path)
 

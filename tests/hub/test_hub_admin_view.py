@@ -1,4 +1,4 @@
-"""The admin view (pdl_spawner/admin_view.py, its frame and local source): the pure rows and page, then the
+"""The admin view (pdl_spawner/admin/view.py, its frame and local source): the pure rows and page, then the
 ``pdl-admin`` service in a real JupyterHub, where admins see who holds which slot,
 who waits and what was reclaimed, and nobody else gets in."""
 
@@ -13,8 +13,8 @@ import pytest
 import requests
 
 from hub_harness import Hub, hub_fixture, pids_matching
-from pdl_spawner.admin_view import render_page
-from pdl_spawner.core.admin_frame import duration_text
+from pdl_spawner.admin.view import render_page
+from pdl_spawner.admin.frame import duration_text
 from pdl_spawner.local.admin_source import status_model
 from pdl_spawner.core.reservations import Holding, Reclaim, SlotLedger
 from pdl_spawner.core.wait_queue import Waiter
@@ -140,7 +140,7 @@ def test_the_view_dies_with_its_hub_and_comes_back_with_it(hub):
     """A view left behind by a killed hub would hold its port, and a restarted hub exits
     when its managed service cannot start."""
     def views():
-        return pids_matching(lambda cmd, cwd: "pdl_spawner.admin_view" in cmd and cwd.startswith(str(hub.root)))
+        return pids_matching(lambda cmd, cwd: "pdl_spawner.admin.view" in cmd and cwd.startswith(str(hub.root)))
 
     assert len(views()) == 1
     hub.stop_hub(signal.SIGKILL)

@@ -110,7 +110,7 @@ def account_of(hub, user: str) -> pwd.struct_passwd:
 
 
 def test_ben_cannot_log_in_as_ann_with_his_own_password(hub):
-    """Guards the per-user credential (pdl_spawner/core/accounts.py): no password is shared."""
+    """Guards the per-user credential (pdl_spawner/accounts/authenticator.py): no password is shared."""
     session = hub.login("ann", password=hub.password("ben"))
     assert "jupyterhub-hub-login" not in session.cookies
     assert hub.login("ann").cookies.get("jupyterhub-hub-login")  # her own password does
@@ -274,7 +274,7 @@ print(json.dumps({{"joined": joined}}))
 
 
 def test_ben_cannot_plant_a_compile_cache_or_any_file_in_anns_temporary_places(hub, ann, ben):
-    """Guards ``pdl_spawner/core/private_tmp.py`` (each server's own /tmp, /var/tmp and
+    """Guards ``pdl_spawner/host/private_tmp.py`` (each server's own /tmp, /var/tmp and
     /dev/shm). The attack (issue 45, 1): torch keeps its compile cache in
     ``/tmp/torchinductor_<account>`` and makes it without checking who owns it; ben made
     ann's first, opened it to everyone and planted a module that her kernel then ran as
@@ -321,7 +321,7 @@ print(json.dumps([p + "/anns-notes" for p in ("/tmp", "/var/tmp", "/dev/shm") if
 
 
 def test_bens_runaway_processes_stop_at_his_limit_while_ann_and_the_admin_start_theirs(hub, ann, ben):
-    """Guards ``pdl_spawner/core/account_limits.py`` (a pids cgroup per account). The
+    """Guards ``pdl_spawner/host/account_limits.py`` (a pids cgroup per account). The
     attack (issue 45, 3): ben's kernel started 3,000 processes in 6 s and would have gone
     on, to the machine's limit, where nobody can start anything. Now his processes stop
     at his limit with an error in his kernel, and while he holds them all, ann starts a
@@ -375,7 +375,7 @@ def children_of(parent: int) -> list[int]:
 
 
 def test_bens_allocation_past_his_memory_limit_ends_his_process_alone(hub, ann, ben):
-    """Guards ``pdl_spawner/core/account_limits.py`` (a memory cgroup per account, limited
+    """Guards ``pdl_spawner/host/account_limits.py`` (a memory cgroup per account, limited
     to JupyterHub's ``mem_limit``). The attack (issue 45, 3): with ``mem_limit = "1G"``,
     ben's kernel touched 1.5 GiB; nothing enforced it, and the hub had the same OOM score
     as everyone's processes. Now the OOM killer ends ben's allocation in his own cgroup;

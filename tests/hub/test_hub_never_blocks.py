@@ -43,7 +43,7 @@ def timed_get(session: requests.Session, url: str, **kwargs) -> tuple[float, int
 
 @pytest.mark.timing
 def test_the_hub_answers_within_0_2_s_while_the_ledger_is_locked_elsewhere(hub):
-    """Guards ``pdl_spawner.core.db_thread.off_loop`` around every ledger and queue call of the
+    """Guards ``pdl_spawner.hub.db_thread.off_loop`` around every ledger and queue call of the
     spawner (``reserve``, the spawn form): run on the event loop, the spawn below would
     freeze every page for as long as the lock is held."""
     hub.start()

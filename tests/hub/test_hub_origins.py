@@ -1,7 +1,7 @@
 """The hostile neighbour's web pages: ben serves a page, ann opens it while logged in.
 
 Each user's server is an origin of its own (``<name>.localhost``, JupyterHub's
-``subdomain_host``, pdl_spawner/core/public_url.py), and a user's own Jupyter config never
+``subdomain_host``, pdl_spawner/hub/public_url.py), and a user's own Jupyter config never
 loads into their server (``disable_user_config``). Two real hubs, run as root as the
 README's default is: the default one, where ben's ``~/.jupyter`` config is ignored; and
 one where it loads (the fault injected at its seam: a user who controls what his server

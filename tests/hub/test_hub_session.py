@@ -49,7 +49,7 @@ def engines_of(hub, user: str) -> dict[int, dict[str, str]]:
 
 
 def on_a_slot(pid: int) -> bool:
-    """Whether process ``pid`` is in a slot's CPU cgroup (pdl_spawner/core/cpu_limits.py)."""
+    """Whether process ``pid`` is in a slot's CPU cgroup (pdl_spawner/host/cpu_limits.py)."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except FileNotFoundError:

@@ -358,7 +358,7 @@ def test_clear_state_frees_a_reservation_the_state_never_recorded(tmp_path):
     """Guards ``PDLLocalSpawner.clear_state`` releasing by owner: after a hub crash between
     the reservation and JupyterHub saving the state, the restarted hub's spawner has no
     slots in its state, and clearing it must still free what the ledger holds."""
-    from pdl_spawner.core.db_thread import submit
+    from pdl_spawner.hub.db_thread import submit
 
     spawner = _lease_spawner(tmp_path, {})
     SlotLedger(spawner.reservations_db).reserve("alice", 2, spawner.pool)
@@ -371,9 +371,9 @@ def test_clear_state_frees_a_reservation_the_state_never_recorded(tmp_path):
 @pytest.mark.unit
 @pytest.mark.parametrize("value", [0, -1, True, "1048576", 1.5])
 def test_the_request_body_limit_takes_a_positive_number_of_bytes_only(value):
-    """Guards pdl_spawner.core.request_limits: a limit of 0 (or a string from the environment)
+    """Guards pdl_spawner.hub.request_limits: a limit of 0 (or a string from the environment)
     would refuse every request, or none, silently."""
-    from pdl_spawner.core.request_limits import limit_request_bodies
+    from pdl_spawner.hub.request_limits import limit_request_bodies
 
     with pytest.raises(ValueError, match="positive number of bytes"):
         limit_request_bodies(value)
@@ -388,7 +388,7 @@ def test_a_missing_runtime_root_is_made_open_to_the_accounts_whatever_the_umask(
     import pwd
     import stat
 
-    from pdl_spawner.core.unix_accounts import ensure_runtime_dir
+    from pdl_spawner.accounts.unix_accounts import ensure_runtime_dir
 
     if os.geteuid() != 0:
         pytest.skip("gives the folder to another account: needs root")
@@ -418,7 +418,7 @@ def test_pdl_runs_users_only_as_accounts_its_own_hub_made(tmp_path):
     import stat
     import subprocess
 
-    from pdl_spawner.core.unix_accounts import ForeignAccount, accounts_made, ensure_account, uid_min
+    from pdl_spawner.accounts.unix_accounts import ForeignAccount, accounts_made, ensure_account, uid_min
 
     if os.geteuid() != 0:
         pytest.skip("makes Unix accounts: needs root")

@@ -1,4 +1,4 @@
-"""The bind filter of a server's cgroup (:mod:`pdl_spawner.core.port_filter`) with the real
+"""The bind filter of a server's cgroup (:mod:`pdl_spawner.host.port_filter`) with the real
 kernel: a process in the cgroup binds, of the hub's range, only its server's port.
 Needs root and a cgroup v2 mount: skips otherwise, and fails instead with ``$CI``."""
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pdl_spawner.core import device_cgroup, port_filter
+from pdl_spawner.host import device_cgroup, port_filter
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Each server's own temporary places with the real kernel (:mod:`pdl_spawner.core.private_tmp`),
+"""Each server's own temporary places with the real kernel (:mod:`pdl_spawner.host.private_tmp`),
 no mocks: a process started the way the spawner starts a server (the namespace entered
 as root in the forked child, then root given up) writes to /tmp, /var/tmp and /dev/shm,
 and the machine's own places never see it, nor does it see theirs. Needs root: skips
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pdl_spawner.core.private_tmp import PLACES, PrivateTmp
+from pdl_spawner.host.private_tmp import PLACES, PrivateTmp
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,10 +1,10 @@
-"""pdl_spawner/core/public_url.py: which public URLs the hub takes, and its one-line refusal."""
+"""pdl_spawner/hub/public_url.py: which public URLs the hub takes, and its one-line refusal."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdl_spawner.core.public_url import default_public_url, public_url_problem
+from pdl_spawner.hub.public_url import default_public_url, public_url_problem
 
 
 @pytest.mark.parametrize("url", ["http://localhost:8000", "https://hub.lab.example", "https://hub.lab.example/",

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 #: The processes PDL starts per hub and per spawn, by the modules they run.
 STARTED_PROCESSES = ("jupyterhub.app", "jupyterhub.singleuser", "pdl_server.singleuser",
-                     "pdl_spawner.admin_view", "jupyterlab")
+                     "pdl_spawner.admin.view", "jupyterlab")
 
 
 def test_no_process_of_a_spawn_compiles_iri_grammars_at_start():

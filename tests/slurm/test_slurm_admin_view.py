@@ -11,7 +11,7 @@ from html import escape
 
 import pytest
 
-from pdl_spawner.admin_view import reader, render_page
+from pdl_spawner.admin.view import reader, render_page
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.slurm import admin_source as slurm_source
 from pdl_spawner.slurm.admin_source import (

@@ -14,7 +14,7 @@ import pytest
 
 import slurm_harness
 from pdl_spawner.slurm.job_clock import READ_EVERY_S
-from pdl_spawner.core import device_cgroup
+from pdl_spawner.host import device_cgroup
 from hub_harness import Kernel, Progress, origin_answers, queue_up, release_ports, squat_ports
 from fault_cells import SUM, magic
 from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdl_spawner.admin_view import reader, render_page
+from pdl_spawner.admin.view import reader, render_page
 from pdl_spawner.local.admin_source import read_status
 from pdl_spawner.swarm import admin_source as swarm_source
 from pdl_spawner.swarm.admin_source import read_swarm_status, swarm_status_model

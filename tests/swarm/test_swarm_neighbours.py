@@ -198,7 +198,7 @@ def run_as_ben(swarm, network: str, node: int, argv: list[str]) -> dict:
 
 
 def test_ben_cannot_log_in_as_ann_with_his_own_password(hub):
-    """Guards the per-user credential (pdl_spawner/core/accounts.py) in the hub's Swarm mode."""
+    """Guards the per-user credential (pdl_spawner/accounts/authenticator.py) in the hub's Swarm mode."""
     session = hub.login("ann", password=hub.password("ben"))
     assert "jupyterhub-hub-login" not in session.cookies
     assert hub.login("ann").cookies.get("jupyterhub-hub-login")  # her own password does

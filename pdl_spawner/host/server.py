@@ -10,17 +10,17 @@ workers come from (``claim_workers``, ``release``, ``release_blocking``).
 
 - **Accounts.** When the hub runs as root (:attr:`HostServer.system_users`), each hub
   user's server, kernels, terminal, controller and engines run under that user's own
-  Unix account (:mod:`~pdl_spawner.core.unix_accounts`, made on the first spawn), in a
+  Unix account (:mod:`~pdl_spawner.accounts.unix_accounts`, made on the first spawn), in a
   home of mode 0700, inside a device cgroup of their own
-  (:mod:`~pdl_spawner.core.device_cgroup`, which also tracks every process of the
+  (:mod:`~pdl_spawner.host.device_cgroup`, which also tracks every process of the
   server) and in a cgroup v2 whose bind filter lets them take, of ``port_range``, only
-  their own server's port (:mod:`~pdl_spawner.core.port_filter`), in a mount namespace
-  with a /tmp, /var/tmp and /dev/shm of the server's own (:mod:`~pdl_spawner.core.private_tmp`),
+  their own server's port (:mod:`~pdl_spawner.host.port_filter`), in a mount namespace
+  with a /tmp, /var/tmp and /dev/shm of the server's own (:mod:`~pdl_spawner.host.private_tmp`),
   in cgroups of their account that bound their processes and memory
-  (:mod:`~pdl_spawner.core.account_limits`), and in a cgroup of the server that bounds its
+  (:mod:`~pdl_spawner.host.account_limits`), and in a cgroup of the server that bounds its
   CPU (JupyterHub's ``cpu_limit``) while each engine is kept on its slot's cores
-  (:mod:`~pdl_spawner.core.cpu_limits`); on a host with cgroup v2 only, the limits are
-  those of one cgroup v2 folder per server and its leaves (:mod:`~pdl_spawner.core.cgroup_v2`,
+  (:mod:`~pdl_spawner.host.cpu_limits`); on a host with cgroup v2 only, the limits are
+  those of one cgroup v2 folder per server and its leaves (:mod:`~pdl_spawner.host.cgroup_v2`,
   :attr:`HostServer.tree`). Nothing of a user runs as root. Without root,
   every server runs as the hub's own user: one person's machine.
 - **Start.** The kind claims the workers, then the account is made (once: a kind
@@ -52,8 +52,9 @@ from traitlets import Bool, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from pdl.contract import ServerContract, cluster_dir_in
-from pdl_spawner.core import account_limits, cgroup_v2, cpu_limits, device_cgroup, port_filter, private_tmp, unix_accounts
-from pdl_spawner.core.db_thread import submit
+from pdl_spawner.accounts import unix_accounts
+from pdl_spawner.host import account_limits, cgroup_v2, cpu_limits, device_cgroup, port_filter, private_tmp
+from pdl_spawner.hub.db_thread import submit
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
 KILL_WAIT_S = 10.0
@@ -126,7 +127,7 @@ class HostServer(LoggingConfigurable):
         private_tmp.DEFAULT_ROOT, config=True,
         help="""Folder (root's, mode 0700) where each server's own /tmp and /var/tmp are kept
         while it runs, when the hub runs as root: every server sees its own /tmp, /var/tmp
-        and /dev/shm, never another user's (pdl_spawner.core.private_tmp).""",
+        and /dev/shm, never another user's (pdl_spawner.host.private_tmp).""",
     )
 
     memory_kept_for_hub = ByteSpecification(
@@ -211,7 +212,7 @@ class HostServer(LoggingConfigurable):
 
     @property
     def private_tmp(self) -> private_tmp.PrivateTmp | None:
-        """This server's own temporary places (:mod:`~pdl_spawner.core.private_tmp`); None
+        """This server's own temporary places (:mod:`~pdl_spawner.host.private_tmp`); None
         without :attr:`system_users`."""
         if not self.system_users:
             return None
@@ -224,7 +225,7 @@ class HostServer(LoggingConfigurable):
     def tree(self) -> cgroup_v2.ServerTree | None:
         """This server's cgroup v2 folder and leaves, which bound its processes, memory and
         CPU where the machine has those controllers on cgroup v2 only
-        (:mod:`~pdl_spawner.core.cgroup_v2`; then :attr:`account_limits` and
+        (:mod:`~pdl_spawner.host.cgroup_v2`; then :attr:`account_limits` and
         :attr:`cpu_limits` are None); None without :attr:`system_users`, or where the v1
         controllers are used. The first call of a hub process logs which, and limits the
         memory of all users together."""
@@ -251,7 +252,7 @@ class HostServer(LoggingConfigurable):
 
     @property
     def account_limits(self) -> account_limits.AccountLimits | None:
-        """The cgroups that bound this server's account (:mod:`~pdl_spawner.core.account_limits`);
+        """The cgroups that bound this server's account (:mod:`~pdl_spawner.host.account_limits`);
         None without :attr:`system_users`. The first call of a hub process logs what this
         machine cannot limit, and limits the memory of all users together."""
         if not self.system_users or self.tree is not None:
@@ -287,7 +288,7 @@ class HostServer(LoggingConfigurable):
     @property
     def cpu_limits(self) -> cpu_limits.CpuLimits | None:
         """The cgroups that bound this server's CPU and keep its engines on their slots'
-        cores (:mod:`~pdl_spawner.core.cpu_limits`); None without :attr:`system_users`, or
+        cores (:mod:`~pdl_spawner.host.cpu_limits`); None without :attr:`system_users`, or
         where this machine lacks the controllers (the first call of a hub process logs why)."""
         if not self.system_users or self.tree is not None:
             return None
@@ -301,7 +302,7 @@ class HostServer(LoggingConfigurable):
 
     @property
     def port_cgroup(self) -> port_filter.PortCgroup | None:
-        """This server's bind filter's cgroup (:mod:`~pdl_spawner.core.port_filter`); None
+        """This server's bind filter's cgroup (:mod:`~pdl_spawner.host.port_filter`); None
         without :attr:`system_users`, or where the machine cannot filter binds (the hub
         logs why once)."""
         if not self.system_users:
@@ -392,7 +393,7 @@ class HostServer(LoggingConfigurable):
 
     def place_servers(self) -> None:
         """Keep every server off the cores of other users' slots
-        (:meth:`~pdl_spawner.core.cpu_limits.CpuLimits.place_servers`; nothing without
+        (:meth:`~pdl_spawner.host.cpu_limits.CpuLimits.place_servers`; nothing without
         CPU limits)."""
         cpu, tree = self.cpu_limits, self.tree
         if cpu is not None:

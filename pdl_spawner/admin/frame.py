@@ -1,6 +1,6 @@
 """The admin view's frame: what it shows of every cluster kind, and how it is served.
 
-The admin view (``python -m pdl_spawner.admin_view``, :mod:`pdl_spawner.admin_view`)
+The admin view (``python -m pdl_spawner.admin.view``, :mod:`pdl_spawner.admin.view`)
 is a JupyterHub managed service. Each cluster kind brings its source: a reader (the
 status model, JSON-ready, read on every request) and the :class:`PageParts` that turn
 it into HTML (its summary line and tables): :mod:`pdl_spawner.local.admin_source`,

@@ -30,7 +30,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from pdl_spawner.core.device_cgroup import cgroup_name
+from pdl_spawner.host.device_cgroup import cgroup_name
 
 #: Where the servers' own folders are kept (root's, mode 0700).
 DEFAULT_ROOT = "/var/lib/pdl/private-tmp"

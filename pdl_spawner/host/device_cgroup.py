@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pdl_spawner.core import bpf
+from pdl_spawner.host import bpf
 
 #: The cgroup (under the devices mount) that holds one cgroup per server owner.
 DEFAULT_PARENT = "pdl"

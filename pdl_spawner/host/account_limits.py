@@ -6,7 +6,7 @@ anything, or the kernel's OOM killer takes the hub. Each Unix account gets a cgr
 each of the cgroup v1 controllers ``pids`` and ``memory``,
 ``<mount>/<parent>/<cgroup_name(account)>`` (:class:`AccountLimits`); every process of
 every server of the user joins them in the forked child, as root, before it gives root
-up (:func:`~pdl_spawner.core.device_cgroup.join`), so that it and all its descendants
+up (:func:`~pdl_spawner.host.device_cgroup.join`), so that it and all its descendants
 count, and cannot leave (the cgroups' files are root's).
 
 - **Processes**: ``pids.max``. Past it, ``fork()`` and ``clone()`` fail with EAGAIN in
@@ -21,7 +21,7 @@ count, and cannot leave (the cgroups' files are root's).
   be picked first, :func:`mark_user_process`).
 
 Where it works (:func:`support`): the cgroup v1 controllers, as root. A host with cgroup
-v2 only gets the same limits from :mod:`~pdl_spawner.core.cgroup_v2`.
+v2 only gets the same limits from :mod:`~pdl_spawner.host.cgroup_v2`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup_name, make_cgroup, v1_mounts
+from pdl_spawner.host.device_cgroup import DEFAULT_PARENT, cgroup_name, make_cgroup, v1_mounts
 
 CONTROLLERS = ("pids", "memory")
 #: ``oom_score_adj`` of the hub and the processes it starts for itself (the proxy, the
@@ -82,7 +82,7 @@ class AccountLimits:
 
     @property
     def procs_files(self) -> list[Path]:
-        """The files a process joins through (:func:`~pdl_spawner.core.device_cgroup.join`), one per controller."""
+        """The files a process joins through (:func:`~pdl_spawner.host.device_cgroup.join`), one per controller."""
         return [path / "cgroup.procs" for path in self.paths.values()]
 
     def apply(self, processes: int = 0, memory_bytes: int = 0) -> None:

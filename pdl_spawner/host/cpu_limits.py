@@ -34,7 +34,7 @@ else. With the cgroup v1 controllers ``cpu`` and ``cpuset`` (as root):
 
 Where this machine lacks a controller, or the hub is not root, :func:`support` says why
 in one line, and the hub logs it once. A host with cgroup v2 only gets the same from
-:mod:`~pdl_spawner.core.cgroup_v2`, which places servers with :func:`place` too.
+:mod:`~pdl_spawner.host.cgroup_v2`, which places servers with :func:`place` too.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdl.slots import slot_dirname
-from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup_name, kill_cgroup, make_cgroup, v1_mounts
+from pdl_spawner.host.device_cgroup import DEFAULT_PARENT, cgroup_name, kill_cgroup, make_cgroup, v1_mounts
 
 CONTROLLERS = ("cpu", "cpuset")
 #: Microseconds of one quota period of ``cpu_limit``: short, so that a limited kernel
@@ -104,7 +104,7 @@ class CpuLimits:
 
     def server_procs_files(self, owner: str) -> list[Path]:
         """The files a server's process joins through
-        (:func:`~pdl_spawner.core.device_cgroup.join`)."""
+        (:func:`~pdl_spawner.host.device_cgroup.join`)."""
         return [path / "cgroup.procs" for path in self.server_paths(owner)]
 
     def limit_server(self, owner: str, cpu_limit: float | None) -> None:
@@ -195,7 +195,7 @@ def quota_us(cpu_limit: float | None) -> int | None:
 
 
 def _make(folder: Path, shares: int | None = None) -> None:
-    """:func:`~pdl_spawner.core.device_cgroup.make_cgroup`, with the folder's ``cpu.shares``."""
+    """:func:`~pdl_spawner.host.device_cgroup.make_cgroup`, with the folder's ``cpu.shares``."""
     make_cgroup(folder)
     if shares is not None:
         (folder / "cpu.shares").write_text(str(shares))

@@ -6,13 +6,13 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
 
 - **The first admin.** At hub start, ``first_admin`` gets an account, authorized, whose
   password is the one in ``first_admin_password_file`` (made by
-  :func:`~pdl_spawner.core.credentials.secret_file`, random and mode 0600, when missing: the
+  :func:`~pdl_spawner.accounts.credentials.secret_file`, random and mode 0600, when missing: the
   password ``scripts/serve`` prints). An existing account is never touched: once the
   admin changes their password at ``/hub/change-password``, the file keeps the first one.
 - **Everyone else signs up** at ``/hub/signup`` with a password of their own: at least
   ``minimum_password_length`` (8) characters, not a common one, at most 72 bytes
   (bcrypt's limit). A name listed at hub start (``PDL_USERS``) has a one-time sign-up
-  code (:class:`~pdl_spawner.core.credentials.SignupCodes`, in the folder of
+  code (:class:`~pdl_spawner.accounts.credentials.SignupCodes`, in the folder of
   ``first_admin_password_file``; ``scripts/serve`` prints a link with it for each):
   with it, as ``/hub/signup?code=...``, the name is approved at once; without it the
   sign-up is refused (HTTP 403, one line), so a stranger cannot claim a listed name
@@ -50,7 +50,7 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   anonymous sign-ups, each hashed there, stalled the hub for seconds). Listed names
   and admins can always sign up.
 - **Names** are normalised (Unicode NFKC, then JupyterHub's lowercasing) before anything
-  else, and must be :data:`~pdl_spawner.core.unix_accounts.NAME_PATTERN`, as each becomes a
+  else, and must be :data:`~pdl_spawner.accounts.unix_accounts.NAME_PATTERN`, as each becomes a
   Unix account (``pdl-<name>``). A sign-up must type the name in ASCII (``\u212Aate``, with
   a Kelvin sign, would otherwise become ``kate``); another name gets one line that says
   what a valid name is.
@@ -81,9 +81,9 @@ from nativeauthenticator.orm import UserInfo
 from tornado import web
 from traitlets import Bool, Integer, Unicode, default
 
-from pdl_spawner.core.account_pages import DiscardHandler, LoginHandler, SignUpHandler, ToggleAuthorizationHandler
-from pdl_spawner.core.credentials import ADMIN_PASSWORD_BYTES, SignupCodes, secret_file
-from pdl_spawner.core.unix_accounts import NAME_PATTERN
+from pdl_spawner.accounts.pages import DiscardHandler, LoginHandler, SignUpHandler, ToggleAuthorizationHandler
+from pdl_spawner.accounts.credentials import ADMIN_PASSWORD_BYTES, SignupCodes, secret_file
+from pdl_spawner.accounts.unix_accounts import NAME_PATTERN
 
 #: Threads that check passwords (bcrypt, slow on purpose), a pool of their own.
 LOGIN_CHECK_THREADS = 2

@@ -1,7 +1,7 @@
 """Each server's processes bounded in one cgroup v2 folder and its leaves, on machines
 whose cgroup v2 mount has the controllers PDL's limits need (pure cgroup v2 hosts, as
 Debian 12 and Ubuntu 22.04 and later are; hybrid hosts with the v1 controllers use
-:mod:`~pdl_spawner.core.account_limits` and :mod:`~pdl_spawner.core.cpu_limits`).
+:mod:`~pdl_spawner.host.account_limits` and :mod:`~pdl_spawner.host.cpu_limits`).
 
 On cgroup v2 a process is in one cgroup of one tree, and a cgroup whose children get
 controllers holds no process itself, so a server's limits nest (:class:`ServerTree`)::
@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 from pdl.slots import slot_dirname
-from pdl_spawner.core.account_limits import users_memory_bytes
-from pdl_spawner.core.cpu_limits import PERIOD_US, cores_of, place, quota_us
-from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup2_mount, cgroup_name, kill_cgroup, make_cgroup
+from pdl_spawner.host.account_limits import users_memory_bytes
+from pdl_spawner.host.cpu_limits import PERIOD_US, cores_of, place, quota_us
+from pdl_spawner.host.device_cgroup import DEFAULT_PARENT, cgroup2_mount, cgroup_name, kill_cgroup, make_cgroup
 
 #: The controllers the tree bounds a server with.
 CONTROLLERS = ("cpu", "cpuset", "memory", "pids")
@@ -132,7 +132,7 @@ class ServerTree:
 
     @property
     def procs_file(self) -> Path:
-        """The file the server's processes join through (:func:`~pdl_spawner.core.device_cgroup.join`)."""
+        """The file the server's processes join through (:func:`~pdl_spawner.host.device_cgroup.join`)."""
         return self.path / MAIN / "cgroup.procs"
 
     def slot_path(self, slot: str) -> Path:
@@ -236,8 +236,8 @@ def limit_all_users(root: Path, kept_bytes: int, parent: str = DEFAULT_PARENT) -
 
 def place_servers(root: Path, parent: str = DEFAULT_PARENT) -> None:
     """Keep every server's main leaf under ``<root>/<parent>`` off the cores of the slots
-    other accounts hold, as :meth:`pdl_spawner.core.cpu_limits.CpuLimits.place_servers`
-    does on cgroup v1 (:func:`pdl_spawner.core.cpu_limits.place`)."""
+    other accounts hold, as :meth:`pdl_spawner.host.cpu_limits.CpuLimits.place_servers`
+    does on cgroup v1 (:func:`pdl_spawner.host.cpu_limits.place`)."""
     folders = [f for f in (root / parent).glob("*/") if (f / MAIN).is_dir()]
     slots = [leaf for f in folders for leaf in f.glob("*/") if leaf.name != MAIN]
     place(cores_of(root / "cpuset.cpus.effective"), slots, [f / MAIN for f in folders])

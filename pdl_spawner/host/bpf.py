@@ -2,8 +2,8 @@
 
 PDL writes its few programs as raw instructions (:func:`insn`); this module loads one
 (:func:`load`) and puts it on a cgroup in place of the programs of the same attach type
-it attached before (:func:`attach_replacing`). Used by :mod:`~pdl_spawner.core.device_cgroup`
-(which GPU device nodes a server may open) and :mod:`~pdl_spawner.core.port_filter` (which
+it attached before (:func:`attach_replacing`). Used by :mod:`~pdl_spawner.host.device_cgroup`
+(which GPU device nodes a server may open) and :mod:`~pdl_spawner.host.port_filter` (which
 ports of the hub's range it may bind). Needs root (CAP_BPF and CAP_SYS_ADMIN).
 """
 

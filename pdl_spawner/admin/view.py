@@ -2,7 +2,7 @@
 
 A JupyterHub managed service, ``pdl-admin`` (registered by
 :mod:`pdl_spawner.settings.hub_config`), run by the hub as ``python -m
-pdl_spawner.admin_view``: the page and its JSON API (:mod:`pdl_spawner.core.admin_frame`)
+pdl_spawner.admin.view``: the page and its JSON API (:mod:`pdl_spawner.admin.frame`)
 over the source of the hub's cluster kind. The hub tells it which, and that source's
 settings, in one variable, ``PDL_ADMIN_SOURCE``: JSON ``{"kind": <name>, ...}``; the
 kind's plug-in (:mod:`pdl_spawner.kinds`) names its source module, whose
@@ -18,8 +18,8 @@ import json
 import os
 from collections.abc import Callable
 
-from pdl_spawner.core.admin_frame import PageParts, serve
-from pdl_spawner.core.admin_frame import render_page as render_with
+from pdl_spawner.admin.frame import PageParts, serve
+from pdl_spawner.admin.frame import render_page as render_with
 from pdl_spawner.kinds import kind_named, kinds
 
 #: The variable the hub passes the source's settings in (as JSON).

@@ -1,5 +1,5 @@
 """The hub's account pages: NativeAuthenticator's login, sign-up and approval handlers,
-fitted to PDL (:class:`~pdl_spawner.core.accounts.PDLAuthenticator` routes to them).
+fitted to PDL (:class:`~pdl_spawner.accounts.authenticator.PDLAuthenticator` routes to them).
 
 - Login: JupyterHub 6's own form handling (a lockout or an expired form renders as an
   error, never an HTTP 500).

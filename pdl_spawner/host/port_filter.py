@@ -20,8 +20,8 @@ import pwd
 from functools import lru_cache
 from pathlib import Path
 
-from pdl_spawner.core import bpf
-from pdl_spawner.core.device_cgroup import DEFAULT_PARENT, cgroup2_mount, cgroup_name
+from pdl_spawner.host import bpf
+from pdl_spawner.host.device_cgroup import DEFAULT_PARENT, cgroup2_mount, cgroup_name
 
 
 def cgroup2_root() -> Path | None:
@@ -86,7 +86,7 @@ class PortCgroup:
 
     @property
     def procs_file(self) -> Path:
-        """The file :func:`~pdl_spawner.core.device_cgroup.join` writes to."""
+        """The file :func:`~pdl_spawner.host.device_cgroup.join` writes to."""
         return self.path / "cgroup.procs"
 
     def create(self) -> None:

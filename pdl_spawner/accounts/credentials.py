@@ -1,5 +1,5 @@
 """The hub's own secrets for people: the admin's generated first password, and one
-one-time sign-up code per listed user (pdl_spawner/core/accounts.py uses both).
+one-time sign-up code per listed user (pdl_spawner/accounts/authenticator.py uses both).
 
 Both live in the hub's state folder (mode 0700, root's when the hub runs as root), in
 files made with mode 0600 from the start, and are what ``scripts/serve`` prints.

@@ -1,0 +1,8 @@
+"""Who may log in to the hub, and the Unix account each user runs as.
+
+- :mod:`pdl_spawner.accounts.authenticator`: each user's own login
+  (jupyterhub-nativeauthenticator, with PDL's limits), with its pages
+  (:mod:`pdl_spawner.accounts.pages`).
+- :mod:`pdl_spawner.accounts.credentials`: the admin's first password and the signup codes.
+- :mod:`pdl_spawner.accounts.unix_accounts`: one Unix account per hub user (as root).
+"""

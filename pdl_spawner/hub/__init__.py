@@ -1,0 +1,8 @@
+"""The hub process's own parts, which every other part of the hub side may use.
+
+- :mod:`pdl_spawner.hub.public_url`: the hub's public URL, each user's server an
+  origin of its own.
+- :mod:`pdl_spawner.hub.request_limits`: the largest request body the hub reads.
+- :mod:`pdl_spawner.hub.sqlite_file` and :mod:`pdl_spawner.hub.db_thread`: the hub's
+  SQLite files, and the one thread that calls them off the event loop.
+"""
