@@ -1,30 +1,31 @@
 """The engine lease: idle engines give their workers back, and the next distributed cell
 asks for them again. Typed messages, one writer (:func:`encode`) and one reader
-(:func:`decode`), and the files a user's server keeps them in (:class:`LeaseFiles`).
+(:func:`decode`), the lease's states (:class:`LeaseState`), what the lease looks like to
+whoever asks (:class:`LeaseView`), and the files it is kept in (:class:`LeaseFiles`).
 
-Three parties share a user's cluster folder (``$PDL_CLUSTER_DIR``), each writing its
-own file atomically, so nobody overwrites another's:
+One owner holds a server's lease: :class:`pdl_server.lease_owner.LeaseOwner`, in the
+user's Jupyter server, which every other party asks over that server's HTTP API
+(``/pdl/api/lease``, with the server's token) and which alone writes the files; a change
+reaches whoever waits for it at once (a long-polled ``GET``, :data:`LONG_POLL_MAX_S`):
 
 - the user's server (``pdl-singleuser``) stops its engines after
   ``$PDL_ENGINE_IDLE_TIMEOUT`` seconds without a task (or loses them with its Slurm
-  job) and records a :class:`Release`;
-- the hub's spawner reads the lease through the server's lease API
-  (``/pdl/api/lease``, :class:`LeaseView`; the hub never touches these files), frees
-  the workers and logs the reclaim in its own words;
+  job, or at its session's end) and records a :class:`Release`;
+- the hub's spawner waits on the lease, frees the workers of a release and logs the
+  reclaim in its own words (the hub never touches these files);
 - a kernel that needs engines again records a :class:`Want`; the spawner checks its
-  count like a spawn's and answers through the same API with a :class:`Grant` or a
-  :class:`Refusal`;
-- the server brings its engines back as the grant says, keeps the grant it took up
-  (:meth:`LeaseFiles.held`: the slots its engines now have) and clears the rest;
+  count like a spawn's and answers with a :class:`Grant` or a :class:`Refusal`;
+- the server brings its engines back as the grant says, and the owner keeps the grant
+  it took up (the slots its engines now have: :meth:`LeaseFiles.holding`) and clears
+  the rest;
 - the user's Cluster panel records an :class:`ExtendWish` (more time for the session);
-  the spawner answers with :class:`Extended` or a :class:`Refusal`, which the server
-  keeps (:meth:`LeaseFiles.extension`); the hub enforces its own end either way;
+  the spawner answers with :class:`Extended` or a :class:`Refusal`; the hub enforces its
+  own end either way;
 - the spawner flags GPUs held idle (:class:`GpuIdle`, its own readings), which the
   server shows and, at ``release_at``, acts on as on idle engines;
-- a kernel notes each distributed cell's start (:meth:`LeaseFiles.note_cell_start`) and
-  reads the release under one lock with the server's idle release
-  (:meth:`LeaseFiles.decision_lock`): a cell that starts as its engines go idle either
-  sees their release, and asks again, or keeps them.
+- a kernel notes each distributed cell's start with the owner, which orders it against
+  the server's idle release: a cell that starts as its engines go idle either sees their
+  release, and asks again, or keeps them.
 
 Everything here can be written by the user, so the hub trusts none of it: :func:`decode`
 checks only the shape, a want's count is the user's text until the spawner checks it,
@@ -33,13 +34,10 @@ and a release's reason never reaches the hub's log.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Union
 
@@ -236,32 +234,106 @@ def decode(kind: type, data: Any) -> Message:
     raise TypeError(f"not a lease message type: {kind!r}")
 
 
+#: The longest a ``GET /pdl/api/lease?after=...`` waits for a change (seconds); it
+#: answers the lease as it is then.
+LONG_POLL_MAX_S = 30.0
+
+
+class LeaseState(str, Enum):
+    """Where a server's engines stand, from the hub's spawn or grant to the next one."""
+
+    #: the engines run on the workers the server holds
+    HELD = "held"
+    #: the server is stopping them (idle, at the session's end): a cell waits for the release
+    RELEASING = "releasing"
+    #: stopped, their workers given back; nobody asked for them again yet
+    RELEASED = "released"
+    #: a kernel asked for them again; the hub has not answered yet
+    WISHED = "wished"
+    #: the hub said yes; the server is bringing them back
+    GRANTED = "granted"
+    #: the hub said no (the kernel reads why and forgets its request)
+    REFUSED = "refused"
+
+
 @dataclass(frozen=True)
 class LeaseView:
-    """The lease as the server's API shows it (``GET /pdl/api/lease``): each part or None."""
+    """The lease as its owner shows it (``GET /pdl/api/lease``): each part or None, its
+    :attr:`state`, and which change of the owner it is (``epoch``, ``version``)."""
 
     released: Release | None = None
     want: Want | None = None
     answer: Answer | None = None
     #: a wish for more time the hub has not answered yet
     extend: ExtendWish | None = None
+    #: the grant the server's engines run on now (None: the spawn's workers)
+    held: Grant | None = None
+    #: the hub's last answer to a wish for more time
+    extension: ExtendAnswer | None = None
+    #: the hub's flag on GPUs held idle, while it stands
+    gpu_idle: GpuIdle | None = None
+    #: the server is stopping its engines (a release is being made)
+    releasing: bool = False
+    #: the owner's changes so far: a view with a higher version is newer
+    version: int = 0
+    #: the owner's identity (a new server's owner counts its versions afresh)
+    epoch: str = ""
+
+    @property
+    def state(self) -> LeaseState:
+        """The lease's state (:class:`LeaseState`)."""
+        if self.released is None:
+            return LeaseState.RELEASING if self.releasing else LeaseState.HELD
+        if isinstance(self.answer, Grant):
+            return LeaseState.GRANTED
+        if isinstance(self.answer, Refusal):
+            return LeaseState.REFUSED
+        return LeaseState.WISHED if self.want is not None else LeaseState.RELEASED
 
     def to_json(self) -> dict:
-        """``{"released": ..., "want": ..., "grant": ..., "extend": ...}``, each :func:`encode`'s object or null."""
-        parts = {"released": self.released, "want": self.want, "grant": self.answer, "extend": self.extend}
-        return {key: None if part is None else encode(part) for key, part in parts.items()}
+        """``{"state", "version", "epoch", "releasing", "released", "want", "grant", "extend",
+        "held", "extension", "gpu_idle"}``, each message :func:`encode`'s object or null."""
+        parts = {"released": self.released, "want": self.want, "grant": self.answer, "extend": self.extend,
+                 "held": self.held, "extension": self.extension, "gpu_idle": self.gpu_idle}
+        return {"state": self.state.value, "version": self.version, "epoch": self.epoch,
+                "releasing": self.releasing,
+                **{key: None if part is None else encode(part) for key, part in parts.items()}}
 
     @classmethod
     def from_json(cls, data: Any) -> LeaseView:
-        """The view in ``data`` (:meth:`to_json`'s shape); LeaseFormatError (one line) otherwise."""
+        """The view in ``data`` (:meth:`to_json`'s shape; the parts after ``extend`` may be
+        absent); LeaseFormatError (one line) otherwise."""
         if not isinstance(data, dict):
             raise LeaseFormatError("the lease must be a JSON object with released, want and grant")
 
         def part(key, kind):
             return None if data.get(key) is None else decode(kind, data[key])
 
+        version, epoch = data.get("version", 0), data.get("epoch", "")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0 or not isinstance(epoch, str):
+            raise LeaseFormatError(f"the lease's version must be a whole number >= 0 and its epoch text, "
+                                   f"got {version!r} and {epoch!r}")
         return cls(released=part("released", Release), want=part("want", Want), answer=part("grant", Answer),
-                   extend=part("extend", ExtendWish))
+                   extend=part("extend", ExtendWish), held=part("held", Grant),
+                   extension=part("extension", ExtendAnswer), gpu_idle=part("gpu_idle", GpuIdle),
+                   releasing=data.get("releasing") is True, version=version, epoch=epoch)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What a server holds (the one read of it for the kernel, the panel and the
+    server): the workers and slots of the grant its engines came back on, else of the
+    spawn, and the release while its engines are stopped (the count is then the one a
+    cell asks for again)."""
+
+    #: how many workers (0: not known)
+    workers: int
+    #: their slots on this machine or in the job; () on Docker Swarm
+    slots: tuple[str, ...] = ()
+    #: the grant the engines came back on (None: the spawn's workers)
+    grant: Grant | None = None
+    #: the release while the engines are stopped (None: they run)
+    released: Release | None = None
 
 
 #: File name of each kind of message in the cluster folder.
@@ -273,9 +345,8 @@ HELD_FILE = "engines-held.json"
 EXTEND_WISH_FILE, EXTENSION_FILE = "session-extend-wish.json", "session-extended.json"
 #: The hub's flag on GPUs held idle, while it stands.
 GPU_IDLE_FILE = "gpu-idle.json"
-#: When a kernel last started a distributed cell (epoch seconds), and the lock that
-#: orders that note against the server's idle release.
-CELL_STARTED_FILE, DECISION_LOCK_FILE = "cell-started", "release.lock"
+#: When a kernel last started a distributed cell (epoch seconds).
+CELL_STARTED_FILE = "cell-started"
 
 
 class LeaseFiles:
@@ -349,24 +420,6 @@ class LeaseFiles:
         else:
             self._remove(GPU_IDLE_FILE)
 
-    @contextlib.contextmanager
-    def decision_lock(self) -> Iterator[None]:
-        """Held (an exclusive ``flock`` on the folder's lock file) while a kernel notes a
-        cell's start and reads the release, and while the server decides on an idle
-        release: the release comes first, and the cell sees it, or the note does, and the
-        server keeps the engines. Where the lock file cannot be opened (no folder), no
-        lock: it only narrows that race."""
-        try:
-            fd = os.open(self.directory / DECISION_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError:
-            yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
     def note_cell_start(self, now: float | None = None) -> None:
         """Record that a distributed cell starts now (``now``: epoch seconds)."""
         body = repr(time.time() if now is None else now).encode()
@@ -380,8 +433,19 @@ class LeaseFiles:
             return 0.0
 
     def view(self) -> LeaseView:
-        """What the lease API shows (:class:`LeaseView`)."""
-        return LeaseView(released=self.released(), want=self.want(), answer=self.answer(), extend=self.extend_wish())
+        """The lease as its files hold it (:class:`LeaseView`, version 0)."""
+        return LeaseView(released=self.released(), want=self.want(), answer=self.answer(), extend=self.extend_wish(),
+                         held=self.held(), extension=self.extension(), gpu_idle=self.gpu_idle())
+
+    def holding(self, contract: ServerContract) -> Holding:
+        """What the server holds (:class:`Holding`): the grant its engines came back on,
+        else the spawn's workers and slots (``contract``), with the release while they
+        are stopped."""
+        held, released = self.held(), self.released()
+        if held is not None:
+            return Holding(workers=held.workers, slots=held.slots or tuple(contract.slots), grant=held,
+                           released=released)
+        return Holding(workers=contract.workers, slots=tuple(contract.slots), released=released)
 
     def end_release(self) -> None:
         """Forget the release, the want and the answer (the engines are back, or a new server starts)."""
@@ -406,7 +470,3 @@ class LeaseFiles:
         for name in names:
             (self.directory / name).unlink(missing_ok=True)
 
-    def current_slots(self, spawned: list[str]) -> list[str]:
-        """The slots the server's engines have now: those of the grant they came back on, else ``spawned``."""
-        held = self.held()
-        return list(held.slots) if held is not None and held.slots else list(spawned)

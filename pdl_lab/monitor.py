@@ -33,9 +33,10 @@ from pathlib import Path
 import ipyparallel as ipp
 
 from pdl.contract import ServerContract
-from pdl.lease import Extended, LeaseFiles, Refusal, Release
+from pdl.lease import Extended, Refusal, Release
 from pdl.limits import duration, holding_line
 from pdl_server import clusters
+from pdl_server.lease_owner import this_servers_owner
 from pdl_server.session_clock import session_end
 from pdl_server.status_file import pid_alive, read_status
 from pdl_server.world import call_engine, rank_order
@@ -70,7 +71,7 @@ class ClusterMonitor:
                  nvidia_smi: str | None = None):
         self.hub_cluster_file = hub_cluster_file if hub_cluster_file is not None else clusters.hub_cluster_file()
         self._fixed_slots = hub_slots
-        self.lease = LeaseFiles.of_this_server() if self.hub_cluster_file else None
+        self.lease = this_servers_owner() if self.hub_cluster_file else None
         self.nvidia_smi = nvidia_smi
         self.hostname = socket.gethostname()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdl-monitor")
@@ -93,7 +94,7 @@ class ClusterMonitor:
 
     def released(self) -> Release | None:
         """The hub server's release of its engines, or None while it holds them."""
-        return self.lease.released() if self.lease is not None else None
+        return self.lease.view().released if self.lease is not None else None
 
     # -- the async API the handlers use ---------------------------------------
 
@@ -289,7 +290,7 @@ class ClusterMonitor:
         "left_s", "why", "text" ("Time left: 9 min (why)"), "warning" (one line, or None),
         "extendable" (the hub lets the user ask for more time), "extension" (one line on
         the last wish for more time, or None)}``, or None without one."""
-        end = session_end(lease=self.lease)
+        end = session_end(lease=self.lease.files if self.lease is not None else None)
         if end is None:
             return None
         left = end.left_s()
@@ -301,7 +302,7 @@ class ClusterMonitor:
 
     def gpu_idle_line(self) -> str | None:
         """The hub's flag on GPUs held idle, in one line (:meth:`pdl.lease.GpuIdle.line`); None without one."""
-        flag = self.lease.gpu_idle() if self.lease is not None else None
+        flag = self.lease.view().gpu_idle if self.lease is not None else None
         return flag.line() if flag is not None else None
 
     def extension_line(self, ends_at: float) -> str | None:
@@ -309,9 +310,10 @@ class ClusterMonitor:
         session's end now, ``ends_at``); None without one."""
         if self.lease is None:
             return None
-        if self.lease.extend_wish() is not None:
+        view = self.lease.view()
+        if view.extend is not None:
             return "Asking the hub for more time..."
-        answer = self.lease.extension()
+        answer = view.extension
         if isinstance(answer, Extended):
             return f"Extended: your session now ends at {time.strftime('%H:%M UTC', time.gmtime(ends_at))}."
         if isinstance(answer, Refusal):
@@ -324,7 +326,7 @@ class ClusterMonitor:
         session = self.session()
         if session is None or not session["extendable"] or self.lease is None:
             return {"ok": False, "message": "This session cannot be extended here."}
-        self.lease.wish_extension(time.time())
+        self.lease.wish_extension()
         return {"ok": True, "message": "Asking the hub for more time..."}
 
     def limits_line(self, holding: bool) -> str | None:

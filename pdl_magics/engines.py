@@ -31,6 +31,7 @@ import ipyparallel as ipp
 from pdl.lease import LeaseFiles, Refusal, Release, Want
 from pdl.slots import default_pool
 from pdl_server import clusters, status_file
+from pdl_server.lease_client import LeaseClient
 from pdl_server.session_clock import END_MARGIN_S, session_end
 from pdl_server.world import Rank, call_engine, rank_order
 
@@ -58,13 +59,19 @@ def quiet_empty_location_lookup():
         yield
 
 
-def _wait_for_release(lease: LeaseFiles, seconds: float) -> Release | None:
-    """The release the server records in ``lease``, waited for up to ``seconds``; None if
-    none came by then."""
+def _wait_for_release(lease: LeaseClient, seconds: float) -> Release | None:
+    """The release the server records with its lease's owner, waited for (a long poll)
+    up to ``seconds``; None if none came by then."""
     deadline = time.monotonic() + seconds
-    while (released := lease.released()) is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return released
+    view = lease.view()
+    while view is not None and view.released is None and (left := deadline - time.monotonic()) > 0:
+        view = lease.view(after=view, wait_s=left)
+    return view.released if view is not None else None
+
+
+def _unreachable(lease: LeaseClient) -> DistributedUsageError:
+    return DistributedUsageError(f"cannot reach your server's engine lease at {lease.url}: "
+                                 f"is your server stopping? Run the cell again, or restart your server")
 
 
 class Engines:
@@ -183,42 +190,52 @@ class Engines:
         self._wait_until_live(target)
 
     def _bring_back(self) -> None:
-        """Under the hub: note the cell's start in the lease (the server keeps engines a cell
-        starts on), and if the engines were stopped for idleness, ask for slots again and
-        wait until they run (:mod:`pdl.lease`); DistributedUsageError if none are free."""
-        lease = LeaseFiles.of_this_server()
-        if lease is None:
+        """Under the hub: note the cell's start with the lease's owner (the server keeps
+        engines a cell starts on), and if the engines were stopped for idleness, ask for
+        slots again and wait until they run (:mod:`pdl.lease`); DistributedUsageError if
+        none are free, or the lease cannot be reached."""
+        lease, files = LeaseClient.of_this_server(), LeaseFiles.of_this_server()
+        if lease is None or files is None:
             return
-        self._mind_session_end(lease)
-        with lease.decision_lock():  # a release decided now comes before this cell, or waits for the next idle spell
-            lease.note_cell_start()
-            released = lease.released()
-        flag = lease.gpu_idle()
-        if released is None and flag is not None:  # the hub's flag: this cell may well lift it
-            print(flag.line(), file=sys.stderr, flush=True)
+        self._mind_session_end(lease, files)
+        view = lease.cell_start()  # after any release being made now: this cell sees it
+        if view is None:
+            raise _unreachable(lease)
+        released = view.released
+        if released is None and view.gpu_idle is not None:  # the hub's flag: this cell may well lift it
+            print(view.gpu_idle.line(), file=sys.stderr, flush=True)
         if released is None:
             return
         given_back = "slots" if released.slots else "GPUs"
         print(f"Your engines were stopped ({released.reason}) and their {given_back} given back; "
               f"asking for {released.workers} again...", file=sys.stderr, flush=True)
-        lease.write(Want(workers=released.workers))
+        # the engines registered now are stopped, or stopping (a Swarm service scaled to 0
+        # stops its task over seconds, and the controller lists it until its heart stops):
+        # none of them runs a rank again
+        if self._client is not None:
+            self._replaced.update(self._client.ids)
+        view = lease.ask_again(Want(workers=released.workers)) or view
         deadline = time.monotonic() + LEASE_WAIT_S
-        while lease.released() is not None:
-            answer = lease.answer()
-            if isinstance(answer, Refusal) or time.monotonic() > deadline:
+        while view.released is not None:
+            left = deadline - time.monotonic()
+            if isinstance(view.answer, Refusal) or left <= 0:
                 lease.forget_request()
-                why = answer.reason if isinstance(answer, Refusal) else f"the hub did not answer within {LEASE_WAIT_S:.0f} s"
+                why = view.answer.reason if isinstance(view.answer, Refusal) else \
+                    f"the hub did not answer within {LEASE_WAIT_S:.0f} s"
                 raise DistributedUsageError(
                     f"your engines were stopped ({released.reason}) and cannot come back now: {why}")
-            time.sleep(0.2)
+            changed = lease.view(after=view, wait_s=left)  # the hub's answer, then the engines back, end it
+            if changed is None:
+                raise _unreachable(lease)
+            view = changed
         self._info.clear()  # every engine is new
 
     @staticmethod
-    def _mind_session_end(lease: LeaseFiles) -> None:
+    def _mind_session_end(lease: LeaseClient, files: LeaseFiles) -> None:
         """In the session's last minutes, warn in one line; in its last seconds, wait for
         the server to release the engines (:mod:`pdl_server.session_clock`) rather than
         start a cell on engines about to be killed: the cell then asks for workers again."""
-        end = session_end(lease=lease)
+        end = session_end(lease=files)
         if end is None:
             return
         if end.ending():
@@ -231,8 +248,9 @@ class Engines:
         the release the server records as it stops the engines at the end, waited for up
         to :data:`RELEASE_SEEN_S` (it stops them first, then records it); None otherwise,
         at once. A cell whose engine died asks this before it blames the engine."""
-        lease = LeaseFiles.of_this_server() if self.is_hub else None
-        end = session_end(lease=lease, fresh=True) if lease is not None else None
+        files = LeaseFiles.of_this_server() if self.is_hub else None
+        lease = LeaseClient.of_this_server() if files is not None else None
+        end = session_end(lease=files, fresh=True) if lease is not None else None
         if end is None or not end.ending():
             return None
         return _wait_for_release(lease, RELEASE_SEEN_S)

@@ -9,6 +9,10 @@
   plug-in names (``PDL_KIND``), chosen once from the contract.
 - :mod:`pdl_server.clusters`: the engine launcher: the user's ipyparallel controller
   and engines, started by the supervisor and reached by the kernel.
+- :mod:`pdl_server.lease_owner`: the one owner of the server's engine lease, in its
+  Jupyter server; :mod:`pdl_server.lease_api`: its HTTP API (a Jupyter server
+  extension), through which the hub, the supervisor and kernels reach it;
+  :mod:`pdl_server.lease_client`: the supervisor's and a kernel's side of that API.
 - :mod:`pdl_server.status_file`: what the kernel runs, written for the Cluster panel.
 - :mod:`pdl_server.world`: the ranks of a cell (their order, results, the engine
   call), shared by the kernel and the panel.
@@ -17,7 +21,8 @@ It imports only :mod:`pdl` (the shared floor); the notebook side (:mod:`pdl_magi
 and the panel (:mod:`pdl_lab`) build on it. The server contract, everything a spawner
 tells a user's server, is :mod:`pdl.contract`; the engine contract, everything an
 engine is told, :mod:`pdl.engine_contract`.
-
-The Cluster panel's HTTP API, through which the hub reads and answers the lease,
-is served by :mod:`pdl_lab.handlers`.
 """
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "pdl_server.lease_api"}]

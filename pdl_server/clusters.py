@@ -29,7 +29,7 @@ from pathlib import Path
 import ipyparallel as ipp
 
 from pdl.contract import ServerContract
-from pdl.lease import LeaseFiles
+from pdl.lease import Holding, LeaseFiles
 from pdl.slots import engine_env
 
 #: Seconds to wait for a controller's connection files and for engines to register.
@@ -145,17 +145,23 @@ def hub_cluster_file() -> str | None:
     return ServerContract.from_env().cluster_file or None
 
 
+def hub_holding() -> Holding | None:
+    """What the hub gave this user's server (:meth:`pdl.lease.LeaseFiles.holding`: the
+    grant its engines came back on, else the spawn's workers, and the release while they
+    are stopped); None outside a hub server."""
+    lease = LeaseFiles.of_this_server()
+    return lease.holding(ServerContract.from_env()) if lease is not None else None
+
+
 def hub_slots() -> list[str]:
     """The slots the hub reserved for this user: ``PDL_SLOTS``, or those its engines
-    came back on after an idle release (:meth:`pdl.lease.LeaseFiles.current_slots`)."""
-    spawned = list(ServerContract.from_env().slots)
-    lease = LeaseFiles.of_this_server()
-    return lease.current_slots(spawned) if lease is not None else spawned
+    came back on after an idle release (:func:`hub_holding`)."""
+    holding = hub_holding()
+    return list(holding.slots) if holding is not None else list(ServerContract.from_env().slots)
 
 
 def hub_workers() -> int:
     """How many workers the hub reserved for this user's server: those of the grant its
     engines came back on, else ``PDL_WORKERS`` of the spawn; 0 when unknown."""
-    lease = LeaseFiles.of_this_server()
-    held = lease.held() if lease is not None else None
-    return held.workers if held is not None else ServerContract.from_env().workers
+    holding = hub_holding()
+    return holding.workers if holding is not None else ServerContract.from_env().workers

@@ -37,12 +37,12 @@ import sys
 import threading
 import time
 from typing import Callable
-from urllib.parse import urlsplit
 
 from pdl.contract import ServerContract
-from pdl.lease import GpuIdle, Grant, LeaseFiles
+from pdl.lease import Grant, LeaseFiles
 from pdl_server import clusters
 from pdl_server.engine_hosts import EngineHost, host_for, log
+from pdl_server.lease_client import LeaseClient, server_address
 from pdl_server.session_clock import session_end
 
 #: Seconds between checks that every slot's engine is alive.
@@ -112,77 +112,71 @@ class IdleTracker:
 
 
 def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | None = None,
-              idle_timeout_s: float = 0.0, lease: LeaseFiles | None = None) -> None:
+              idle_timeout_s: float = 0.0, lease: LeaseClient | None = None,
+              files: LeaseFiles | None = None) -> None:
     """Keep ``host``'s engines running until ``stop`` is set.
 
-    With a ``tracker``, an ``idle_timeout_s`` and a ``lease``: once no engine has had a task
-    for that long and no cell started for that long, release them (the host stops them, or
-    the hub does) and record the :class:`~pdl.lease.Release`; once the hub grants them
-    again, bring them back as the grant says. Engines lost for good (a Slurm job that ended)
-    are a release too, and so is the session's end (:mod:`pdl_server.session_clock`:
-    released a few seconds before its job's time limit, so that no cell starts on engines
-    about to be killed); without a lease, supervision then ends with one line saying so.
+    With a ``lease`` (the client of the lease's owner, in the user's Jupyter server) and
+    its ``files`` (read only: the session's end, the hub's GPU flag): once no engine has
+    had a task for ``idle_timeout_s`` seconds (with a ``tracker``) and the owner agrees
+    that no cell started within that time, release them (the host stops them, or the
+    hub does) and record the :class:`~pdl.lease.Release` with the owner; then wait on
+    the lease (a long poll that a change ends at once) until the hub grants them again,
+    and bring them back as the grant says. Engines lost for good (a Slurm job that
+    ended) are a release too, and so is the session's end
+    (:mod:`pdl_server.session_clock`: released a few seconds before its job's time
+    limit, so that no cell starts on engines about to be killed); without a lease,
+    supervision then ends with one line saying so.
     """
-    def release(reason: str) -> None:
-        lease.write(host.release(reason))
+    def release(reason: str, idle_s: float | None = None) -> bool:
+        """Stop the engines for ``reason`` once the owner agrees (an idle release:
+        unless a cell started within ``idle_s``), and record the release with it."""
+        if not lease.begin_release(idle_s):
+            return False
+        made = None
+        try:
+            made = host.release(reason)
+        finally:
+            lease.end_release(made)
+        return True
 
-    def release_idle() -> bool:
-        """Release for idleness unless a cell started within the timeout (decided under
-        the lease's lock, which a starting cell takes too: :meth:`LeaseFiles.decision_lock`)."""
-        with lease.decision_lock():
-            if time.time() - lease.cell_started_at() < idle_timeout_s:
-                return False
-            release(f"engines idle for {idle_timeout_s:g} s")
-            return True
-
-    released = False
-    while not stop.wait(SUPERVISE_PERIOD_S):
+    released, seen = False, None
+    while not stop.is_set():
         if released:
-            answer = lease.answer()
-            if isinstance(answer, Grant):
-                host.take_up(answer)
-                lease.keep_held(answer)
-                lease.note_gpu_idle(GpuIdle(since=0.0))  # the flag was on the GPUs given back
-                lease.end_release()
+            seen = lease.view(after=seen, wait_s=SUPERVISE_PERIOD_S) or seen
+            if seen is None:  # the server does not answer now
+                stop.wait(SUPERVISE_PERIOD_S)
+            elif isinstance(seen.answer, Grant) and not stop.is_set():
+                host.take_up(seen.answer)
+                while not lease.take_up(seen.answer) and not stop.wait(SUPERVISE_PERIOD_S):
+                    pass  # the server does not answer now: it learns of it before anything else
                 if tracker is not None:
                     tracker.reset()
                 released = False
             continue
-        if tracker is not None and lease is not None and tracker.idle_s() >= idle_timeout_s and release_idle():
+        if stop.wait(SUPERVISE_PERIOD_S):
+            return
+        if tracker is not None and lease is not None and tracker.idle_s() >= idle_timeout_s \
+                and release(f"engines idle for {idle_timeout_s:g} s", idle_timeout_s):
             released = True
             continue
-        end = session_end(lease=lease) if lease is not None else None
+        end = session_end(lease=files) if files is not None else None
         if end is not None and end.ending():
-            end = session_end(lease=lease, fresh=True)  # an extension may have moved it since the last read
-        if end is not None and end.ending():
-            release(end.ended_reason())
+            end = session_end(lease=files, fresh=True)  # an extension may have moved it since the last read
+        if end is not None and end.ending() and lease is not None and release(end.ended_reason()):
             released = True
             continue
-        flag = lease.gpu_idle() if lease is not None else None
-        if flag is not None and flag.release_at and time.time() >= flag.release_at:
-            release(flag.reason())
+        flag = files.gpu_idle() if files is not None else None
+        if flag is not None and flag.release_at and time.time() >= flag.release_at and lease is not None \
+                and release(flag.reason()):
             released = True
             continue
         lost = host.tend(stop)
         if lost and lease is None:
             log(f"{lost}; stop and start the server for GPUs again")
             return
-        if lost:
-            release(lost)
+        if lost and release(lost):
             released = True
-
-
-def server_address(environ) -> tuple[str, int] | None:
-    """Where the user's Jupyter server listens, from ``JUPYTERHUB_SERVICE_URL`` (the hub's
-    URL for it; all interfaces: this machine's loopback); None without one."""
-    url = urlsplit(environ.get("JUPYTERHUB_SERVICE_URL", ""))
-    try:
-        port = url.port
-    except ValueError:
-        return None
-    if not port:
-        return None
-    return ("127.0.0.1" if url.hostname in (None, "", "0.0.0.0", "::") else url.hostname, port)
 
 
 def notebook_secret(contract: ServerContract) -> dict | None:
@@ -233,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         host.start()
         idle = contract.idle_timeout_s
         tracker = IdleTracker(cluster, lambda: host.workers, server_address(os.environ)) if idle else None
-        watcher = threading.Thread(target=supervise, args=(host, stop, tracker, idle, lease), daemon=True)
+        client = LeaseClient.of_this_server(token=secret["api_token"] if secret else None)
+        watcher = threading.Thread(target=supervise, args=(host, stop, tracker, idle, client, lease), daemon=True)
         watcher.start()
         if not stop.is_set():
             while server.poll() is None:

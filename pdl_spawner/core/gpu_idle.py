@@ -104,6 +104,19 @@ class GpuIdleWatch(HasTraits):
         self._sampled_at = now
         self.gpu_tracker.observe(await self.gpu_use(), now)
 
+    def gpu_clock_times(self) -> list[float]:
+        """When (epoch seconds) the watch needs the hub to look again: the next reading,
+        the flag's start, and the time to take the GPUs back; none without a watch."""
+        if not self.gpu_idle_flag_s:
+            return []
+        times = [self._sampled_at + self.gpu_sample_s]
+        if self.gpu_tracker.idle_since is not None:
+            times.append(self.gpu_tracker.idle_since + self.gpu_idle_flag_s)
+        release_at = self.gpu_idle_notice().release_at
+        if release_at:
+            times.append(release_at + ENFORCE_AFTER_S)
+        return times
+
     def gpu_idle_flag(self, now: float | None = None) -> str | None:
         """One line once the GPUs have read 0 % for ``gpu_idle_flag_s``; else None."""
         now = time.time() if now is None else now

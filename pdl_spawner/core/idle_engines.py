@@ -3,33 +3,42 @@
 The user's server stops counting on its engines after ``engine_idle_timeout``
 seconds without a task and says so in its engine lease (:mod:`pdl.lease`);
 a kernel that needs engines again asks in the same lease. While a server runs, the
-hub looks at its lease every :data:`LEASE_TICK_S` seconds (:meth:`IdleEngines.tend_lease`,
-the spawner's own: the local spawner frees ledger slots, the Swarm spawner scales the
-engine services to 0 and back, the Slurm spawner ends the job and submits a new one).
-All read and answer the lease the same way, over the user's server's authenticated
-HTTP API (:meth:`IdleEngines.read_lease`, :meth:`IdleEngines.answer_lease`, with the
-server's own API token): the hub never reads or writes a file in a folder the user
-controls. What the lease says is the user's to write, so the hub trusts none of it:
-a request's worker count is checked against the same limits as a spawn's, and the
-reason it logs for a reclaim is its own (:func:`idle_reason`). The watch starts with
-the server and again after a hub restart (the first ``poll()`` that finds the server
-running), and ends in ``stop()``.
+hub waits on its lease (:meth:`IdleEngines.wait_for_lease`, a long poll of the lease's
+owner in the user's server, which answers as soon as the lease changes) and looks at it
+after each change, and whenever the spawner's own clocks say so
+(:meth:`IdleEngines.lease_due_in_s`: a GPU reading, a session's end): that look is
+:meth:`IdleEngines.tend_lease`, the spawner's own (the local spawner frees ledger slots,
+the Swarm spawner scales the engine services to 0 and back, the Slurm spawner ends the
+job and submits a new one). All read and answer the lease the same way, over the user's
+server's authenticated HTTP API (:meth:`IdleEngines.read_lease`,
+:meth:`IdleEngines.answer_lease`, with the server's own API token): the hub never reads
+or writes a file in a folder the user controls. What the lease says is the user's to
+write, so the hub trusts none of it: a request's worker count is checked against the
+same limits as a spawn's, and the reason it logs for a reclaim is its own
+(:func:`idle_reason`). The watch starts with the server and again after a hub restart
+(the first ``poll()`` that finds the server running), and ends in ``stop()``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from urllib.parse import urlencode
 
-from tornado.httpclient import AsyncHTTPClient
+from tornado.simple_httpclient import SimpleAsyncHTTPClient
 from traitlets import HasTraits, Integer
 
-from pdl.lease import Answer, ExtendAnswer, LeaseFormatError, LeaseView, encode
+from pdl.lease import LONG_POLL_MAX_S, Answer, ExtendAnswer, LeaseFormatError, LeaseView, encode
 
-#: Seconds between the hub's looks at a server's engine lease (released, wanted).
-LEASE_TICK_S = 1.0
-#: Seconds the hub waits for an answer from a user's server about its engine lease.
+#: Seconds the hub waits before it asks again a server that did not answer about its
+#: lease (it is starting or stopping).
+LEASE_RETRY_S = 1.0
+#: Seconds the hub waits for an answer from a user's server about its engine lease,
+#: besides a long poll's own wait.
 LEASE_HTTP_TIMEOUT_S = 10.0
+#: Connections a spawner's lease client holds at once (its long poll, and its answers
+#: beside it).
+LEASE_HTTP_CLIENTS = 4
 
 
 def idle_reason(idle_timeout_s: int) -> str:
@@ -51,6 +60,7 @@ class IdleEngines(HasTraits):
     )
 
     _lease_task: asyncio.Task | None = None
+    _lease_http: SimpleAsyncHTTPClient | None = None
 
     async def tend_lease(self) -> None:
         """One look at the lease: reclaim released workers, grant or refuse a request."""
@@ -64,11 +74,25 @@ class IdleEngines(HasTraits):
         """The server's own API token, which its lease API accepts."""
         raise NotImplementedError
 
-    async def read_lease(self) -> LeaseView | None:
-        """The user's server's engine lease, or None when the server does not answer (it
-        is starting or stopping), says no, or sends something that is not a lease (a
-        warning that quotes none of it)."""
-        body = await self.fetch_lease()
+    def lease_due_in_s(self) -> float:
+        """Seconds until the spawner's own clocks need a look at the lease (a GPU reading,
+        a session's end): :data:`pdl.lease.LONG_POLL_MAX_S` here, where none run."""
+        return LONG_POLL_MAX_S
+
+    async def wait_for_lease(self, seen: LeaseView | None, wait_s: float) -> LeaseView | None:
+        """The lease once it has changed since ``seen`` (at once without one), or after
+        ``wait_s`` seconds as it is then; None as :meth:`read_lease` says."""
+        if seen is None:
+            return await self.read_lease()
+        query = urlencode({"after": seen.version, "epoch": seen.epoch, "wait": round(max(wait_s, 0.0), 3)})
+        return await self.read_lease(query=query, wait_s=wait_s)
+
+    async def read_lease(self, query: str = "", wait_s: float = 0.0) -> LeaseView | None:
+        """The user's server's engine lease (``query``: a long poll's, answered within
+        ``wait_s`` seconds), or None when the server does not answer (it is starting or
+        stopping), says no, or sends something that is not a lease (a warning that quotes
+        none of it)."""
+        body = await (self.fetch_lease(query=query, wait_s=wait_s) if query else self.fetch_lease())
         if body is None:
             return None
         try:
@@ -85,8 +109,10 @@ class IdleEngines(HasTraits):
         """Send the user's server the hub's answer to its wish for more time."""
         await self.fetch_lease(encode(answer), part="extension")
 
-    async def fetch_lease(self, body: dict | None = None, part: str = "") -> dict | None:
-        """``GET .../pdl/api/lease`` of the user's server, or with ``body``, POST it there
+    async def fetch_lease(self, body: dict | None = None, part: str = "", query: str = "",
+                          wait_s: float = 0.0) -> dict | None:
+        """``GET .../pdl/api/lease`` of the user's server (``?query``: a long poll, which
+        the server answers within ``wait_s`` seconds), or with ``body``, POST it there
         (``part``: to ``.../lease/<part>``): the JSON object it answers, or None when it
         does not answer or says no. The hub's one exchange with a server about its lease
         (and the seam tests replace)."""
@@ -95,11 +121,18 @@ class IdleEngines(HasTraits):
             return None
         if part:
             url = f"{url}/{part}"
+        if query:
+            url = f"{url}?{query}"
+        if self._lease_http is None:
+            # its own client: a long poll holds a connection for up to 30 s, and the hub's
+            # shared one (10 at a time) also talks to the proxy and every server; tornado's
+            # own, which holds no connection between requests
+            self._lease_http = SimpleAsyncHTTPClient(force_instance=True, max_clients=LEASE_HTTP_CLIENTS)
         try:
-            response = await AsyncHTTPClient().fetch(
+            response = await self._lease_http.fetch(
                 url, method="GET" if body is None else "POST", body=None if body is None else json.dumps(body),
                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-                request_timeout=LEASE_HTTP_TIMEOUT_S, raise_error=False,
+                request_timeout=LEASE_HTTP_TIMEOUT_S + wait_s, raise_error=False,
             )
         except OSError:  # not listening (yet, or any more)
             return None
@@ -133,13 +166,22 @@ class IdleEngines(HasTraits):
         if self._lease_task is not None:
             self._lease_task.cancel()
             self._lease_task = None
+        if self._lease_http is not None:
+            self._lease_http.close()
+            self._lease_http = None
 
     async def _lease_loop(self) -> None:
+        """Wait on the lease, and look at it after each change and when a clock is due."""
+        seen = None
         while True:
-            await asyncio.sleep(LEASE_TICK_S)
             try:
+                changed = await self.wait_for_lease(seen, self.lease_due_in_s())
+                if changed is None:  # starting or stopping: ask again in a moment
+                    await asyncio.sleep(LEASE_RETRY_S)
+                seen = changed
                 await self.tend_lease()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - a bad answer must not end the watch
                 self.log.exception("engine lease of %s", self.owner_key)
+                await asyncio.sleep(LEASE_RETRY_S)

@@ -113,6 +113,11 @@ class SessionLimit(HasTraits):
         now = time.time() if now is None else now
         return bool(self.session_ends_at) and now >= self.session_ends_at + ENFORCE_AFTER_S
 
+    def session_clock_times(self) -> list[float]:
+        """When (epoch seconds) the hub needs to look again for the session's sake: the
+        time to take back what the server still holds; none without a session running."""
+        return [self.session_ends_at + ENFORCE_AFTER_S] if self.session_ends_at else []
+
     def session_ending(self, now: float | None = None) -> bool:
         """True from :data:`RELEASE_WINDOW_S` before the end: a release now is the session's end."""
         now = time.time() if now is None else now

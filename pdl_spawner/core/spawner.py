@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 from tornado import web
@@ -45,6 +46,12 @@ from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
 from pdl_spawner.core.session_limit import SessionLimit
 from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
 from pdl_spawner.settings.values import port_range_problem
+
+#: Seconds after a clock's time that the hub looks (a wait may end a moment early).
+CLOCK_SLACK_S = 0.05
+#: Seconds between the hub's looks at a release it kept (a GPU the server still holds
+#: open), until it can reclaim it: closing a device is no change of the lease.
+KEPT_RECHECK_S = 1.0
 
 
 class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, LoggingConfigurable):
@@ -118,6 +125,8 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
 
     #: Serialises takes within the hub process: (the loop it belongs to, the lock).
     _take_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+    #: The last look found a release the spawner could not reclaim yet (a GPU still open).
+    _reclaim_kept = False
 
     # -- what the spawner provides ------------------------------------------------------
 
@@ -310,6 +319,17 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
     def lease_needs_watch(self) -> bool:
         return super().lease_needs_watch() or self.session_limit_s > 0 or self.gpu_idle_flag_s > 0
 
+    def lease_due_in_s(self) -> float:
+        """Seconds until the hub's own clocks need a look at the lease, whatever the lease
+        says (the next GPU reading, a GPU flag's start or its release taken back, the
+        session's end taken back), a little after each; the long poll's longest wait
+        where none is due sooner."""
+        now = time.time()
+        coming = [t - now for t in self.gpu_clock_times() + self.session_clock_times() if t > now]
+        if self._reclaim_kept:  # a release the spawner kept (a GPU still open): looked at again soon
+            coming.append(KEPT_RECHECK_S)
+        return min([t + CLOCK_SLACK_S for t in coming] + [super().lease_due_in_s()])
+
     def reclaim_reason(self) -> str:
         """The hub's words for a release it reclaims, or workers it takes back: the
         session's end near it, else GPUs held idle near their release, else idle engines."""
@@ -343,10 +363,12 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
                 self.log.info("Took back %s from %s: %s", ",".join(taken), self.owner_key, reason)
             return
         if lease is None or lease.released is None:
+            self._reclaim_kept = False
             return
         if lease.answer is not None:  # answered; until the server takes the grant up, its release is old news
             return
         reclaimed = await self.reclaim_idle_workers()
+        self._reclaim_kept = reclaimed is None
         if reclaimed is None:  # kept: a GPU is still in use; no grant either until it is freed
             return
         if reclaimed:

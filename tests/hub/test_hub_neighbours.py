@@ -105,6 +105,16 @@ def run_as_ben(ben: Kernel, code: str) -> dict:
     return json.loads(out["stdout"].strip().splitlines()[-1])
 
 
+def post_to_bens_lease(ben: Kernel, path: str, body: dict) -> dict:
+    """ben's own JSON, posted from his kernel to his own server's lease API
+    (``/pdl/api/lease<path>``) with the token his kernel has: whatever the product would send."""
+    return run_as_ben(ben, f"""
+import json
+from pdl_server.lease_client import LeaseClient
+print(json.dumps(LeaseClient.of_this_server()._call("POST", {path!r}, {body!r})))
+""")
+
+
 def account_of(hub, user: str) -> pwd.struct_passwd:
     return pwd.getpwnam(hub.account(user))
 
@@ -449,24 +459,20 @@ print(json.dumps({{"opened": found, "blocked": blocked, "id": os.getuid()}}))
 
 
 def test_a_gpu_ben_still_holds_open_is_never_freed_by_his_lease(hub, devices, ben):
-    """The attack (issue 27, 2): ben opened his GPU, then wrote the lease file that says
-    his engines were released; the hub freed the GPU (for the next user) while his
-    handle still read data. Guards ``PDLLocalSpawner.reclaim_idle_workers``: while a
-    process of ben holds the GPU open, it stays his, whatever his lease says; once he
-    closes it, the hub frees it."""
-    lease = hub.home("ben") / ".pdl" / "cluster"
+    """The attack (issue 27, 2): ben opened his GPU, then told his lease that his engines
+    were released; the hub freed the GPU (for the next user) while his handle still read
+    data. Guards ``PDLLocalSpawner.reclaim_idle_workers``: while a process of ben holds
+    the GPU open, it stays his, whatever his lease says; once he closes it, the hub frees it."""
     gpu = f"gpu:{BENS_GPU}"
     assert hub.reservations().get(gpu) == "ben"
     run_as_ben(ben, f"""
 import json, os
-from pathlib import Path
-from pdl.lease import LeaseFiles, Release
 held_gpu = os.open({str(devices / f'nvidia{BENS_GPU}')!r}, os.O_RDONLY)
-LeaseFiles(Path({str(lease)!r})).write(Release(reason="idle", workers=1))
 print(json.dumps({{}}))
 """)
+    assert post_to_bens_lease(ben, "/released", {"reason": "idle", "workers": 1, "slots": []}) == {"ok": True}
     hub.wait_for_log(f"Kept {gpu} for ben, whose lease says released", 30)  # he holds it open
-    time.sleep(3)  # the hub looks at the lease every second: three more looks
+    time.sleep(3)  # while it keeps a release, the hub looks again each second: three more looks
     assert hub.reservations().get(gpu) == "ben"
     read = run_as_ben(ben, "import json, os\nn = len(os.read(held_gpu, 8))\nos.close(held_gpu)\n"
                            "print(json.dumps({'read': n}))")
@@ -478,42 +484,29 @@ print(json.dumps({{}}))
 def test_bens_lease_files_get_him_no_more_than_his_limit_nor_anns_slot(hub, devices, ben):
     """Guards ``PDLLocalSpawner.tend_lease`` (counts through ``checked_workers``, slots
     from the ledger, read over the server's HTTP API) and the device cgroup following
-    the ledger: ben writes his own lease files to ask for 4 workers (past
+    the ledger: ben sends his own lease messages to ask for 4 workers (past
     max_workers=2), then -1, then grants himself ann's slot."""
-    lease = hub.home("ben") / ".pdl" / "cluster"
     anns = next(slot for slot, owner in hub.reservations().items() if owner == "ann")
 
-    def write(name, data):
-        """ben's own JSON in his lease folder, whatever the product would write."""
-        run_as_ben(ben, f"""
-import json, os
-from pathlib import Path
-path = Path({str(lease)!r}) / {name!r}
-path.with_suffix(".new").write_text(json.dumps({data!r}))
-os.replace(path.with_suffix(".new"), path)
-print(json.dumps({{}}))
-""")
-
     def lease_now():
-        return run_as_ben(ben, f"""
+        return run_as_ben(ben, """
 import json
-from pathlib import Path
-from pdl.lease import LeaseFiles
-print(json.dumps(LeaseFiles(Path({str(lease)!r})).view().to_json()))
+from pdl_server.lease_client import LeaseClient
+print(json.dumps(LeaseClient.of_this_server().view().to_json()))
 """)
 
-    write("engines-released.json", {"reason": "forged\n[I hub] admin logged in", "workers": 1, "slots": []})
+    post_to_bens_lease(ben, "/released", {"reason": "forged\n[I hub] admin logged in", "workers": 1, "slots": []})
     wait_until(lambda: "ben" not in hub.reservations().values(), 30, what="the hub to take ben's slot back")
     for wanted in (4, -1):
-        write("engines-wanted.json", {"workers": wanted})
+        post_to_bens_lease(ben, "/want", {"workers": wanted})
         grant = wait_until(lambda: lease_now()["grant"], 30, what="the hub's answer")
         assert grant["refused"] == f"workers must be a whole number from 1 to {MAX_WORKERS}, got {wanted}"
         assert "ben" not in hub.reservations().values()
-        run_as_ben(ben, f"import json, os\nos.remove({str(lease / 'engines-granted.json')!r})\nprint('{{}}')")
+        post_to_bens_lease(ben, "/forget", {})
     assert "admin logged in" not in hub.log_tail(400)
 
-    # ben grants himself ann's slot: the ledger and the device cgroup do not follow his file
-    write("engines-granted.json", {"workers": 1, "slots": [anns], "job": 0})
+    # ben grants himself ann's slot: the ledger and the device cgroup do not follow his grant
+    assert post_to_bens_lease(ben, "", {"workers": 1, "slots": [anns], "job": 0}) == {"ok": True}
     index = int(anns.split(":")[1])
     found = run_as_ben(ben, f"""
 import json, os

@@ -1,9 +1,10 @@
 """A distributed cell's start as the engine lease sees it (pdl_magics/engines.py): the
-cell notes its start under the lease's lock, then reads the release. The server's idle
-release (pdl_server/singleuser.py, tests/server/test_supervise.py) is decided under the
-same lock: it comes before the cell, which then asks for its workers again, or it waits
-until the cell has been idle for the timeout. No hub: the test plays the server's part
-in the lease's files."""
+cell tells the lease's owner (pdl_server/lease_owner.py, in a real Jupyter server) that
+it starts, and reads the release. The server's idle release (pdl_server/singleuser.py,
+tests/server/test_supervise.py) is begun with the same owner: it comes before the cell,
+which waits for it and then asks for its workers again, or the owner refuses it until
+the cell has been idle for the timeout. No hub: the test plays the supervisor's and the
+hub's parts over the lease's API."""
 
 from __future__ import annotations
 
@@ -12,26 +13,40 @@ import time
 
 import pytest
 
-from pdl.lease import LeaseFiles, Refusal, Release, Want
+from pdl.lease import Refusal, Release, Want, encode
 from pdl_magics.engines import Engines
 from pdl_magics.errors import DistributedUsageError
+from lease_server import lease_server
 from waiting import wait_until
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with lease_server(tmp_path_factory.mktemp("kernel-lease")) as server:
+        yield server
 
 
 @pytest.fixture
-def lease(tmp_path, monkeypatch):
-    """The lease of a hub server whose cluster folder is ``tmp_path``."""
-    monkeypatch.setenv("PDL_CLUSTER_DIR", str(tmp_path))
-    return LeaseFiles(tmp_path)
+def lease(served, monkeypatch):
+    """The lease of a hub server, as a kernel under it sees it (its environment), back to
+    engines held after the test."""
+    for name, value in served.env.items():
+        monkeypatch.setenv(name, value)
+    for name in ("PDL_SESSION_LIMIT_S", "PDL_SESSION_ENDS_AT"):
+        monkeypatch.delenv(name, raising=False)
+    yield served
+    served.client.forget_request()
+    served.files.end_release()
 
 
 def test_a_cell_notes_its_start_in_the_lease(lease):
     before = time.time()
     Engines(cluster_file="hub-cluster.json")._bring_back()  # engines not released: nothing to ask for
-    assert before <= lease.cell_started_at() <= time.time()
-    assert lease.want() is None
+    assert before <= lease.files.cell_started_at() <= time.time()
+    assert lease.files.want() is None
+    assert not lease.client.begin_release(idle_s=60)  # the owner keeps engines a cell just started on
 
 
 def test_a_cell_that_starts_while_the_server_releases_sees_the_release_and_asks_again(lease):
@@ -44,19 +59,21 @@ def test_a_cell_that_starts_while_the_server_releases_sees_the_release_and_asks_
         except BaseException as e:  # noqa: BLE001 - the test looks at it
             outcome.append(e)
 
-    with lease.decision_lock():  # the server, deciding on an idle release
-        started = threading.Thread(target=cell, daemon=True)
-        started.start()
-        time.sleep(0.5)
-        assert lease.cell_started_at() == 0.0, "the cell went on while the server held the lock"
-        lease.write(Release(reason="engines idle for 10 s", workers=2, slots=("cpu:0", "cpu:1")))
-    assert wait_until(lease.want, 10, what="the cell's request") == Want(workers=2)
-    lease.write(Refusal("Not enough free workers: you asked for 2, 0 of 2 are free"))  # the hub's answer
+    started_before = lease.files.cell_started_at()
+    assert lease.client.begin_release(idle_s=0)  # the supervisor, stopping the engines
+    started = threading.Thread(target=cell, daemon=True)
+    started.start()
+    time.sleep(0.5)
+    assert lease.files.cell_started_at() == started_before, "the cell went on while the engines were being released"
+    assert lease.client.end_release(Release(reason="engines idle for 10 s", workers=2, slots=("cpu:0", "cpu:1")))
+    assert wait_until(lease.files.want, 10, what="the cell's request") == Want(workers=2)
+    lease.hub_answers(encode(Refusal("Not enough free workers: you asked for 2, 0 of 2 are free")))
     started.join(10)
     [error] = outcome
     assert isinstance(error, DistributedUsageError)
     assert str(error) == ("your engines were stopped (engines idle for 10 s) and cannot come back now: "
                           "Not enough free workers: you asked for 2, 0 of 2 are free")
+    assert lease.files.want() is None and lease.files.answer() is None  # the cell forgot its request
 
 
 def test_a_cell_whose_engines_die_at_the_sessions_end_learns_the_servers_release(lease, monkeypatch):
@@ -72,9 +89,16 @@ def test_a_cell_whose_engines_die_at_the_sessions_end_learns_the_servers_release
 
     monkeypatch.setenv("PDL_SESSION_ENDS_AT", str(time.time() + 2))  # in its last seconds
     release = Release(reason="the hub's session limit of 40 s reached at 10:00 UTC", workers=2, slots=("cpu:0",))
-    recorder = threading.Timer(1.0, lease.write, [release])  # the server, a moment after it stopped them
+
+    def supervisor():  # a moment after it stopped them
+        lease.client.begin_release()
+        lease.client.end_release(release)
+
+    recorder = threading.Timer(1.0, supervisor)
     recorder.start()
     try:
+        started = time.monotonic()
         assert engines.released_at_session_end() == release
+        assert time.monotonic() - started < 2.5  # told as the release is made, not at a look's next tick
     finally:
         recorder.cancel()

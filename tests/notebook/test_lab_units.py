@@ -1,10 +1,9 @@
-"""The Cluster panel's pure parts: the status file, the load readings, and the lease
-polls kept out of the server's log."""
+"""The Cluster panel's pure parts: the status file, the load readings, the panel's
+lines on limits and the session."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import time
 
 import pytest
 
-from pdl_lab import handlers, resources
+from pdl_lab import resources
 from pdl_lab.monitor import ClusterMonitor
 from pdl_server import status_file
 
@@ -123,44 +122,6 @@ def test_the_cell_model_pairs_each_rank_with_its_latest_progress():
     assert (r0["rank"], r0["engine_id"], r0["step"], r0["values"]) == (0, 4, None, {})
     assert (r1["rank"], r1["step"], r1["total"], r1["values"]) == (1, 3, 10, {"loss": 1.0 / 3})
     assert ClusterMonitor._cell(None) is None
-
-
-def _access_record(line: str, level: int = logging.INFO) -> logging.LogRecord:
-    """A record as JupyterHub's single-user server logs a request (the line pre-formatted)."""
-    return logging.getLogger("tornado.access").makeRecord("tornado.access", level, __file__, 1, line, (), None)
-
-
-@pytest.fixture
-def access_log():
-    """tornado.access as a server has it, restored after the test."""
-    logger = logging.getLogger("tornado.access")
-    saved = (logger.level, list(logger.filters))
-    yield logger
-    logger.setLevel(saved[0])
-    logger.filters[:] = saved[1]
-
-
-def test_the_hubs_lease_polls_are_debug_lines_and_every_other_request_is_kept(access_log):
-    lease = "/user/ann/pdl/api/lease"
-    polls = handlers.quiet_lease_polls(lease)
-    assert handlers.quiet_lease_polls(lease) is polls  # installing twice adds one filter
-    assert sum(isinstance(f, handlers.LeasePollsAtDebug) for f in access_log.filters) == 1
-
-    access_log.setLevel(logging.INFO)
-    poll = _access_record(f"200 GET {lease} (ann@127.0.0.1) 1.52ms")
-    assert not access_log.filter(poll)  # no line per look at the lease
-    kept = ["200 GET /user/ann/pdl/api/cluster (ann@127.0.0.1) 3.10ms",
-            f"200 POST {lease} (ann@127.0.0.1) 2.00ms",  # the hub's answer
-            f"403 GET {lease} (@127.0.0.1) 0.90ms",  # a failed look stays visible
-            "200 GET /user/bob/pdl/api/lease (bob@127.0.0.1) 1.00ms",  # another server's path
-            f"200 GET {lease}x (ann@127.0.0.1) 1.00ms"]
-    for line in kept:
-        record = _access_record(line)
-        assert access_log.filter(record) and record.levelno == logging.INFO, line
-
-    access_log.setLevel(logging.DEBUG)  # --debug: the polls are shown, as debug lines
-    poll = _access_record(f"200 GET {lease}?t=1 (ann@127.0.0.1) 1.52ms")
-    assert access_log.filter(poll) and (poll.levelno, poll.levelname) == (logging.DEBUG, "DEBUG")
 
 
 def test_the_panels_limits_line_says_what_the_hub_allows_and_what_is_held(monkeypatch):

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from pdl.lease import (Answer, ExtendAnswer, Extended, ExtendWish, GpuIdle, Grant, LeaseFiles, LeaseFormatError,
-                       LeaseView, Refusal, Release, Want, decode, encode)
+from pdl.contract import ServerContract
+from pdl.lease import (Answer, ExtendAnswer, Extended, ExtendWish, GpuIdle, Grant, Holding, LeaseFiles,
+                       LeaseFormatError, LeaseState, LeaseView, Refusal, Release, Want, decode, encode)
 
 pytestmark = pytest.mark.unit
 
@@ -104,10 +105,13 @@ def test_the_files_hold_each_message_privately_and_forget_them_in_steps(tmp_path
     assert files.view() == LeaseView(answer=MESSAGES[3])
     files.keep_held(MESSAGES[3])
     files.end_release()
-    assert files.view() == LeaseView() and files.held() == MESSAGES[3]
-    assert files.current_slots(["gpu:0"]) == ["gpu:1", "gpu:2"]
+    assert files.view() == LeaseView(held=MESSAGES[3]) and files.view().state is LeaseState.HELD
+    spawn = ServerContract(slots=("gpu:0",), workers=1)
+    assert files.holding(spawn) == Holding(workers=2, slots=("gpu:1", "gpu:2"), grant=MESSAGES[3])
+    files.write(MESSAGES[0])
+    assert files.holding(spawn).released == MESSAGES[0] and files.holding(spawn).workers == 2  # asked for again
     files.clear()
-    assert files.held() is None and files.current_slots(["gpu:0"]) == ["gpu:0"]
+    assert files.held() is None and files.holding(spawn) == Holding(workers=1, slots=("gpu:0",))
 
 
 def test_a_file_that_is_not_a_message_reads_as_none(tmp_path):

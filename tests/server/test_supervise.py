@@ -1,7 +1,8 @@
 """The user's server keeps its engines (pdl_server/singleuser.py ``supervise`` over an
 engine host of pdl_server/engine_hosts.py): real ipyparallel engines on CPU slots,
 released when idle, brought back where the hub's grant says, restarted when killed.
-No hub: the test writes the kernel's want and the hub's grant into the lease, as they would."""
+The lease's owner is a real Jupyter server's (tests/harness/lease_server.py); no hub:
+the test sends the kernel's want and the hub's grant over the lease's API, as they would."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import threading
 import pytest
 
 from pdl.contract import ServerContract
-from pdl.lease import FILES, Grant, LeaseFiles, Release, Want
+from pdl.lease import FILES, Grant, Release, Want, encode
 from pdl_server import clusters, engine_hosts
 from pdl_server.singleuser import IdleTracker, supervise
 from pdl_spawner.local.engine_host import LocalSlots
+from lease_server import lease_server
 from waiting import wait_until
 
 
@@ -46,61 +48,76 @@ def cluster(tmp_path):
     cluster.stop_cluster_sync()
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The lease's owner, in a Jupyter server of this module's."""
+    with lease_server(tmp_path_factory.mktemp("supervised-lease")) as server:
+        yield server
+
+
+@pytest.fixture
+def lease(served):
+    """The lease, forgotten before each test (a new server starts with none)."""
+    served.files.clear()
+    return served
+
+
 @pytest.fixture
 def supervised(cluster):
-    """Start ``supervise(host, stop, *more)`` on a thread; stopped after the test."""
-    stop = threading.Event()
+    """Start ``supervise(host, stop, *more)`` on a thread; stopped (and waited for) after the test."""
+    stop, threads = threading.Event(), []
 
     def start(host, *more):
         host.start()
-        threading.Thread(target=supervise, args=(host, stop, *more), daemon=True).start()
+        threads.append(threading.Thread(target=supervise, args=(host, stop, *more), daemon=True))
+        threads[-1].start()
 
     yield start
     stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
 
 
 @pytest.mark.integration
-def test_idle_engines_are_released_then_brought_back_on_the_slots_the_hub_granted(cluster, supervised, tmp_path):
-    lease = LeaseFiles(tmp_path)
-    supervised(LocalSlots(cluster, ["cpu:0", "cpu:1"]), IdleTracker(cluster), 1.0, lease)
+def test_idle_engines_are_released_then_brought_back_on_the_slots_the_hub_granted(cluster, supervised, lease):
+    files = lease.files
+    supervised(LocalSlots(cluster, ["cpu:0", "cpu:1"]), IdleTracker(cluster), 1.0, lease.client, files)
 
-    released = wait_until(lease.released, 60, what="the idle engines' release")
+    released = wait_until(files.released, 60, what="the idle engines' release")
     assert released == Release(reason="engines idle for 1 s", workers=2, slots=("cpu:0", "cpu:1"))
     assert not running(cluster, "cpu:0") and not running(cluster, "cpu:1")
 
-    lease.write(Want(workers=2))  # the kernel asks; the hub answers with other slots
+    lease.client.ask_again(Want(workers=2))  # the kernel asks; the hub answers with other slots
     grant = Grant(workers=2, slots=("cpu:1", "cpu:2"))
-    lease.write(grant)
+    lease.hub_answers(encode(grant))
     # still idle, the engines that came back are released again: on the granted slots
-    again = wait_until(lambda: lease.released() != released and lease.released(), 60,
+    again = wait_until(lambda: files.released() != released and files.released(), 60,
                        what="the engines to come back on the granted slots and idle out again")
     assert again == Release(reason="engines idle for 1 s", workers=2, slots=("cpu:1", "cpu:2"))
-    assert lease.held() == grant and lease.want() is None and lease.answer() is None
-    assert lease.current_slots(["cpu:0", "cpu:1"]) == ["cpu:1", "cpu:2"]
+    assert files.held() == grant and files.want() is None and files.answer() is None
+    assert files.holding(ServerContract(slots=("cpu:0", "cpu:1"), workers=2)).slots == ("cpu:1", "cpu:2")
 
 
 @pytest.mark.integration
-def test_a_cell_that_starts_as_the_engines_go_idle_keeps_them(cluster, supervised, tmp_path):
+def test_a_cell_that_starts_as_the_engines_go_idle_keeps_them(cluster, supervised, lease):
     """The kernel's side of the race, as pdl_magics' Engines does it at a cell's start:
-    under the lease's lock, note the cell and read the release. The server's idle release
-    waits for the lock, then sees the cell and keeps the engines for another timeout."""
+    the cell tells the lease's owner, which then refuses the server's idle release until
+    the cell has been idle for the timeout."""
     import time
 
-    lease = LeaseFiles(tmp_path)
-    with lease.decision_lock():  # a kernel at a cell's start, while the engines' idle time runs out
-        supervised(LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 2.0, lease)
-        time.sleep(4)  # the engines have been idle for longer than the timeout
-        lease.note_cell_start()
+    files = lease.files
+    supervised(LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 2.0, lease.client, files)
+    for _ in range(5):  # a cell starts each second for longer than the engines' idle timeout
+        assert lease.client.cell_start().released is None
         noted = time.time()
-        assert lease.released() is None
-    time.sleep(1)
-    assert lease.released() is None and running(cluster, "cpu:0"), "the cell's engines were released under it"
-    wait_until(lease.released, 60, what="the release once the cell has been idle for the timeout")
-    assert (tmp_path / FILES[Release]).stat().st_mtime >= noted + 2.0  # written no earlier
+        time.sleep(1)
+    assert files.released() is None and running(cluster, "cpu:0"), "the cell's engines were released under it"
+    wait_until(files.released, 60, what="the release once the cell has been idle for the timeout")
+    assert (files.directory / FILES[Release]).stat().st_mtime >= noted + 2.0  # written no earlier
 
 
 @pytest.mark.integration
-def test_engines_are_not_idle_before_they_can_be_used(cluster, supervised, tmp_path):
+def test_engines_are_not_idle_before_they_can_be_used(cluster, supervised, lease):
     """The idle clock starts once every engine the host expects has registered and the
     user's server accepts connections (the run of 52796e0: on a busy machine the server
     took 21 s to start, and its engines idled out at 10 s, before any cell could run)."""
@@ -109,18 +126,18 @@ def test_engines_are_not_idle_before_they_can_be_used(cluster, supervised, tmp_p
 
     expected, server = [2], socket.socket()
     server.bind(("127.0.0.1", 0))  # the server's port, not listening yet
-    lease = LeaseFiles(tmp_path)
+    files = lease.files
     supervised(LocalSlots(cluster, ["cpu:0"]),
-               IdleTracker(cluster, lambda: expected[0], server.getsockname()), 1.0, lease)
+               IdleTracker(cluster, lambda: expected[0], server.getsockname()), 1.0, lease.client, files)
     wait_until(lambda: running(cluster, "cpu:0"), 60, what="the engine")
     time.sleep(4)
-    assert lease.released() is None, "released while the host still expected an engine"
+    assert files.released() is None, "released while the host still expected an engine"
     expected[0] = 1
     time.sleep(4)
-    assert lease.released() is None, "released before the server listened"
+    assert files.released() is None, "released before the server listened"
     server.listen()
     try:
-        assert wait_until(lease.released, 30, what="the release once usable and idle").workers == 1
+        assert wait_until(files.released, 30, what="the release once usable and idle").workers == 1
     finally:
         server.close()
 
@@ -133,7 +150,7 @@ def test_engines_are_not_idle_before_they_can_be_used(cluster, supervised, tmp_p
     ("", None), ("http://127.0.0.1/user/alice/", None), ("http://127.0.0.1:99999/", None),
 ])
 def test_the_servers_address_comes_from_the_hubs_url_for_it(url, address):
-    from pdl_server.singleuser import server_address
+    from pdl_server.lease_client import server_address
 
     assert server_address({"JUPYTERHUB_SERVICE_URL": url}) == address
 
@@ -148,18 +165,18 @@ def test_a_killed_engine_is_restarted_on_its_slot(cluster, supervised):
 
 
 @pytest.mark.integration
-def test_gpus_the_hub_flags_as_held_idle_are_released_at_the_flags_time(cluster, supervised, tmp_path):
+def test_gpus_the_hub_flags_as_held_idle_are_released_at_the_flags_time(cluster, supervised, lease):
     import time
 
     from pdl.lease import GpuIdle
 
-    lease = LeaseFiles(tmp_path)
+    files = lease.files
     flag = GpuIdle(since=time.time() - 900, release_at=time.time() + 3)
-    lease.note_gpu_idle(flag)
-    supervised(LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 3600.0, lease)
-    released = wait_until(lease.released, 30, what="the release at the flag's time")
+    lease.hub_answers(encode(flag), part="gpu-idle")
+    supervised(LocalSlots(cluster, ["cpu:0"]), IdleTracker(cluster), 3600.0, lease.client, files)
+    released = wait_until(files.released, 30, what="the release at the flag's time")
     assert released == Release(reason=flag.reason(), workers=1, slots=("cpu:0",))
     assert time.time() >= flag.release_at and not running(cluster, "cpu:0")
-    lease.write(Grant(workers=1, slots=("cpu:0",)))  # the hub's grant: the flag was on the GPUs given back
-    wait_until(lambda: lease.released() is None and running(cluster, "cpu:0"), 60, what="the engines to come back")
-    assert lease.gpu_idle() is None
+    lease.hub_answers(encode(Grant(workers=1, slots=("cpu:0",))))  # the hub's grant: the flag was on the GPUs given back
+    wait_until(lambda: files.released() is None and running(cluster, "cpu:0"), 60, what="the engines to come back")
+    assert files.gpu_idle() is None
