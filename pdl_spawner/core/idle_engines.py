@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from urllib.parse import urlencode
 
 from tornado.simple_httpclient import SimpleAsyncHTTPClient
@@ -33,6 +34,10 @@ from pdl.lease import LONG_POLL_MAX_S, Answer, ExtendAnswer, LeaseFormatError, L
 #: Seconds the hub waits before it asks again a server that did not answer about its
 #: lease (it is starting or stopping).
 LEASE_RETRY_S = 1.0
+#: The fewest seconds between two of the hub's waits on one server's lease: a change
+#: is seen within that, and a server that answers at once, over and over, is asked no
+#: more often.
+LEASE_LOOK_GAP_S = 0.25
 #: Seconds the hub waits for an answer from a user's server about its engine lease,
 #: besides a long poll's own wait.
 LEASE_HTTP_TIMEOUT_S = 10.0
@@ -171,10 +176,14 @@ class IdleEngines(HasTraits):
             self._lease_http = None
 
     async def _lease_loop(self) -> None:
-        """Wait on the lease, and look at it after each change and when a clock is due."""
-        seen = None
+        """Wait on the lease, and look at it after each change and when a clock is due,
+        never more often than every :data:`LEASE_LOOK_GAP_S` (a server that answers each
+        long poll at once, as a user's own can, costs the hub no more)."""
+        seen, looked = None, float("-inf")
         while True:
             try:
+                await asyncio.sleep(max(0.0, looked + LEASE_LOOK_GAP_S - time.monotonic()))
+                looked = time.monotonic()
                 changed = await self.wait_for_lease(seen, self.lease_due_in_s())
                 if changed is None:  # starting or stopping: ask again in a moment
                     await asyncio.sleep(LEASE_RETRY_S)

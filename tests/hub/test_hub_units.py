@@ -499,3 +499,28 @@ def test_a_mig_slot_opens_its_gpus_node_and_its_own_instances_capability_nodes(t
     assert asyncio.run(spawner.gpu_use()) == [0.0]
     spawner.slots = ["gpu:1", "mig:0"]  # no use is read of a MIG device: the server's is unknown, never idle
     assert asyncio.run(spawner.gpu_use()) is None
+
+
+def test_a_server_that_answers_every_long_poll_at_once_is_looked_at_no_more_than_four_times_a_second(tmp_path):
+    """The attack: alice's own server (hers to replace) answers each of the hub's long
+    polls at once with a lease of a newer version, to keep the hub's event loop busy
+    with her lease. Guards ``IdleEngines._lease_loop``'s gap between looks."""
+    from pdl_spawner.core.idle_engines import LEASE_LOOK_GAP_S
+
+    spawner = _lease_spawner(tmp_path, {})
+    answers = []
+
+    async def always_newer(body=None, part="", query="", wait_s=0.0):
+        answers.append(query)
+        return {"released": None, "want": None, "grant": None, "version": len(answers), "epoch": "hers"}
+
+    spawner.fetch_lease = always_newer
+
+    async def watch_for(seconds):
+        spawner.watch_lease()
+        await asyncio.sleep(seconds)
+        spawner.unwatch_lease()
+
+    asyncio.run(watch_for(2.0))
+    polls = [q for q in answers if q]  # each look: one long poll, then tend_lease's read
+    assert 4 <= len(polls) <= 2.0 / LEASE_LOOK_GAP_S + 1, answers
