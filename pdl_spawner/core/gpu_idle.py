@@ -1,9 +1,10 @@
 """GPUs held idle: the hub's watch over how much a server uses the GPUs it holds.
 
 The hub measures (it trusts no reading a user's server could write): it asks
-``nvidia-smi`` for the utilisation of the GPUs a server holds (:meth:`GpuIdleWatch.gpu_use`,
-the spawner's own: on this machine for the embedded default, by a step in the user's job
-on Slurm, by the hub's reader service on Swarm), every ``gpu_sample_s`` seconds
+``nvidia-smi`` for the utilisation of the GPUs a server holds (its
+:class:`~pdl_spawner.core.worker_source.WorkerSource`'s ``gpu_use``: on this machine for
+the embedded default, by a step in the user's job on Slurm, by the hub's reader service
+on Swarm), every ``gpu_sample_s`` seconds
 (:data:`SAMPLE_EVERY_S` by default). A server whose GPUs all read 0 % on every sample for ``gpu_idle_flag_s`` seconds
 is flagged (:meth:`GpuIdleWatch.gpu_idle_flag`); any reading above 0 ends it. The hub
 tells the server (:class:`pdl.lease.GpuIdle`), whose Cluster panel and cells show it. With
@@ -91,18 +92,13 @@ class GpuIdleWatch(HasTraits):
             self._tracker = IdleGpuTracker()
         return self._tracker
 
-    async def gpu_use(self) -> list[float] | None:
-        """The use (percent) of each GPU this server holds, read by the hub; None where
-        the hub cannot read it (the spawner's own; none by default)."""
-        return None
-
     async def sample_gpu_use(self, now: float | None = None) -> None:
         """Read the GPU use when a sample is due (at most every ``gpu_sample_s`` seconds)."""
         now = time.time() if now is None else now
         if not self.gpu_idle_flag_s or now - self._sampled_at < self.gpu_sample_s:
             return
         self._sampled_at = now
-        self.gpu_tracker.observe(await self.gpu_use(), now)
+        self.gpu_tracker.observe(await self.workers.gpu_use(), now)
 
     def gpu_clock_times(self) -> list[float]:
         """When (epoch seconds) the watch needs the hub to look again: the next reading,
@@ -141,7 +137,7 @@ class GpuIdleWatch(HasTraits):
             return
         notice = self.gpu_idle_notice(now)
         if notice.since != self._recorded:
-            await self.record_gpu_idle(notice.since or None)
+            await self.workers.record_gpu_idle(notice.since or None)
             self._recorded = notice.since
         told = (notice.since, notice.release_at)
         if told != self._told and await self.fetch_lease(encode(notice), part="gpu-idle") is not None:
@@ -152,9 +148,6 @@ class GpuIdleWatch(HasTraits):
         the admin view and the server alike (their containers may take seconds to stop)."""
         self.gpu_tracker.forget()
         await self.tell_gpu_idle()
-
-    async def record_gpu_idle(self, since: float | None) -> None:
-        """Keep the flag where the admin view reads it (the spawner's own; nowhere by default)."""
 
     def gpu_release_due(self, now: float | None = None) -> bool:
         """True from :data:`~pdl_spawner.core.session_limit.ENFORCE_AFTER_S` after the

@@ -7,8 +7,10 @@ hub waits on its lease (:meth:`IdleEngines.wait_for_lease`, a long poll of the l
 owner in the user's server, which answers as soon as the lease changes) and looks at it
 after each change, and whenever the spawner's own clocks say so
 (:meth:`IdleEngines.lease_due_in_s`: a GPU reading, a session's end): that look is
-:meth:`IdleEngines.tend_lease`, the spawner's own (the local spawner frees ledger slots,
-the Swarm spawner scales the engine services to 0 and back, the Slurm spawner ends the
+:meth:`SpawnerCore.tend_lease <pdl_spawner.core.spawner.SpawnerCore.tend_lease>`, which
+gives workers back and brings them back through the kind's
+:class:`~pdl_spawner.core.worker_source.WorkerSource` (the local source frees ledger slots,
+the Swarm source scales the engine services to 0 and back, the Slurm source ends the
 job and submits a new one). All read and answer the lease the same way, over the user's
 server's authenticated HTTP API (:meth:`IdleEngines.read_lease`,
 :meth:`IdleEngines.answer_lease`, with the server's own API token): the hub never reads
@@ -67,18 +69,6 @@ class IdleEngines(HasTraits):
     _lease_task: asyncio.Task | None = None
     _lease_http: SimpleAsyncHTTPClient | None = None
 
-    async def tend_lease(self) -> None:
-        """One look at the lease: reclaim released workers, grant or refuse a request."""
-        raise NotImplementedError
-
-    def lease_url(self) -> str | None:
-        """``http://host:port/<server base_url>/pdl/api/lease`` of this server; None when unknown."""
-        raise NotImplementedError
-
-    def lease_token(self) -> str | None:
-        """The server's own API token, which its lease API accepts."""
-        raise NotImplementedError
-
     def lease_due_in_s(self) -> float:
         """Seconds until the spawner's own clocks need a look at the lease (a GPU reading,
         a session's end): :data:`pdl.lease.LONG_POLL_MAX_S` here, where none run."""
@@ -121,7 +111,7 @@ class IdleEngines(HasTraits):
         (``part``: to ``.../lease/<part>``): the JSON object it answers, or None when it
         does not answer or says no. The hub's one exchange with a server about its lease
         (and the seam tests replace)."""
-        url, token = self.lease_url(), self.lease_token()
+        url, token = self.workers.lease_url(), self.workers.lease_token()
         if not url or not token:
             return None
         if part:
@@ -154,13 +144,14 @@ class IdleEngines(HasTraits):
             return None
         return body
 
-    #: Watch the lease even without idle reclaim: where engines can lose their workers
-    #: by other ways (a Slurm job's time limit), and the next cell asks for them again.
-    always_watch_lease = False
-
     def lease_needs_watch(self) -> bool:
-        """True when the lease is watched: idle reclaim is on, or :attr:`always_watch_lease`."""
-        return bool(self.engine_idle_timeout or self.always_watch_lease)
+        """True when the lease is watched: idle reclaim is on, or the cluster's scheduler
+        ends grants itself (engines can lose their workers by a Slurm job's time limit,
+        and the next cell asks for them again); never where the source says its server
+        records no release."""
+        if not self.workers.lease_watched():
+            return False
+        return bool(self.engine_idle_timeout or self.workers.ends_grants)
 
     def watch_lease(self) -> None:
         """Start the watch (once) when :meth:`lease_needs_watch`."""

@@ -12,9 +12,9 @@ the queue when the spawn is cancelled or ``queue_timeout`` passes, and
 (or engines asked back after an idle release) is refused while anyone waits:
 :meth:`QueueingSpawner.refuse_while_others_wait`.
 
-The spawner provides :attr:`queue_db` (the queue's SQLite file), ``owner_key``,
-:meth:`QueueingSpawner.worker_usage` (a :class:`~pdl_spawner.core.usage.WorkerUsage`: the
-workers, and who holds them) and, where spawns choose a GPU type, ``chosen_gpu_type``. :class:`~pdl_spawner.core.spawner.SpawnerCore` builds on it.
+It reads the queue's SQLite file, who and what is free from the spawner's
+:class:`~pdl_spawner.core.worker_source.WorkerSource` (``self.workers``), and the spawn's
+``chosen_gpu_type``, which :class:`~pdl_spawner.core.spawner.SpawnerCore` gives it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from traitlets import HasTraits, Integer, observe
 
 from pdl_spawner.core import form
 from pdl_spawner.hub.db_thread import off_loop
-from pdl_spawner.core.usage import WorkerUsage
 from pdl_spawner.core.wait_queue import WaitQueue
 
 #: Seconds between a waiting spawn's looks at the queue and the free workers.
@@ -51,41 +50,17 @@ class QueueingSpawner(HasTraits):
         the spawn fails. 0 turns the queue off: a busy request is refused at once.""",
     )
 
-    #: The unit workers are counted in, in messages ("workers" or "GPUs").
-    worker_unit = "workers"
     #: What a spawn waiting in the queue shows on the spawn page (None when not waiting).
     _queue_status: str | None = None
     #: ``start_timeout`` as configured, before a queued spawn extends it.
     _configured_start_timeout: int | None = None
-
-    # -- what the spawner provides ---------------------------------------------------
-
-    @property
-    def queue_db(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def owner_key(self) -> str:
-        raise NotImplementedError
-
-    async def worker_usage(self) -> WorkerUsage:
-        """The workers there are, and who holds them (this server's own not counted)."""
-        raise NotImplementedError
-
-    #: The spawn's GPU type ("" : any), which its place in the queue is for:
-    #: :class:`~pdl_spawner.core.gpu_types.GpuTypeChoice`'s where a spawner offers a choice.
-    chosen_gpu_type = ""
-
-    def ready_to_start(self) -> bool:
-        """True once this spawn holds its workers (it waits no longer)."""
-        raise NotImplementedError
 
     # -- the queue ---------------------------------------------------------------------
 
     @property
     def wait_queue(self) -> WaitQueue:
         """The hub's queue of spawns waiting for workers."""
-        return WaitQueue(self.queue_db)
+        return WaitQueue(self.workers.queue_db)
 
     @property
     def wants_queue(self) -> bool:
@@ -139,7 +114,7 @@ class QueueingSpawner(HasTraits):
                         return await take()
                     except NotFreeYet:
                         pass
-                usage = await self.worker_usage()
+                usage = await self.workers.usage()
                 self._queue_status = form.queue_message(n, position, usage.free, usage.total, usage.holders,
                                                         show_names=bool(self.user.admin), unit=self.worker_unit)
                 await asyncio.sleep(QUEUE_POLL_S)
@@ -158,7 +133,7 @@ class QueueingSpawner(HasTraits):
         """While the spawn waits in the queue: its position and what is free (every
         :data:`QUEUE_POLL_S`, as it changes); then one message that the server starts."""
         shown = None
-        while not self.ready_to_start() and self.pending == "spawn":
+        while not self.workers.ready_to_start() and self.pending == "spawn":
             if self._queue_status != shown and self._queue_status is not None:
                 shown = self._queue_status
                 yield {"message": shown}

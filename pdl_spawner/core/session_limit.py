@@ -12,9 +12,10 @@ whose supervisor releases the engines a few seconds before it
 and the next cell asks for workers again, behind whoever waits in the queue. The server
 is the user's, so the hub relies on none of that: from :data:`ENFORCE_AFTER_S` after
 the end, a server that still holds its workers has them taken back by the hub
-(:meth:`SessionLimit.take_back_workers`, the spawner's own: the local spawner closes
-the GPUs to the user's processes and ends those that hold one open, the Swarm spawner
-scales the engine services to 0). The end survives a hub restart (the spawner's state).
+(the :class:`~pdl_spawner.core.worker_source.WorkerSource`'s ``take_back``: the local
+source closes the GPUs to the user's processes and ends those that hold one open, the
+Swarm source scales the engine services to 0). The end survives a hub restart (in the
+core's part of the spawner's state, :meth:`SessionLimit.session_state`).
 """
 
 from __future__ import annotations
@@ -58,13 +59,11 @@ class SessionLimit(HasTraits):
     #: When it ended as granted, before any extension (the server's key to the extension).
     session_granted_end = 0.0
 
-    #: False where the scheduler's own limit is the session's (Slurm: the job's time limit).
-    applies_session_limit = True
-
     @property
     def session_limited(self) -> bool:
-        """True where the hub's session limit applies (set, and not a Slurm job's)."""
-        return self.applies_session_limit and self.session_limit_s > 0
+        """True where the hub's session limit applies: set, and the cluster's scheduler
+        does not end grants itself (Slurm: the job's time limit is the session's)."""
+        return not self.workers.ends_grants and self.session_limit_s > 0
 
     def start_session(self, now: float | None = None) -> None:
         """Workers were just granted: their session ends ``session_limit_s`` from now."""
@@ -78,8 +77,9 @@ class SessionLimit(HasTraits):
 
     @property
     def session_extendable(self) -> bool:
-        """True where users may ask for more time (:attr:`session_max_s` above the limit)."""
-        return self.session_limited and self.session_max_s > self.session_limit_s
+        """True where users may ask for more time: of the scheduler that ends grants
+        (the source's ``extend``), or of the hub (:attr:`session_max_s` above the limit)."""
+        return self.workers.ends_grants or (self.session_limited and self.session_max_s > self.session_limit_s)
 
     async def waiting_ahead(self) -> int:
         """How many wait in the queue ahead of this server (the spawner's queue's; 0 without one)."""
@@ -89,7 +89,11 @@ class SessionLimit(HasTraits):
         """The answer to the user's wish for more time: the session's end moved by
         :attr:`session_limit_s`, up to :attr:`session_max_s` from its start, or a
         refusal in one line (no extension here, the longest session reached, others
-        waiting for workers, no session running)."""
+        waiting for workers, no session running); the source's own answer where it has one
+        (:meth:`~pdl_spawner.core.worker_source.WorkerSource.extend`)."""
+        own = await self.workers.extend()
+        if own is not None:
+            return own
         now = time.time() if now is None else now
         if not self.session_extendable:
             return Refusal(f"Not extended: sessions here last {duration(self.session_limit_s)} and are not extended"
@@ -128,29 +132,25 @@ class SessionLimit(HasTraits):
         return f"{session_limit_why(self.session_limit_s)} reached"
 
     def session_form_line(self) -> str:
-        """The spawn form's line about the limit ("" without one)."""
+        """The spawn form's line about the limit ("" without one), or the source's own."""
+        own = self.workers.session_line()
+        if own is not None:
+            return own
         if not self.session_limited:
             return ""
         return (f"Sessions last at most {duration(self.session_limit_s)}: your engines are then released, "
                 f"your notebook keeps its state, and the next cell asks for workers again.")
 
-    async def take_back_workers(self) -> list[str]:
-        """Take this server's workers back now, whatever its server does (the spawner's
-        own; logged as a reclaim in the hub's words, ``reclaim_reason()``); what was taken
-        back, for the log."""
-        raise NotImplementedError
-
     # -- state -------------------------------------------------------------------------
 
-    def get_state(self):
-        state = super().get_state()
-        if self.session_ends_at:
-            state["session_ends_at"] = self.session_ends_at
-            state["session_granted_end"] = self.session_granted_end
-        return state
+    def session_state(self) -> dict:
+        """The session's end, for the core's part of the spawner's state ({} without one)."""
+        if not self.session_ends_at:
+            return {}
+        return {"session_ends_at": self.session_ends_at, "session_granted_end": self.session_granted_end}
 
-    def load_state(self, state):
-        super().load_state(state)
+    def load_session_state(self, state: dict) -> None:
+        """The session's end from :meth:`session_state`'s dict (anything else in it: none)."""
 
         def seconds(key: str) -> float:
             value = state.get(key, 0.0)
@@ -158,7 +158,3 @@ class SessionLimit(HasTraits):
 
         self.session_ends_at = seconds("session_ends_at")
         self.session_granted_end = seconds("session_granted_end") or self.session_ends_at
-
-    def clear_state(self):
-        super().clear_state()
-        self.stop_session()

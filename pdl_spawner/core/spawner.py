@@ -1,29 +1,22 @@
 """What every PDL spawner shares: the worker count and its limits, the spawn form,
 reserving workers (at once or in the fair queue), and the hub's side of the engine lease.
 
-:class:`SpawnerCore` is a mixin placed after the spawner's own mixins and before
-JupyterHub's spawner base class (``class PDLLocalSpawner(HostServer, SpawnerCore,
-LocalProcessSpawner)``).
-A spawner adds only its own I/O and specs, by providing:
-
-- :attr:`SpawnerCore.worker_kind` (``"gpu"`` or ``"cpu"``, for the form) and
-  :attr:`SpawnerCore.worker_capacity` (the most workers a request could ever get,
-  known without I/O);
-- ``owner_key``, ``queue_db`` and ``ready_to_start()`` (:mod:`~pdl_spawner.core.queueing`);
-- ``worker_usage()``: the workers and who else holds them (:mod:`~pdl_spawner.core.queueing`);
-- :meth:`SpawnerCore.take_workers`: take ``n`` free workers, or raise
-  :class:`~pdl_spawner.core.usage.NotEnoughWorkers`; what it returns is the spawner's (the
-  ledger's slots, or nothing where Swarm assigns the GPUs later);
-- :meth:`SpawnerCore.reclaim_idle_workers` and :meth:`SpawnerCore.grant_workers_again`:
-  the two halves of the engine lease (:mod:`~pdl_spawner.core.idle_engines`), with
-  ``lease_url()`` and ``lease_token()``.
+:class:`SpawnerCore` is placed before JupyterHub's spawner base class (``class
+PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner)``). What a kind supplies
+is one object, its :class:`~pdl_spawner.core.worker_source.WorkerSource` (the spawner
+names its class: ``worker_source = LedgerSlots``), held as :attr:`SpawnerCore.workers`:
+what the workers are, what is free, taking them, giving them back and bringing them
+back for the engine lease, their GPUs' use. The core calls no other method of a kind.
 
 The core owns the rules: every count, whatever its source (the form, a REST body, a
 lease request), passes :meth:`SpawnerCore.checked_workers` against the same
-:attr:`SpawnerCore.workers_limit`; only ``workers`` and ``queue`` are options a user
-may set, and those the spawner adds (:meth:`SpawnerCore.more_user_options`); a request
-is refused (HTTP 409, one line) while others wait in the queue, and when it asks for
-more than are free; takes are serialised within the hub process.
+:attr:`SpawnerCore.workers_limit`; only ``workers``, ``queue``, ``gpu_type`` (where a
+cluster has GPUs of two types or more) and the source's :meth:`more_options
+<pdl_spawner.core.worker_source.WorkerSource.more_options>` are options a user may set;
+a request is refused (HTTP 409, one line) while others wait in the queue, and when it
+asks for more than are free; takes are serialised within the hub process. Its saved
+state is its own key, ``"pdl"``, of the spawner's state (:data:`STATE_KEY`), beside the
+keys of the spawner library and the kind, merged explicitly.
 """
 
 from __future__ import annotations
@@ -37,14 +30,16 @@ from tornado import web
 from traitlets import Float, Integer, Tuple, default, validate
 from traitlets.config import LoggingConfigurable
 
-from pdl.lease import Grant, Refusal
+from pdl.lease import Refusal
 from pdl.limits import holding_line
 from pdl_spawner.core import form
 from pdl_spawner.core.gpu_idle import GpuIdleWatch
+from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
 from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
 from pdl_spawner.core.session_limit import SessionLimit
-from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
+from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
+from pdl_spawner.core.worker_source import WorkerSource
 from pdl_spawner.settings.values import port_range_problem
 
 #: Seconds after a clock's time that the hub looks (a wait may end a moment early).
@@ -52,9 +47,11 @@ CLOCK_SLACK_S = 0.05
 #: Seconds between the hub's looks at a release it kept (a GPU the server still holds
 #: open), until it can reclaim it: closing a device is no change of the lease.
 KEPT_RECHECK_S = 1.0
+#: The core's own key in the spawner's saved state.
+STATE_KEY = "pdl"
 
 
-class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, LoggingConfigurable):
+class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, LoggingConfigurable):
     """Mixin: the worker rules every PDL spawner shares (see the module docstring).
 
     Configurable: its settings, and those of the mixins it gathers, are ``c.SpawnerCore.<name>``
@@ -112,9 +109,6 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
             raise ValueError(f"process_limit must be 0 (no limit) or a number of processes, got {proposal.value}")
         return proposal.value
 
-    #: What one worker is, in the spawn form: "gpu" or "cpu".
-    worker_kind = "gpu"
-
     #: The cluster kind's name (its plug-in's, :mod:`pdl_spawner.kinds`), told to the
     #: server (``PDL_KIND``), which picks its engine host by it.
     kind_name = ""
@@ -128,51 +122,47 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
     #: The last look found a release the spawner could not reclaim yet (a GPU still open).
     _reclaim_kept = False
 
-    # -- what the spawner provides ------------------------------------------------------
+    # -- what the kind provides ---------------------------------------------------------
+
+    #: The kind's :class:`~pdl_spawner.core.worker_source.WorkerSource` class, made with
+    #: the spawner (``worker_source(spawner)``).
+    worker_source: type | None = None
+    _workers: WorkerSource | None = None
 
     @property
-    def worker_capacity(self) -> int:
-        """The most workers one request could get, known without I/O (the pool's size, or a cap)."""
-        raise NotImplementedError
-
-    async def take_workers(self, n: int) -> Any:
-        """Take ``n`` free workers for this server, or raise :class:`NotEnoughWorkers`."""
-        raise NotImplementedError
-
-    async def reclaim_idle_workers(self) -> list[str] | None:
-        """Give back the workers of engines released for idleness (and log the reclaim
-        where the admin view reads it); returns what was reclaimed, empty when nothing was
-        held, None when the workers are kept because the user still uses them (then
-        nothing else is done for the lease until a later look frees them)."""
-        raise NotImplementedError
-
-    async def grant_workers_again(self, n: int) -> Grant:
-        """Bring back engines for a lease request of ``n`` (already checked) workers; the
-        grant for the user's server. HTTPError (one line) when they cannot be had."""
-        raise NotImplementedError
-
-    async def scheduler_limits(self) -> SchedulerLimits:
-        """What the cluster's own scheduler lets this user hold; none by default (the
-        Slurm spawner reads the user's QOS)."""
-        return SchedulerLimits()
+    def workers(self) -> WorkerSource:
+        """This spawner's source of workers (made the first time it is asked for)."""
+        if self._workers is None:
+            if self.worker_source is None:
+                raise TypeError(f"{type(self).__name__} names no worker_source")
+            self._workers = self.worker_source(self)
+        return self._workers
 
     @property
-    def holder_name(self) -> str:
-        """This user's name among :meth:`worker_usage`'s holders (the hub user's name by default)."""
-        return self.user.name
+    def worker_unit(self) -> str:
+        """The unit workers are counted in, in messages ("workers" or "GPUs")."""
+        return self.workers.unit
+
+    @property
+    def owner_key(self) -> str:
+        return self.workers.owner_key
 
     def more_user_options(self) -> dict[str, str]:
-        """Options besides ``workers`` and ``queue`` that this spawner lets users set,
-        each with what is valid for it (for the refusal's one line); the spawner checks
-        their values. None by default."""
-        return {}
+        """Options besides ``workers`` and ``queue`` that users may set here, each with
+        what is valid for it (for the refusal's one line): ``gpu_type`` where types are
+        offered, and the source's own."""
+        more = dict(self.workers.more_options())
+        if self.offered_gpu_types:
+            more["gpu_type"] = form.valid_gpu_types(self.offered_gpu_types)
+        return more
 
     # -- how many ---------------------------------------------------------------------
 
     @property
     def workers_limit(self) -> int:
-        """The most workers one request may ask for: ``max_workers``, within :attr:`worker_capacity`."""
-        return min(self.max_workers or self.worker_capacity, self.worker_capacity)
+        """The most workers one request may ask for: ``max_workers``, within the source's capacity."""
+        capacity = self.workers.capacity
+        return min(self.max_workers or capacity, capacity)
 
     @property
     def workers_default(self) -> int:
@@ -184,8 +174,8 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
         scheduler's cap and the cluster's size, ``usage.total``, read when not given;
         the scheduler's limits in one line, "" for none), for the spawn form and the
         user's server (:attr:`told_limits`)."""
-        limits = await self.scheduler_limits()
-        usage = usage if usage is not None else await self.worker_usage()
+        limits = await self.workers.scheduler_limits()
+        usage = usage if usage is not None else await self.workers.usage()
         caps = [self.workers_limit, usage.total] + ([] if limits.workers is None else [limits.workers])
         return min(caps), limits.note
 
@@ -200,10 +190,6 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
                     session_warn_s=self.session_warning_s, session_ends_at=self.session_ends_at,
                     session_limit_s=self.session_limit_s if self.session_ends_at else 0.0,
                     session_extendable=self.session_extendable, gpu_type=self.chosen_gpu_type)
-
-    async def read_capacity(self) -> None:
-        """Learn what :attr:`worker_capacity` needs, off the event loop, before a count
-        is checked; nothing by default (a spawner that asks its cluster overrides it)."""
 
     def checked_workers(self, n) -> int:
         """``n`` if it is a whole number within :attr:`workers_limit`, else HTTPError(400)
@@ -239,19 +225,30 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
     def _default_options_form(self):
         return self.render_options_form
 
+    async def waiting(self) -> list[tuple[str, int]] | None:
+        """(user, workers) in queue order for the spawn form (the scheduler's, where the
+        source queues itself); None when the queue is off."""
+        if self.workers.own_queue:
+            return await self.workers.waiting() if self.queue_timeout else None
+        return await super().waiting()
+
     async def render_options_form(self, spawner=None) -> str:
         """The spawn form: how many workers, what is free, who holds the rest (names
         only to admins), the user's own limit and holding, and the queue when it is on."""
-        usage = await self.worker_usage()
+        usage = await self.workers.usage()
         may_hold, note = await self.user_limits(usage)
-        holds = usage.holders.get(self.holder_name, 0)
-        others = {who: k for who, k in usage.holders.items() if who != self.holder_name}
-        return form.render_form(
-            waiting=await self.waiting(), kind=self.worker_kind, pool_size=usage.total, free=usage.free,
+        holder = self.workers.holder_name
+        holds = usage.holders.get(holder, 0)
+        others = {who: k for who, k in usage.holders.items() if who != holder}
+        html = form.render_form(
+            waiting=await self.waiting(), kind=self.workers.kind, pool_size=usage.total, free=usage.free,
             holders=others, default=self.workers_default,
             maximum=max(1, min(self.workers_limit, usage.total)), show_names=bool(self.user.admin),
             limits=holding_line(may_hold, holds, note), session=self.session_form_line(),
         )
+        if self.offered_gpu_types:
+            html += form.render_gpu_types(await self.workers.gpu_type_usage())
+        return html + self.workers.form_fields()
 
     def options_from_form(self, formdata):
         try:
@@ -260,6 +257,11 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
             raise web.HTTPError(400, str(e)) from None
         if form.wants_queue(formdata):
             options["queue"] = True
+        try:
+            options.update(form.parse_gpu_type(formdata, self.workers.gpu_types_for(options)))
+            options.update(self.workers.parse_form(formdata))
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
         return options
 
     # -- reserving ----------------------------------------------------------------------
@@ -289,7 +291,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
         async with self.take_lock():
             await self.refuse_while_others_wait(spawning=spawning)
             try:
-                return await self.take_workers(n)
+                return await self.workers.take(n)
             except NotEnoughWorkers as e:
                 raise self.not_enough(e.wanted, e.usage) from None
 
@@ -301,22 +303,52 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
         async def take():
             async with self.take_lock():
                 try:
-                    return await self.take_workers(n)
+                    return await self.workers.take(n)
                 except NotEnoughWorkers:
                     raise NotFreeYet() from None
 
         return await self.wait_in_queue(n, take)
 
     async def claim_workers(self) -> Any:
-        """The spawn's workers: waiting in the queue when it asked to, else at once."""
+        """The spawn's workers: waiting in the queue when it asked to (PDL's, or the
+        scheduler's own where the source has one), else at once."""
+        await self.workers.read_capacity()
+        n = self.requested_workers()
+        await self.workers.prepare(n)
         self.told_limits = await self.user_limits()
-        taken = await (self.wait_for_workers() if self.wants_queue else self.reserve_workers())
+        if self.workers.own_queue:
+            taken = await self.workers.take(n, wait=self.wants_queue)
+        else:
+            taken = await (self.wait_for_workers() if self.wants_queue else self.reserve_workers())
         self.start_session()
         return taken
+
+    # -- saved state --------------------------------------------------------------------
+
+    def get_state(self):
+        """The spawner library's and the kind's state, and the core's under :data:`STATE_KEY`."""
+        state = super().get_state()
+        core = self.session_state()
+        if core:
+            state[STATE_KEY] = core
+        else:
+            state.pop(STATE_KEY, None)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        core = state.get(STATE_KEY)
+        self.load_session_state(core if isinstance(core, dict) else {})
+
+    def clear_state(self):
+        super().clear_state()
+        self.stop_session()
 
     # -- the engine lease ------------------------------------------------------------------
 
     def lease_needs_watch(self) -> bool:
+        if not self.workers.lease_watched():
+            return False
         return super().lease_needs_watch() or self.session_limit_s > 0 or self.gpu_idle_flag_s > 0
 
     def lease_due_in_s(self) -> float:
@@ -356,7 +388,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
             await self.answer_extension(await self.extend_session())
         if self.session_over() or self.gpu_release_due():  # whatever the lease says: a release may leave a GPU open
             reason = self.reclaim_reason()
-            taken = await self.take_back_workers()
+            taken = await self.workers.take_back()
             self.stop_session()
             await self.lift_gpu_idle()
             if taken:
@@ -367,7 +399,7 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
             return
         if lease.answer is not None:  # answered; until the server takes the grant up, its release is old news
             return
-        reclaimed = await self.reclaim_idle_workers()
+        reclaimed = await self.workers.reclaim_idle()
         self._reclaim_kept = reclaimed is None
         if reclaimed is None:  # kept: a GPU is still in use; no grant either until it is freed
             return
@@ -378,8 +410,8 @@ class SpawnerCore(QueueingSpawner, IdleEngines, SessionLimit, GpuIdleWatch, Logg
         if lease.want is None:
             return
         try:
-            await self.read_capacity()
-            answer = await self.grant_workers_again(self.checked_workers(lease.want.workers))
+            await self.workers.read_capacity()
+            answer = await self.workers.grant_again(self.checked_workers(lease.want.workers))
             self.start_session()
             answer = dataclasses.replace(answer, ends_at=self.session_ends_at)
         except web.HTTPError as e:

@@ -5,8 +5,8 @@
 (:class:`~pdl_spawner.slurm.PDLSlurmSpawner`, whose servers run on the login node or
 as a step ``srun`` started here) share, over JupyterHub's
 :class:`~jupyterhub.spawner.LocalProcessSpawner`. A kind composes it with
-:class:`~pdl_spawner.core.spawner.SpawnerCore` and that spawner, and adds where its
-workers come from (``claim_workers``, ``release``, ``release_blocking``).
+:class:`~pdl_spawner.core.spawner.SpawnerCore` and that spawner; where its workers come
+from is its :class:`~pdl_spawner.host.workers.HostWorkers` (``self.workers``).
 
 - **Accounts.** When the hub runs as root (:attr:`HostServer.system_users`), each hub
   user's server, kernels, terminal, controller and engines run under that user's own
@@ -29,8 +29,8 @@ workers come from (``claim_workers``, ``release``, ``release_blocking``).
   filter, the process, and the engine lease's watch. A failure releases what was
   claimed.
 - **Stop.** The process tree, then whatever is left in the server's cgroup, then the
-  workers (``release``). ``clear_state`` (the server found gone) frees the workers by
-  owner on the database thread (``release_blocking``).
+  workers (the source's ``release``). ``clear_state`` (the server found gone) frees the
+  workers by owner on the database thread (the source's ``release_blocking``).
 - ``slots`` (the engines' slots, ``PDL_SLOTS``) is spawner state.
 """
 
@@ -46,7 +46,6 @@ from pathlib import Path
 
 from jupyterhub.spawner import set_user_setuid
 from jupyterhub.traitlets import ByteSpecification
-from jupyterhub.utils import url_path_join
 from tornado import web
 from traitlets import Bool, List, Unicode, default
 from traitlets.config import LoggingConfigurable
@@ -164,27 +163,9 @@ class HostServer(LoggingConfigurable):
         """The server's key: the user name, plus ``/server`` for named servers."""
         return f"{self.user.name}/{self.name}" if self.name else self.user.name
 
-    @property
-    def owner_key(self) -> str:
-        return self.owner
-
-    def ready_to_start(self) -> bool:
-        return bool(self.slots)
-
     def forget_port(self) -> None:
         """The server's port may be given to another server again."""
         HostServer._ports.pop(self.owner, None)
-
-    # -- what the kind provides ------------------------------------------------------
-
-    async def release(self) -> None:
-        """Give back this server's workers (and :meth:`forget_port`)."""
-        raise NotImplementedError
-
-    def release_blocking(self) -> list[str]:
-        """Give back whatever the cluster holds for this server, by owner; blocks (it runs
-        on the database thread, from :meth:`clear_state`)."""
-        raise NotImplementedError
 
     # -- process ---------------------------------------------------------------------
 
@@ -497,20 +478,10 @@ class HostServer(LoggingConfigurable):
 
     # -- where the hub reaches the server ------------------------------------------------
 
-    # -- idle engines ----------------------------------------------------------
-
     @property
     def server_address(self) -> str:
         """Where the hub reaches this server: its ``ip`` (default 127.0.0.1)."""
         return self.ip or "127.0.0.1"
-
-    def lease_url(self) -> str | None:
-        if self.server is None or not self.port:
-            return None
-        return f"http://{self.server_address}:{self.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
-
-    def lease_token(self) -> str | None:
-        return self.api_token
 
     def move_certs(self, paths):
         return paths if not self.system_users else super().move_certs(paths)
@@ -538,7 +509,7 @@ class HostServer(LoggingConfigurable):
             self.watch_lease()
             return url
         except BaseException:
-            await asyncio.shield(self.release())
+            await asyncio.shield(self.workers.release())
             self.slots = []
             raise
 
@@ -567,7 +538,7 @@ class HostServer(LoggingConfigurable):
             await super().stop(now=now)
             await asyncio.to_thread(self.end_processes)
         finally:
-            await self.release()
+            await self.workers.release()
 
     # -- state -----------------------------------------------------------------------
 
@@ -586,7 +557,7 @@ class HostServer(LoggingConfigurable):
         database thread: done before any later call)."""
         super().clear_state()
         self.forget_port()
-        submit(self.release_blocking)
+        submit(self.workers.release_blocking)
         self.slots = []
 
 

@@ -30,40 +30,38 @@ Contract, on top of :class:`~pdl_spawner.host.server.HostServer` (JupyterHub's
 - Idle engines give their slots back through the server's HTTP lease API
   (:mod:`~pdl_spawner.core.idle_engines`); nothing the user can write decides which slots
   are theirs or how many they get.
+- Where the slots come from, and how they are freed, taken back and granted again, is
+  the kind's :class:`~pdl_spawner.local.workers.LedgerSlots`; here the server's devices,
+  cores and contract.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import os
 import pwd
-import signal
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Integer, List, Unicode, default, validate
 
 from pdl.contract import ServerContract
-from pdl.lease import Grant
-from pdl.nvidia_smi import MigDevice, query_gpus
-from pdl.slots import cpu_count, cpus_for_slot, default_pool, holds_gpu, mig_slots, parse_slot, slot_types, usable_cores
+from pdl.nvidia_smi import MigDevice
+from pdl.slots import cpu_count, cpus_for_slot, default_pool, parse_slot, usable_cores
 from pdl_spawner.host import device_cgroup
-from pdl_spawner.hub.db_thread import off_loop
-from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.host.server import HostServer
-from pdl_spawner.core.reservations import NotEnoughSlots, SlotLedger
+from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
-from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
 from pdl_spawner.local import mig_nodes
 from pdl_spawner.local.kind import KIND
+from pdl_spawner.local.workers import MACHINE_GPUS, LedgerSlots
 
 
-class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawner):
+class PDLLocalSpawner(HostServer, SpawnerCore, LocalProcessSpawner):
     """Spawn a user's server plus one ipyparallel engine per reserved GPU or CPU slot."""
 
     kind_name = KIND.name
+    worker_source = LedgerSlots
 
     pool = List(
         Unicode(),
@@ -141,106 +139,27 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
 
     @property
     def ledger(self) -> SlotLedger:
-        """The slot ledger; its calls block: make them with :func:`off_loop`."""
+        """The slot ledger; its calls block: make them off the event loop (:mod:`~pdl_spawner.hub.db_thread`)."""
         return SlotLedger(self.reservations_db)
-
-    @property
-    def queue_db(self) -> str:
-        """The queue lives next to the ledger."""
-        return self.reservations_db
-
-    @property
-    def worker_kind(self) -> str:
-        return "gpu" if self.pool and holds_gpu(self.pool[0]) else "cpu"
-
-    @property
-    def worker_capacity(self) -> int:
-        return len(self.pool)
 
     # -- GPU types --------------------------------------------------------------
 
-    #: nvidia-smi path -> (GPU slot -> its type, MIG slot -> its device), read once per hub process.
-    _machine_gpus: dict[str, tuple[dict[str, str], dict[str, MigDevice]]] = {}
-
     @property
     def slot_types(self) -> dict[str, str]:
-        """GPU slot (``gpu:<index>``, ``mig:<n>``) -> its type, as read ({} before :meth:`read_capacity`)."""
-        return PDLLocalSpawner._machine_gpus.get(self.nvidia_smi, ({}, {}))[0]
+        """GPU slot (``gpu:<index>``, ``mig:<n>``) -> its type, as read ({} before the
+        source's ``read_capacity``)."""
+        return MACHINE_GPUS.get(self.nvidia_smi, ({}, {}))[0]
 
     @property
     def mig_devices(self) -> dict[str, MigDevice]:
-        """MIG slot -> its device, as read ({} before :meth:`read_capacity`)."""
-        return PDLLocalSpawner._machine_gpus.get(self.nvidia_smi, ({}, {}))[1]
-
-    async def read_capacity(self) -> None:
-        """Read the GPUs' types and MIG devices (``nvidia-smi``) the first time this hub
-        process needs them, where the pool has GPU slots."""
-        if self.nvidia_smi not in PDLLocalSpawner._machine_gpus and any(map(holds_gpu, self.pool)):
-            smi = self.nvidia_smi or None
-            migs = await asyncio.to_thread(mig_slots, smi)
-            types = await asyncio.to_thread(slot_types, smi, migs)
-            PDLLocalSpawner._machine_gpus[self.nvidia_smi] = (types, migs)
-
-    def gpu_types_for(self, options: dict) -> list[str]:
-        """The types of the pool's GPUs (the same whatever the options)."""
-        types = self.slot_types
-        return sorted({types[s] for s in self.pool if s in types})
+        """MIG slot -> its device, as read ({} before the source's ``read_capacity``)."""
+        return MACHINE_GPUS.get(self.nvidia_smi, ({}, {}))[1]
 
     @property
     def spawn_pool(self) -> list[str]:
         """The slots this spawn may take: the pool's GPUs of its chosen type, else the pool."""
         chosen = self.chosen_gpu_type
         return [s for s in self.pool if self.slot_types.get(s) == chosen] if chosen else list(self.pool)
-
-    async def gpu_type_usage(self) -> dict[str, tuple[int, int]]:
-        """GPU type ("" : any) -> (free, total) slots of the pool, for the form."""
-        held = {h.slot for h in await off_loop(self.ledger.holdings)}
-        found = {}
-        for kind in ["", *self.gpu_types_for({})]:
-            slots = [s for s in self.pool if not kind or self.slot_types.get(s) == kind]
-            found[kind] = (sum(s not in held for s in slots), len(slots))
-        return found
-
-    # -- usage ------------------------------------------------------------------
-
-    async def worker_usage(self) -> WorkerUsage:
-        await self.read_capacity()
-        return await off_loop(self._usage, self.spawn_pool)
-
-    def _usage(self, pool: list[str]) -> WorkerUsage:
-        """``pool``, and the users holding its slots other than this server; blocks on the ledger."""
-        holders: dict[str, int] = {}
-        for h in self.ledger.holdings():
-            if h.slot in pool and h.owner != self.owner:
-                user = h.owner.split("/", 1)[0]
-                holders[user] = holders.get(user, 0) + 1
-        return WorkerUsage(total=len(pool), holders=holders)
-
-    async def scheduler_limits(self) -> SchedulerLimits:
-        """No cap on workers of this machine's own; its limits on the user's processes,
-        in one line (:meth:`HostServer.machine_limits_note`)."""
-        return SchedulerLimits(note=self.machine_limits_note())
-
-    async def take_workers(self, n: int) -> list[str]:
-        """``n`` free slots of :attr:`spawn_pool` from the ledger (all or nothing)."""
-        pool = self.spawn_pool
-        try:
-            return await off_loop(self.ledger.reserve, self.owner, n, pool)
-        except NotEnoughSlots as e:
-            raise NotEnoughWorkers(e.wanted, WorkerUsage(total=len(pool), holders=e.holders)) from None
-
-    def release_blocking(self) -> list[str]:
-        """End whatever still runs on this server's slots, then free every slot the ledger
-        holds for it (blocks on the ledger)."""
-        self.end_slot_processes(self.ledger.held_by(self.owner))
-        released = self.ledger.release(self.owner)
-        if released:
-            self.log.info("Released %s for %s", ",".join(released), self.owner)
-        return released
-
-    async def release(self) -> None:
-        self.forget_port()
-        await off_loop(self.release_blocking)
 
     # -- the slots' devices ----------------------------------------------------------
 
@@ -308,57 +227,6 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         self.restrict_devices(self.slots)
         self.give_slot_cores(self.slots)
 
-    # -- idle engines ----------------------------------------------------------
-
-    async def reclaim_idle_workers(self) -> list[str] | None:
-        """Free this server's slots in the ledger (logged as a reclaim); its device cgroup
-        then opens no GPU. Only when no process of the user holds one of its GPUs open
-        (a handle opened before, which the cgroup cannot take back): the user's processes
-        are looked at, and when none holds one, looked at again after the cgroup stopped
-        new opens. While one does, every slot stays reserved (the GPUs stay open to them)
-        and this returns None (the next look tries again). The lease is the user's to
-        write, so "released" alone never frees a GPU that is in use. Whatever still runs
-        in the slots' cgroups (an engine the server did not stop) is killed before they
-        are free."""
-        held = await off_loop(self.ledger.held_by, self.owner)
-        if not held:
-            return []
-        holders = await off_loop(self.gpu_holders, held)
-        if not holders:  # look again once no new open can succeed: one opened meanwhile shows now
-            self.restrict_devices([])
-            holders = await off_loop(self.gpu_holders, held)
-            if holders:
-                self.restrict_devices(held)
-        if holders:
-            kept = ", ".join(f"pid {pid} has {' '.join(nodes)}" for pid, nodes in sorted(holders.items()))
-            if kept != self._kept_for:
-                self.log.info("Kept %s for %s, whose lease says released: %s open; freed once none is",
-                              ",".join(held), self.owner, kept)
-            self._kept_for = kept
-            return None
-        self._kept_for = ""
-        if await asyncio.to_thread(self.end_slot_processes, held):  # one would not die: the slots stay
-            return None
-        return await off_loop(self.ledger.reclaim, self.owner, self.reclaim_reason())
-
-    async def take_back_workers(self) -> list[str]:
-        """The session's end (or GPUs held idle past their release), enforced: the device cgroup closes every GPU to this server's
-        processes, those that hold one of its GPUs open anyway are killed, and its slots
-        are freed (logged as a reclaim)."""
-        held = await off_loop(self.ledger.held_by, self.owner)
-        if not held:
-            return []
-        self.restrict_devices([])
-        for pid in await off_loop(self.gpu_holders, held):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        await asyncio.to_thread(self.end_slot_processes, held)
-        self.slots = []
-        return await off_loop(self.ledger.reclaim, self.owner, self.reclaim_reason())
-
-    #: The holders last logged by :meth:`reclaim_idle_workers` ("" none): logged once, not every look.
-    _kept_for = ""
-
     def gpu_holders(self, slots: list[str]) -> dict[int, list[str]]:
         """Processes of this server's cgroup or account with a GPU node of ``slots`` open:
         pid -> nodes (empty without :attr:`system_users`: one person's machine). Blocks."""
@@ -372,30 +240,3 @@ class PDLLocalSpawner(GpuTypeChoice, HostServer, SpawnerCore, LocalProcessSpawne
         with contextlib.suppress(KeyError):
             pids |= set(device_cgroup.processes_of_uid(pwd.getpwnam(self.account).pw_uid))
         return device_cgroup.processes_holding(nodes, pids)
-
-    async def gpu_use(self) -> list[float] | None:
-        """Each held GPU's use in percent (``nvidia-smi`` on this machine, asked by the hub);
-        None without GPU slots, with a MIG slot (nvidia-smi reads no use of a MIG device:
-        the server's use is unknown), or when a held GPU has no reading."""
-        slots = [parse_slot(slot) for slot in self.slots]
-        indexes = [str(index) for kind, index in slots if kind == "gpu"]
-        if not indexes or any(kind == "mig" for kind, _ in slots):
-            return None
-        rows = await asyncio.to_thread(query_gpus, ("index", "utilization.gpu"), nvidia_smi=self.nvidia_smi or None)
-        use = {row["index"]: row["utilization.gpu"] for row in rows}
-        try:
-            return [float(use[index]) for index in indexes]
-        except (KeyError, ValueError):  # a GPU not listed, or "[N/A]"
-            return None
-
-    async def record_gpu_idle(self, since: float | None) -> None:
-        """The flag, in the ledger, where the admin view reads it."""
-        await off_loop(self.ledger.flag_gpu_idle, self.owner, since)
-
-    async def grant_workers_again(self, n: int) -> Grant:
-        """Slots from the ledger again (the device cgroup follows them)."""
-        self.slots = await self.reserve_workers(n, spawning=False)
-        self.restrict_devices(self.slots)
-        await asyncio.to_thread(self.give_slot_cores, self.slots)
-        self.log.info("Granted %s to %s again", ",".join(self.slots), self.owner)
-        return Grant(workers=n, slots=tuple(self.slots))

@@ -2,7 +2,8 @@
 
 Slurm holds the reservations: no ledger.
 
-- :mod:`pdl_spawner.slurm.spawner`: :class:`PDLSlurmSpawner` (entry point ``pdl-slurm``).
+- :mod:`pdl_spawner.slurm.spawner`: :class:`PDLSlurmSpawner` (entry point ``pdl-slurm``);
+  :mod:`pdl_spawner.slurm.workers`: its source of workers, one Slurm job per server.
 - :mod:`pdl_spawner.slurm.cli`: the one place that runs Slurm's commands;
   :mod:`pdl_spawner.slurm.jobs`: their arguments and JSON read into jobs and nodes
   (pure); :mod:`pdl_spawner.slurm.choices`: the partition and time limit a user may

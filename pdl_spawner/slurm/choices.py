@@ -1,16 +1,16 @@
 """What a Slurm user may choose at spawn, where the admin offers it: a partition and a
-time limit (settings, the form's fields, the options' checks); and the GPU types of each
-partition, Slurm's GRES types as last read from ``sinfo`` (no setting), for the GPU type
-choice (:mod:`pdl_spawner.core.gpu_types`). A mixin of
-:class:`~pdl_spawner.slurm.spawner.PDLSlurmSpawner`, before the core in its bases (it
-adds to the core's form and options); the fields themselves are :mod:`pdl_spawner.slurm.form`."""
+time limit (settings, the spawn's choice checked); and the GPU types of each partition,
+Slurm's GRES types as last read from ``sinfo`` (no setting), for the GPU type choice
+(:mod:`pdl_spawner.core.gpu_types`). Settings of
+:class:`~pdl_spawner.slurm.spawner.PDLSlurmSpawner`; the form's fields are
+:mod:`pdl_spawner.slurm.form`, offered through the kind's source of workers
+(:mod:`pdl_spawner.slurm.workers`)."""
 
 from __future__ import annotations
 
 from tornado import web
 from traitlets import HasTraits, Integer, List, Unicode
 
-from pdl.limits import duration
 from pdl_spawner.slurm import form as slurm_form
 
 
@@ -44,15 +44,6 @@ class SlurmChoices(HasTraits):
         asks for one (pre-filled with `time_limit`, else this); 0: no choice.""",
     )
 
-    def more_user_options(self) -> dict[str, str]:
-        """``partition`` and ``time_limit``, where the admin offers a choice."""
-        more = {}
-        if len(self.partitions) > 1:
-            more["partition"] = slurm_form.valid_partitions(self.partitions)
-        if self.max_time_limit:
-            more["time_limit"] = slurm_form.valid_time_limits(self.max_time_limit)
-        return more
-
     def partition_in(self, options: dict) -> str:
         """The partition ``options`` name when it is one offered, else the default one
         (unchecked: :attr:`chosen_partition` refuses a bad choice)."""
@@ -68,7 +59,7 @@ class SlurmChoices(HasTraits):
         """``check(value, *args)`` of the user's option ``name`` when it is one this
         spawner offers, else None; HTTPError(400, one line) for a value ``check`` refuses."""
         options = self.user_options if isinstance(self.user_options, dict) else {}
-        if name not in options or name not in self.more_user_options():
+        if name not in options or name not in self.workers.more_options():
             return None
         try:
             return check(options[name], *args)
@@ -86,24 +77,3 @@ class SlurmChoices(HasTraits):
         """The time limit (minutes) of this spawn: the user's choice up to `max_time_limit`, else `time_limit`."""
         chosen = self.chosen_option("time_limit", slurm_form.check_time_limit, self.max_time_limit)
         return chosen or self.time_limit
-
-    def session_form_line(self) -> str:
-        """The spawn form's line about the session: the job's time limit where the admin
-        set one and offers no choice (a choice is the form's own field); else ""."""
-        if self.time_limit and not self.max_time_limit:
-            return (f"Your job's time limit is {duration(self.time_limit * 60)}: your engines are then released, "
-                    f"your notebook keeps its state, and the next cell asks for GPUs again.")
-        return ""
-
-    async def render_options_form(self, spawner=None) -> str:
-        return await super().render_options_form(spawner) + slurm_form.render_fields(
-            partitions=list(self.partitions), max_time_min=self.max_time_limit, default_time_min=self.time_limit)
-
-    def options_from_form(self, formdata):
-        options = super().options_from_form(formdata)
-        try:
-            options.update(slurm_form.parse_fields(formdata, partitions=list(self.partitions),
-                                                   max_time_min=self.max_time_limit))
-        except ValueError as e:
-            raise web.HTTPError(400, str(e)) from None
-        return options

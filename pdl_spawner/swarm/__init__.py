@@ -1,7 +1,8 @@
 """Docker Swarm: each user's server and GPU engines as Swarm services.
 
 - :mod:`pdl_spawner.swarm.spawner`: :class:`PDLSwarmSpawner` (entry point ``pdl-swarm``,
-  the services' life), with :mod:`pdl_spawner.swarm.promises` (free GPUs, promises to
+  the services' life), its source of workers :mod:`pdl_spawner.swarm.workers` (the GPUs
+  the core counts, takes, reclaims and grants again), with :mod:`pdl_spawner.swarm.promises` (free GPUs, promises to
   spawns in progress), :mod:`pdl_spawner.swarm.storage` (homes, data, cache),
   :mod:`pdl_spawner.swarm.idle` (idle engines scaled to 0 and back),
   :mod:`pdl_spawner.swarm.gpu_use` (the GPUs' use, read by the hub's reader service),

@@ -1,5 +1,7 @@
 """GPUs held idle on Docker Swarm: the hub's reading of the use of the GPUs a server's
-engines hold (:meth:`SwarmGpuUse.gpu_use`, for :mod:`pdl_spawner.core.gpu_idle`).
+engines hold (:meth:`SwarmGpuUse.gpu_readings`, which the kind's source of workers,
+:class:`~pdl_spawner.swarm.workers.SwarmGpus`, matches to a server's GPUs for
+:mod:`pdl_spawner.core.gpu_idle`).
 
 The GPUs are on the swarm's nodes, which the hub reaches only through the manager. So
 the hub runs one global service of its own, :data:`~pdl_spawner.swarm.specs.GPU_READER`
@@ -25,7 +27,6 @@ from traitlets import HasTraits, List, Unicode
 
 from pdl_spawner.swarm.gpus import PENDING
 from pdl_spawner.swarm.specs import GPU_READER, gpu_reader_service
-from pdl_spawner.swarm.state import service_replicas
 
 #: How many of the reader's intervals back a reading may come from.
 FRESH_INTERVALS = 3
@@ -56,7 +57,6 @@ def held_use(held: list[str], readings: dict[str, float]) -> list[float] | None:
 class SwarmGpuUse(HasTraits):
     """Mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`: the GPU reader and
     its readings (see the module docstring). The spawner provides ``docker``,
-    ``engine_services_now`` and ``engine_holdings`` (:class:`~pdl_spawner.swarm.idle.SwarmIdleEngines`'s),
     ``run_as``, ``image``, ``engine_image``, ``nvidia_smi`` and ``gpu_sample_s``."""
 
     gpu_reader_image = Unicode(
@@ -73,15 +73,6 @@ class SwarmGpuUse(HasTraits):
 
     #: The hub's last reading, shared by its spawners: (epoch s, UUID -> use).
     _readings: tuple[float, dict[str, float]] = (0.0, {})
-
-    async def gpu_use(self) -> list[float] | None:
-        """Each GPU this server's engines hold: its use (percent) from the reader; None
-        while an engine has no GPU placed or a GPU has no recent reading."""
-        running = [s for s in await self.engine_services_now() if service_replicas(s)]
-        if not running:
-            return None
-        held = [h.gpu for h in await self.engine_holdings(running)]
-        return held_use(held, await self.gpu_readings())
 
     async def gpu_readings(self) -> dict[str, float]:
         """UUID -> use of every GPU the reader printed lately (a reading at most half a

@@ -1,7 +1,8 @@
 """Idle engines on Docker Swarm: the Swarm spawner's half of the engine lease.
 
 :class:`SwarmIdleEngines` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`,
-called by :meth:`pdl_spawner.core.spawner.SpawnerCore.tend_lease`. Engines released for
+called by the kind's source of workers (:class:`~pdl_spawner.swarm.workers.SwarmGpus`) when
+:meth:`pdl_spawner.core.spawner.SpawnerCore.tend_lease` reclaims or grants again. Engines released for
 idleness have their services scaled to 0 (their GPUs go back to the swarm; the reclaim
 is logged in ``state_db`` for the admin view); asked back, they are scaled to 1 once
 their GPUs are free and nobody waits in the queue, or the answer says in one line why not.
@@ -12,16 +13,12 @@ from __future__ import annotations
 import asyncio
 
 from docker.errors import APIError, NotFound
-from jupyterhub.utils import url_path_join
 from tornado import web
 from traitlets import HasTraits
 
-from pdl.lease import Grant
-from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.swarm.gpus import GpuHolding, gpu_holdings
 from pdl_spawner.swarm.specs import LABEL_PREFIX
-from pdl_spawner.swarm.state import service_replicas
 
 
 class SwarmIdleEngines(HasTraits):
@@ -33,14 +30,6 @@ class SwarmIdleEngines(HasTraits):
     def reclaim_log(self) -> SlotLedger:
         """Where reclaims are logged (the admin view lists them): :attr:`state_db`."""
         return SlotLedger(self.state_db)
-
-    def lease_url(self) -> str | None:
-        if self.server is None or not self.swarm.node_addr:
-            return None
-        return f"http://{self.swarm.node_addr}:{self.swarm.port}{url_path_join(self.server.base_url, 'pdl/api/lease')}"
-
-    def lease_token(self) -> str | None:
-        return self.swarm.api_token
 
     async def engine_services_now(self) -> list[dict]:
         return await self.docker("services", filters={"label": [f"{LABEL_PREFIX}owner={self.owner.key}",
@@ -57,27 +46,6 @@ class SwarmIdleEngines(HasTraits):
         tasks = await self.docker("tasks", filters={"service": [s["ID"] for s in running],
                                                      "desired-state": ["running"]})
         return gpu_holdings(await self.docker("nodes"), running, tasks, self.gpu_resource)
-
-    async def reclaim_idle_workers(self) -> list[str]:
-        """Scale this server's running engine services to 0 and log their GPUs as reclaimed."""
-        running = [s for s in await self.engine_services_now() if service_replicas(s)]
-        if not running:
-            return []
-        gpus = [f"{h.node}/{h.gpu}" for h in await self.engine_holdings(running)] or [f"{len(running)} GPU(s)"]
-        await self.scale_engines(running, 0)
-        await off_loop(self.reclaim_log.log_reclaim, self.owner.key, gpus, self.reclaim_reason())
-        return gpus
-
-    async def take_back_workers(self) -> list[str]:
-        """The session's end, enforced: the engine services scaled to 0 (as for idle engines)."""
-        return await self.reclaim_idle_workers()
-
-    async def grant_workers_again(self, n: int) -> Grant:
-        """Every engine service of this server back to one task (the hub starts them: no slots)."""
-        services = await self.engine_services_now()
-        await self.bring_back_engines(services)
-        self.log.info("Granted %d GPU(s) to %s again", len(services), self.owner.key)
-        return Grant(workers=len(services))
 
     async def bring_back_engines(self, services: list[dict]) -> None:
         """Scale the engine services back to one task each once their GPUs are free, and

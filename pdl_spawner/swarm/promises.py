@@ -2,12 +2,13 @@
 progress, and the GPU types a spawn may choose among (its nodes' labels,
 :data:`~pdl_spawner.swarm.specs.GPU_TYPE_LABEL`).
 
-:class:`SwarmGpuPromises` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`.
-Free GPUs are read from the swarm on every call (:func:`pdl_spawner.swarm.gpus.gpu_usage`,
+:class:`SwarmGpuPromises` is a mixin of :class:`~pdl_spawner.swarm.spawner.PDLSwarmSpawner`
+(its settings, the swarm's nodes, the promises), read by the kind's source of workers
+(:class:`~pdl_spawner.swarm.workers.SwarmGpus`). Free GPUs are read from the swarm on every call (:func:`pdl_spawner.swarm.gpus.gpu_usage`,
 the one definition of held) on the nodes PDL uses. Between the take of a spawn (or
 of engines a cell asks back) and the moment every one of its engine tasks exists,
 Swarm does not count its GPUs yet: the spawn's promise does, in this hub process
-(:data:`SwarmGpuPromises._promised`), so no GPU is granted twice. Where a spawn
+(:data:`SwarmGpuPromises.promised`), so no GPU is granted twice. Where a spawn
 chose a GPU type, what is free and what it promises are of that type
 (:func:`~pdl_spawner.swarm.gpus.gpu_usage`).
 """
@@ -17,9 +18,8 @@ from __future__ import annotations
 from tornado import web
 from traitlets import HasTraits, List, Unicode
 
-from pdl_spawner.swarm.gpus import Promise, excluded_hostnames, gpu_types, gpu_usage, select_nodes
+from pdl_spawner.swarm.gpus import Promise, excluded_hostnames, gpu_types, select_nodes
 from pdl_spawner.swarm.specs import LABEL_PREFIX
-from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
 
 
 class SwarmGpuPromises(HasTraits):
@@ -40,10 +40,10 @@ class SwarmGpuPromises(HasTraits):
 
     #: GPUs granted to spawns of this hub whose engine tasks don't exist yet:
     #: owner -> :class:`~pdl_spawner.swarm.gpus.Promise`. Shared by every spawner of the process.
-    _promised: dict[str, Promise] = {}
+    promised: dict[str, Promise] = {}
 
     #: The GPU types of PDL's nodes, as last read (shared by every spawner of the process).
-    _known_types: list[str] = []
+    known_types: list[str] = []
 
     async def read_swarm(self) -> tuple[list[dict], list[dict], list[dict]]:
         """PDL's nodes, the engine services and the tasks on PDL's nodes (or not placed
@@ -59,31 +59,9 @@ class SwarmGpuPromises(HasTraits):
         self.remember_types(nodes)
         return nodes, services, tasks
 
-    async def read_capacity(self) -> None:
-        """Read the nodes' GPU types, which the spawn's options are checked against."""
-        self.remember_types(await self.cluster_nodes())
-
     def remember_types(self, nodes: list[dict]) -> None:
         """Keep the GPU types of ``nodes`` (PDL's) for :meth:`gpu_types_for`."""
-        SwarmGpuPromises._known_types = gpu_types(nodes, self.gpu_resource)
-
-    def gpu_types_for(self, options: dict) -> list[str]:
-        """The GPU types of PDL's nodes, as last read (the same whatever the options)."""
-        return list(SwarmGpuPromises._known_types)
-
-    async def worker_usage(self) -> WorkerUsage:
-        """GPUs of the swarm (of the spawn's chosen type) and their holders, this server's own not counted."""
-        return gpu_usage(*await self.read_swarm(), self.gpu_resource, promised=SwarmGpuPromises._promised,
-                         exclude_owner=self.owner.key, gpu_type=self.chosen_gpu_type)
-
-    async def gpu_type_usage(self) -> dict[str, tuple[int, int]]:
-        """GPU type ("" : any) -> (free, total) GPUs of PDL's nodes, for the form."""
-        swarm = await self.read_swarm()
-        found = {}
-        for kind in ["", *SwarmGpuPromises._known_types]:
-            usage = gpu_usage(*swarm, self.gpu_resource, promised=SwarmGpuPromises._promised, gpu_type=kind)
-            found[kind] = (usage.free, usage.total)
-        return found
+        SwarmGpuPromises.known_types = gpu_types(nodes, self.gpu_resource)
 
     async def cluster_nodes(self) -> list[dict]:
         """The swarm's nodes that PDL uses (:attr:`nodes`), or HTTP 500 naming the bad names."""
@@ -97,17 +75,10 @@ class SwarmGpuPromises(HasTraits):
         """The swarm's nodes that engines must not run on (those :attr:`nodes` leaves out)."""
         return excluded_hostnames(await self.docker("nodes"), self.nodes)
 
-    async def take_workers(self, n: int) -> None:
-        """Promise ``n`` free GPUs to this server, or raise :class:`NotEnoughWorkers`."""
-        usage = await self.worker_usage()
-        if n > usage.free:
-            raise NotEnoughWorkers(n, usage)
-        SwarmGpuPromises._promised[self.owner.key] = Promise(self.user.name, n, self.chosen_gpu_type)
-
     def holds_promise(self) -> bool:
         """Whether GPUs are promised to this server now (its spawn took them)."""
-        return self.owner.key in SwarmGpuPromises._promised
+        return self.owner.key in SwarmGpuPromises.promised
 
     def forget_promise(self) -> None:
         """Swarm counts this server's GPUs now (or the spawn failed): drop its promise."""
-        SwarmGpuPromises._promised.pop(self.owner.key, None)
+        SwarmGpuPromises.promised.pop(self.owner.key, None)

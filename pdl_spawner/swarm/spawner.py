@@ -63,9 +63,6 @@ from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secr
 from pdl.contract import ServerContract
 
 from pdl_spawner.swarm import specs as swarm_specs
-from pdl_spawner.hub.db_thread import off_loop
-from pdl_spawner.core.gpu_types import GpuTypeChoice
-from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.swarm.gpu_use import SwarmGpuUse
 from pdl_spawner.swarm.idle import SwarmIdleEngines
@@ -79,9 +76,7 @@ from pdl_spawner.swarm.state import (
 from pdl_spawner.swarm.storage import SwarmStorage
 from pdl_spawner.swarm.teardown import POLL_S, SwarmTeardown
 from pdl_spawner.swarm.kind import KIND
-
-#: Upper bound on workers per server when ``max_workers`` is 0 (the real bound is what is free).
-GPU_REQUEST_CAP = 1024
+from pdl_spawner.swarm.workers import SwarmGpus
 
 
 class TaskFailed(web.HTTPError, RuntimeError):
@@ -94,11 +89,12 @@ class TaskFailed(web.HTTPError, RuntimeError):
         self.jupyterhub_message = message
 
 
-class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpuUse, SwarmTeardown,
+class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpuUse, SwarmTeardown,
                       SwarmLimits, SpawnerCore, SwarmSpawner):
     """A user's notebook (with its ipyparallel controller) plus one engine service per
-    GPU: the worker rules of :class:`~pdl_spawner.core.spawner.SpawnerCore`, GPUs counted and
-    promised by :class:`~pdl_spawner.swarm.promises.SwarmGpuPromises`, storage by
+    GPU: the worker rules of :class:`~pdl_spawner.core.spawner.SpawnerCore`, the GPUs its
+    source of workers (:class:`~pdl_spawner.swarm.workers.SwarmGpus`), with the swarm's
+    nodes and promises of :class:`~pdl_spawner.swarm.promises.SwarmGpuPromises`, storage by
     :class:`~pdl_spawner.swarm.storage.SwarmStorage`, idle engines by
     :class:`~pdl_spawner.swarm.idle.SwarmIdleEngines`, removal by
     :class:`~pdl_spawner.swarm.teardown.SwarmTeardown`, each container's limits by
@@ -106,8 +102,7 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
 
     kind_name = KIND.name
 
-    worker_unit = "GPUs"
-    worker_kind = "gpu"
+    worker_source = SwarmGpus
 
     default_gpus = Integer(
         None, allow_none=True, config=True,
@@ -186,24 +181,8 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
     # -- whose, and how many ----------------------------------------------------
 
     @property
-    def worker_capacity(self) -> int:
-        """No bound known without asking the swarm: what is free decides."""
-        return GPU_REQUEST_CAP
-
-    def ready_to_start(self) -> bool:
-        return self.holds_promise() or bool(self.object_id)
-
-    @property
     def owner(self) -> Owner:
         return Owner(self.user.name, self.name or "")
-
-    @property
-    def owner_key(self) -> str:
-        return self.owner.key
-
-    @property
-    def queue_db(self) -> str:
-        return self.state_db
 
     #: The private networks' claims, shared by every spawner of the process.
     _networks = NetworkPool()
@@ -234,7 +213,7 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
 
     async def start(self):
         if isinstance(self.user_options, dict) and "gpu_type" in self.user_options:
-            await self.read_capacity()  # the GPU types it may name
+            await self.workers.read_capacity()  # the GPU types it may name
         self.requested_workers()  # refuse other options (image, mounts, ...) before any Docker call
         _ = self.chosen_gpu_type  # and a GPU type PDL's nodes lack
         self.storage_mounts()  # and storage settings that cannot work
@@ -341,7 +320,7 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
             if starved_tasks(list(current.values())):
                 starved_since = starved_since or time.monotonic()
                 if time.monotonic() - starved_since > self.starved_timeout:
-                    raise self.not_enough(self.swarm.workers, await self.worker_usage())
+                    raise self.not_enough(self.swarm.workers, await self.workers.usage())
             else:
                 starved_since = None
             if len(current) == len(service_ids) and all(
@@ -362,12 +341,8 @@ class PDLSwarmSpawner(GpuTypeChoice, SwarmGpuPromises, SwarmStorage, SwarmIdleEn
     async def stop(self, now=False):
         self.unwatch_lease()
         if self.gpu_idle_flag_s:
-            await self.record_gpu_idle(None)
+            await self.workers.record_gpu_idle(None)
         return await super().stop(now=now)
-
-    async def record_gpu_idle(self, since: float | None) -> None:
-        """The flag, in :attr:`state_db`, where the admin view reads it."""
-        await off_loop(SlotLedger(self.state_db).flag_gpu_idle, self.owner.key, since)
 
     # -- state -----------------------------------------------------------------
 

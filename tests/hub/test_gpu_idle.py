@@ -39,7 +39,7 @@ def test_the_hub_reads_the_use_of_the_gpus_the_server_holds_and_flags_them_after
     spawner = lease_spawner(tmp_path, None, pool=["gpu:0", "gpu:1", "gpu:2"], gpu_idle_flag_s=1800,
                             nvidia_smi=fake_smi(tmp_path, "0, 0\\n1, 57\\n2, 0\\n"))
     spawner.slots = ["gpu:0", "gpu:2"]
-    assert asyncio.run(spawner.gpu_use()) == [0.0, 0.0]  # gpu:1 is someone else's
+    assert asyncio.run(spawner.workers.gpu_use()) == [0.0, 0.0]  # gpu:1 is someone else's
     asyncio.run(spawner.sample_gpu_use(now=1000))
     asyncio.run(spawner.sample_gpu_use(now=1000 + SAMPLE_EVERY_S - 1))  # not due: no second reading
     assert spawner.gpu_idle_flag(now=1000 + 1799) is None
@@ -55,13 +55,13 @@ def test_a_gpu_without_a_reading_gives_no_verdict(tmp_path, rows):
     spawner = lease_spawner(tmp_path, None, pool=["gpu:0", "gpu:1"], gpu_idle_flag_s=60,
                             nvidia_smi=fake_smi(tmp_path, rows))
     spawner.slots = ["gpu:0"]
-    assert asyncio.run(spawner.gpu_use()) is None
+    assert asyncio.run(spawner.workers.gpu_use()) is None
 
 
 def test_cpu_slots_are_not_watched(tmp_path):
     spawner = lease_spawner(tmp_path, None, gpu_idle_flag_s=60)
     spawner.slots = ["cpu:0"]
-    assert asyncio.run(spawner.gpu_use()) is None
+    assert asyncio.run(spawner.workers.gpu_use()) is None
 
 
 def test_the_server_is_told_the_flag_once_and_its_lifting_and_the_gpus_are_taken_back_after_the_release(tmp_path):

@@ -461,7 +461,7 @@ print(json.dumps({{"opened": found, "blocked": blocked, "id": os.getuid()}}))
 def test_a_gpu_ben_still_holds_open_is_never_freed_by_his_lease(hub, devices, ben):
     """The attack (issue 27, 2): ben opened his GPU, then told his lease that his engines
     were released; the hub freed the GPU (for the next user) while his handle still read
-    data. Guards ``PDLLocalSpawner.reclaim_idle_workers``: while a process of ben holds
+    data. Guards ``LedgerSlots.reclaim_idle``: while a process of ben holds
     the GPU open, it stays his, whatever his lease says; once he closes it, the hub frees it."""
     gpu = f"gpu:{BENS_GPU}"
     assert hub.reservations().get(gpu) == "ben"

@@ -193,7 +193,7 @@ def test_local_spawner_gives_each_server_a_port_nothing_else_holds(tmp_path):
         with socket.socket() as busy:
             busy.bind(("127.0.0.1", low))  # something else listens here
             assert spawner.pick_port() == low + 2
-        asyncio.run(spawner.release())
+        asyncio.run(spawner.workers.release())
         assert PDLLocalSpawner._ports == {"bob": low + 1}
     finally:
         PDLLocalSpawner._ports.clear()
@@ -490,15 +490,15 @@ def test_a_mig_slot_opens_its_gpus_node_and_its_own_instances_capability_nodes(t
                               gpu_device_template=str(tmp_path / "nvidia{index}"),
                               mig_minors_file=str(tmp_path / "mig-minors"),
                               mig_cap_template=str(tmp_path / "cap{minor}"))
-    asyncio.run(spawner.read_capacity())
-    assert spawner.worker_kind == "gpu" and spawner.gpu_types_for({}) == [MIG_TYPE, "Tesla T4"]
+    asyncio.run(spawner.workers.read_capacity())
+    assert spawner.workers.kind == "gpu" and spawner.workers.gpu_types_for({}) == [MIG_TYPE, "Tesla T4"]
     assert spawner.gpu_nodes(["mig:1"]) == [tmp_path / "nvidia0", tmp_path / "cap21", tmp_path / "cap22"]
     assert spawner.gpu_nodes(spawner.pool) == [tmp_path / n for n in
                                                ["nvidia1", "nvidia0", "cap12", "cap13", "cap21", "cap22"]]
     spawner.slots = ["gpu:1"]
-    assert asyncio.run(spawner.gpu_use()) == [0.0]
+    assert asyncio.run(spawner.workers.gpu_use()) == [0.0]
     spawner.slots = ["gpu:1", "mig:0"]  # no use is read of a MIG device: the server's is unknown, never idle
-    assert asyncio.run(spawner.gpu_use()) is None
+    assert asyncio.run(spawner.workers.gpu_use()) is None
 
 
 def test_a_server_that_answers_every_long_poll_at_once_is_looked_at_no_more_than_four_times_a_second(tmp_path):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from lease_double import lease_spawner
+from lease_double import fake_user, lease_spawner
 from pdl.lease import Grant
 from pdl_spawner.core.reservations import SlotLedger
 from pdl_spawner.core.session_limit import ENFORCE_AFTER_S
@@ -31,7 +31,35 @@ def test_a_grant_again_starts_a_new_session_and_tells_the_server_its_end(tmp_pat
     [grant] = spawner.fetch_lease.answers
     assert isinstance(grant, Grant) and grant.slots == ("cpu:0", "cpu:1")
     assert before + 3600 <= grant.ends_at <= time.time() + 3600 and spawner.session_ends_at == grant.ends_at
-    assert spawner.get_state()["session_ends_at"] == grant.ends_at  # kept across a hub restart
+    state = spawner.get_state()
+    assert state["pdl"]["session_ends_at"] == grant.ends_at  # the core's, under its own key
+    restarted = lease_spawner(tmp_path, HOLDING, session_limit_s=3600)
+    restarted.load_state(state)  # a hub restart
+    assert restarted.session_ends_at == grant.ends_at and restarted.get_state() == state
+
+
+def test_the_cores_saved_state_does_not_clash_with_the_spawner_librarys(tmp_path):
+    """The core's state is one key of the spawner's, "pdl": a spawner library (or kind)
+    that saves a field of the same name as one of the core's keeps it, and neither
+    reads the other's."""
+    from pdl_spawner.local.spawner import PDLLocalSpawner
+
+    class LibrarySpawner(PDLLocalSpawner):  # a library's own field named like the core's
+        def get_state(self):
+            return {**super().get_state(), "session_ends_at": "the library's"}
+
+    spawner = LibrarySpawner(user=fake_user("alice"), system_users=False, reservations_db=str(tmp_path / "r.sqlite"),
+                             pool=["cpu:0"], session_limit_s=60)
+    spawner.start_session()
+    ends = spawner.session_ends_at
+    state = spawner.get_state()
+    assert state["session_ends_at"] == "the library's" and state["pdl"]["session_ends_at"] == ends
+    loaded = LibrarySpawner(user=fake_user("alice"), system_users=False, reservations_db=str(tmp_path / "r.sqlite"),
+                            pool=["cpu:0"], session_limit_s=60)
+    loaded.load_state({"session_ends_at": "the library's", "pdl": "not a dict"})  # the core reads only its own key
+    assert loaded.session_ends_at == 0.0
+    loaded.load_state(state)
+    assert loaded.session_ends_at == ends
 
 
 def test_a_server_that_keeps_its_workers_past_the_end_has_them_taken_back(tmp_path):
@@ -98,7 +126,7 @@ def test_without_a_limit_nothing_ends_and_the_form_says_nothing_of_it(tmp_path):
     spawner = lease_spawner(tmp_path, HOLDING)
     spawner.start_session()
     assert spawner.session_ends_at == 0 and not spawner.session_over(time.time() + 10**9)
-    assert spawner.session_form_line() == "" and "session_ends_at" not in spawner.get_state()
+    assert spawner.session_form_line() == "" and "pdl" not in spawner.get_state()
     assert "PDL_SESSION_LIMIT_S" not in spawner.server_contract().env()
 
 

@@ -248,7 +248,7 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers_on_the_login_node(hub,
 
 
 def test_the_form_offers_the_admins_partitions_and_time_limits_and_refuses_others(hub, slurm):
-    """Guards PDLSlurmSpawner.more_user_options and slurm_form: a partition or time
+    """Guards SlurmJobGpus.more_options and slurm_form: a partition or time
     limit the admin did not offer is refused in one line naming the valid ones, and
     nothing is submitted."""
     page = hub.login("ann").get(f"{hub.url}/hub/spawn").text

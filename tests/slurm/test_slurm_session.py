@@ -1,5 +1,5 @@
 """On Slurm the job's time limit is the session (pdl_spawner/core/session_limit.py's
-``applies_session_limit``; the form's line, pdl_spawner/slurm/choices.py): the hub's
+``ends_grants`` of its source of workers; the form's line, pdl_spawner/slurm/choices.py): the hub's
 session limit does not apply, and the form says the job's limit where there is no choice."""
 
 from __future__ import annotations

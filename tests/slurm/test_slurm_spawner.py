@@ -25,7 +25,7 @@ def test_a_slow_slurmctld_never_holds_the_hub_and_its_silence_is_one_line(tmp_pa
     scontrol.chmod(0o755)
     spawner = PDLSlurmSpawner(user=_user("alice"), slurm_bin_dir=str(tmp_path), max_workers=4,
                               partition="unit-test-silent")
-    assert spawner.worker_capacity == 4  # not asked yet: the admin's cap, and no command run
+    assert spawner.workers.capacity == 4  # not asked yet: the admin's cap, and no command run
 
     async def read_while_ticking():
         ticks = 0
@@ -39,7 +39,7 @@ def test_a_slow_slurmctld_never_holds_the_hub_and_its_silence_is_one_line(tmp_pa
         ticker = asyncio.create_task(tick())
         try:
             with pytest.raises(web.HTTPError) as e:
-                await spawner.read_capacity()
+                await spawner.workers.read_capacity()
         finally:
             ticker.cancel()
         return ticks, e.value
@@ -48,4 +48,4 @@ def test_a_slow_slurmctld_never_holds_the_hub_and_its_silence_is_one_line(tmp_pa
     assert ticks >= 10, f"the event loop stood still while scontrol ran ({ticks} ticks in about 1 s)"
     assert error.status_code == 503
     assert error.reason == "scontrol: slurm_load_partitions: Unable to contact slurm controller", error.reason
-    assert spawner.worker_capacity == 4  # a failed read stores nothing
+    assert spawner.workers.capacity == 4  # a failed read stores nothing

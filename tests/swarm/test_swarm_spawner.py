@@ -63,7 +63,7 @@ def secrets_of(swarm, user):
 @pytest.fixture(autouse=True)
 def no_promises_left():
     yield
-    assert PDLSwarmSpawner._promised == {}, "a spawn left GPUs promised"
+    assert PDLSwarmSpawner.promised == {}, "a spawn left GPUs promised"
 
 
 def test_spawn_creates_notebook_and_one_engine_per_gpu_spread_over_nodes():
@@ -152,10 +152,10 @@ def test_gpus_of_engines_scaled_to_0_stay_held_until_their_containers_stop():
     swarm = FakeSwarm(stop_polls=10)  # the double's looks at the swarm until a container has stopped
     alice = make_spawner(swarm, "alice", 3)
     run(alice.start())
-    assert len(run(alice.reclaim_idle_workers())) == 3
+    assert len(run(alice.workers.reclaim_idle())) == 3
     bob = make_spawner(swarm, "bob", 2)
-    assert run(bob.worker_usage()).holders == {"alice": 3}  # her containers still stop
-    usage = [run(bob.worker_usage()) for _ in range(10)]
+    assert run(bob.workers.usage()).holders == {"alice": 3}  # her containers still stop
+    usage = [run(bob.workers.usage()) for _ in range(10)]
     assert usage[-1].free == 3 and usage[-1].holders == {}, usage
 
 
@@ -299,7 +299,7 @@ def test_swarm_spawner_refuses_mounts_before_any_docker_call():
         with pytest.raises(web.HTTPError) as e:
             asyncio.run(spawner.start())
         assert e.value.status_code == 400 and "the options are 'workers'" in e.value.reason
-    assert swarm.calls == [] and PDLSwarmSpawner._promised == {}
+    assert swarm.calls == [] and PDLSwarmSpawner.promised == {}
 
 
 def test_spawn_form_says_what_is_free():
