@@ -329,15 +329,15 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
         """The spawner library's and the kind's state, and the core's under :data:`STATE_KEY`."""
         state = super().get_state()
         core = self.session_state()
-        if core:
+        if core:  # nothing of the core's: no key (a stopped server leaves no state)
             state[STATE_KEY] = core
-        else:
-            state.pop(STATE_KEY, None)
         return state
 
     def load_state(self, state):
+        """The core's part from :data:`STATE_KEY`; a state saved before the core had a
+        key of its own (a hub upgraded with its servers kept) has its fields at the top."""
         super().load_state(state)
-        core = state.get(STATE_KEY)
+        core = state.get(STATE_KEY, state if "session_ends_at" in state and STATE_KEY not in state else {})
         self.load_session_state(core if isinstance(core, dict) else {})
 
     def clear_state(self):

@@ -60,6 +60,8 @@ def test_the_cores_saved_state_does_not_clash_with_the_spawner_librarys(tmp_path
     assert loaded.session_ends_at == 0.0
     loaded.load_state(state)
     assert loaded.session_ends_at == ends
+    loaded.load_state({"session_ends_at": ends, "session_granted_end": ends})  # saved before the "pdl" key
+    assert loaded.session_ends_at == ends
 
 
 def test_a_server_that_keeps_its_workers_past_the_end_has_them_taken_back(tmp_path):
