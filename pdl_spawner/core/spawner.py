@@ -258,8 +258,8 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
         if form.wants_queue(formdata):
             options["queue"] = True
         try:
+            options.update(self.workers.parse_form(formdata))  # first: a partition decides the GPU types
             options.update(form.parse_gpu_type(formdata, self.workers.gpu_types_for(options)))
-            options.update(self.workers.parse_form(formdata))
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
         return options

@@ -49,3 +49,21 @@ def test_a_slow_slurmctld_never_holds_the_hub_and_its_silence_is_one_line(tmp_pa
     assert error.status_code == 503
     assert error.reason == "scontrol: slurm_load_partitions: Unable to contact slurm controller", error.reason
     assert spawner.workers.capacity == 4  # a failed read stores nothing
+
+
+def test_the_form_reads_the_gpu_type_among_the_chosen_partitions_types():
+    """The GPU types offered depend on the partition chosen in the same form: the
+    partition is read first (a type only the chosen partition has is accepted, and one
+    it lacks refused in one line)."""
+    from pdl_spawner.slurm.choices import SlurmChoices
+
+    SlurmChoices.known_gpu_types.update({"unit-cpu": [], "unit-gpu": ["a100", "t4"]})
+    try:
+        spawner = PDLSlurmSpawner(user=_user("alice"), partitions=["unit-cpu", "unit-gpu"], max_workers=4)
+        options = spawner.options_from_form({"workers": ["1"], "partition": ["unit-gpu"], "gpu_type": ["t4"]})
+        assert options == {"workers": 1, "partition": "unit-gpu", "gpu_type": "t4"}
+        with pytest.raises(web.HTTPError, match="gpu_type must be one of"):
+            spawner.options_from_form({"workers": ["1"], "partition": ["unit-gpu"], "gpu_type": ["h100"]})
+    finally:
+        for partition in ("unit-cpu", "unit-gpu"):
+            SlurmChoices.known_gpu_types.pop(partition, None)
