@@ -2,7 +2,9 @@
 
 - :mod:`pdl_spawner.accounts.authenticator`: each user's own login
   (jupyterhub-nativeauthenticator, with PDL's limits), with its pages
-  (:mod:`pdl_spawner.accounts.pages`).
+  (:mod:`pdl_spawner.accounts.pages`); :mod:`pdl_spawner.accounts.login_guard`: PDL's
+  hardening of a password login (lockout, one check at a time, a bounded pool), which
+  any password login of PDL's uses.
 - :mod:`pdl_spawner.accounts.credentials`: the admin's first password and the signup codes.
 - :mod:`pdl_spawner.accounts.unix_accounts`: one Unix account per hub user (as root).
 """

@@ -26,18 +26,19 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   every password, the right one too, is refused until ``seconds_before_next_try`` (60)
   seconds after the last failure, and the login page says for how long. Then one more
   wrong password locks it again; a right one clears the count, and so does an hour
-  without one (``FAILED_LOGINS_KEPT_S``). Counts live in the hub's memory: a restart
+  without one. Counts live in the hub's memory: a restart
   clears them. A password is counted before it is checked, and a name
   has one check at a time: guesses sent at once get HTTP 429 instead of a check each
   (40 at once were all checked, none refused as locked, before this). Checks run in
-  a pool of their own (``LOGIN_CHECK_THREADS``), at most ``LOGIN_CHECKS_AT_MOST`` at
-  once hub-wide; beyond, HTTP 429.
+  a pool of their own, a bounded number at once hub-wide; beyond, HTTP 429. These rules
+  are :class:`~pdl_spawner.accounts.login_guard.LoginGuard`'s, which any password login
+  of PDL's uses.
 - **Names are not told.** A name without an account gets the answer of a wrong password,
   after as long (a bcrypt check against a decoy hash of the same cost), and is counted
   and locked the same way: before, a missing name answered in 53 ms and an account's
   wrong password in 719 ms, and only existing names were ever locked.
 - **A lock a stranger cannot keep closed.** A browser that logged in as a name keeps a
-  signed cookie saying so (:data:`KNOWN_BROWSER_COOKIE`, ``KNOWN_BROWSER_DAYS``, HttpOnly,
+  signed cookie saying so (the guard's ``KNOWN_BROWSER_COOKIE``, HttpOnly,
   SameSite=Strict, the hub's path). Counts, locks and the one check at a time are kept
   apart for such a browser and for every other one: a stranger's guesses lock the name
   for browsers that never logged in as it, while its owner's browser still gets in (one
@@ -71,7 +72,6 @@ import re
 import time
 import unicodedata
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import bcrypt
@@ -83,25 +83,11 @@ from traitlets import Bool, Integer, Unicode, default
 
 from pdl_spawner.accounts.pages import DiscardHandler, LoginHandler, SignUpHandler, ToggleAuthorizationHandler
 from pdl_spawner.accounts.credentials import ADMIN_PASSWORD_BYTES, SignupCodes, secret_file
+from pdl_spawner.accounts.login_guard import LoginGuard, remember_browser
 from pdl_spawner.accounts.unix_accounts import NAME_PATTERN
-
-#: Threads that check passwords (bcrypt, slow on purpose), a pool of their own.
-LOGIN_CHECK_THREADS = 2
-#: Password checks waiting or running at once, hub-wide; a login beyond gets HTTP 429
-#: (80 wrong logins at once made another user's spawn take 45 s instead of 12).
-LOGIN_CHECKS_AT_MOST = 16
-
-#: The cookie (``{name}``: the hub user's name) by which a browser that logged in as that
-#: name keeps its own login count; signed with the hub's cookie secret.
-KNOWN_BROWSER_COOKIE = "pdl-known-{name}"
-#: Days a browser stays known after its last login.
-KNOWN_BROWSER_DAYS = 90
 
 #: The most bytes of a password that bcrypt takes (bcrypt 5 raises ValueError beyond).
 BCRYPT_MAX_BYTES = 72
-#: Seconds a name's count of wrong passwords is kept after its last one, for every name
-#: alike, those without an account too (so the counts of made-up names cannot fill memory).
-FAILED_LOGINS_KEPT_S = 3600
 #: NativeAuthenticator's templates; its page.html adds "Change Password" and, for admins,
 #: "Authorize Users" to every page's bar when it comes first in ``JupyterHub.template_paths``.
 TEMPLATE_DIR = native.TEMPLATE_DIR
@@ -121,25 +107,6 @@ def password_matches(hashed: bytes, password: str) -> bool:
     one that bcrypt cannot take)."""
     encoded = password.encode()
     return len(encoded) <= BCRYPT_MAX_BYTES and bcrypt.checkpw(encoded, hashed)
-
-
-def is_known_browser(handler: web.RequestHandler | None, username: str) -> bool:
-    """Whether the request carries the signed cookie of a browser that logged in as
-    ``username`` within ``KNOWN_BROWSER_DAYS`` (False without a handler)."""
-    if handler is None:
-        return False
-    value = handler.get_signed_cookie(KNOWN_BROWSER_COOKIE.format(name=username), max_age_days=KNOWN_BROWSER_DAYS)
-    return value == username.encode()
-
-
-def remember_browser(handler: web.RequestHandler | None, username: str) -> None:
-    """Give the browser of ``handler``'s request the signed cookie that makes it known
-    for ``username`` (nothing without a handler)."""
-    if handler is None:
-        return
-    handler.set_signed_cookie(KNOWN_BROWSER_COOKIE.format(name=username), username,
-                              expires_days=KNOWN_BROWSER_DAYS, path=handler.hub.base_url, httponly=True,
-                              secure=handler.request.protocol == "https", samesite="Strict")
 
 
 class PDLAuthenticator(NativeAuthenticator):
@@ -176,18 +143,15 @@ class PDLAuthenticator(NativeAuthenticator):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        #: (name, known browser) pairs whose password is being checked now: one check at a time each
-        self._checking: set[tuple[str, bool]] = set()
-        #: bcrypt's own threads: a flood of logins cannot take the hub's default pool,
-        #: which resolves addresses and prepares accounts
-        self._check_pool = ThreadPoolExecutor(LOGIN_CHECK_THREADS, thread_name_prefix="pdl-login-check")
-        #: passwords being hashed for sign-ups now (they share the checks' pool and cap)
-        self._hashing = 0
+        #: counts, locks and checks in flight (pdl_spawner/accounts/login_guard.py); bcrypt
+        #: runs in its pool: a flood of logins cannot take the hub's default pool, which
+        #: resolves addresses and prepares accounts
+        self.guard = LoginGuard(self.login_attempts, self)
         #: client address -> monotonic times of its sign-ups of unlisted names in the window
         self._signups: dict[str, deque[float]] = {}
         #: the hash a login for a name without an account is checked against (made now, off the loop)
         self._decoy_hash: bytes | None = None
-        self._check_pool.submit(self.decoy_hash)
+        self.guard.pool.submit(self.decoy_hash)
         self.ensure_first_admin()
 
     @property
@@ -295,14 +259,14 @@ class PDLAuthenticator(NativeAuthenticator):
     async def hash_password(self, password: str) -> bytes:
         """``password``'s bcrypt hash, made in the password checks' pool; HTTP 429 while
         ``LOGIN_CHECKS_AT_MOST`` checks and hashes are in flight."""
-        if len(self._checking) + self._hashing >= LOGIN_CHECKS_AT_MOST:
+        if self.guard.full():
             raise web.HTTPError(429, "The hub is checking many logins now: try again in a moment.")
-        self._hashing += 1
+        self.guard.busy += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._check_pool, bcrypt.hashpw, password.encode(), bcrypt.gensalt())
+                self.guard.pool, bcrypt.hashpw, password.encode(), bcrypt.gensalt())
         finally:
-            self._hashing -= 1
+            self.guard.busy -= 1
 
     def create_user(self, username, password, password_hash: bytes | None = None, approved: bool | None = None,
                     **kwargs):
@@ -331,13 +295,8 @@ class PDLAuthenticator(NativeAuthenticator):
     # -- logging in --------------------------------------------------------------
 
     def add_login_attempt(self, key) -> None:
-        """Count one password for ``key``: a name, or a (name, known browser) pair; the
-        counts whose last password is over ``FAILED_LOGINS_KEPT_S`` old are forgotten."""
-        now = time.monotonic()
-        for stale in [k for k, a in self.login_attempts.items() if now - a["time"] >= FAILED_LOGINS_KEPT_S]:
-            del self.login_attempts[stale]
-        count = self.login_attempts.get(key, {}).get("count", 0)
-        self.login_attempts[key] = {"count": count + 1, "time": now}
+        """Count one password for ``key``: a name, or a (name, known browser) pair (the guard's)."""
+        self.guard.count(key)
 
     def decoy_hash(self) -> bytes:
         """A bcrypt hash of a random password, of the cost of the accounts' own: what a login
@@ -348,10 +307,7 @@ class PDLAuthenticator(NativeAuthenticator):
 
     def seconds_locked(self, key) -> float:
         """Seconds until ``key`` (as in :meth:`add_login_attempt`) may try a password again (0: now)."""
-        attempts = self.login_attempts.get(key)
-        if not self.allowed_failed_logins or not attempts or attempts["count"] < self.allowed_failed_logins:
-            return 0.0
-        return max(0.0, self.seconds_before_next_try - (time.monotonic() - attempts["time"]))
+        return self.guard.seconds_locked(key)
 
     def is_blocked(self, username: str) -> bool:
         return self.seconds_locked((username, False)) > 0
@@ -367,23 +323,13 @@ class PDLAuthenticator(NativeAuthenticator):
         username = self.normalize_username(data.get("username", ""))
         password = data.get("password", "")
         info = self.get_user(username)
-        key = (username, is_known_browser(handler, username))
-        wait = self.seconds_locked(key)
-        if wait:
-            raise web.HTTPError(403, f"Too many failed logins for {username}: try again in {wait:.0f} s.")
-        if key in self._checking:  # guesses at once would each get a check before any counted
-            raise web.HTTPError(429, f"A login for {username} is being checked: try again in a moment.")
-        if len(self._checking) + self._hashing >= LOGIN_CHECKS_AT_MOST:
-            raise web.HTTPError(429, "The hub is checking many logins now: try again in a moment.")
-        self._checking.add(key)
-        self.add_login_attempt(key)  # counted before the check; a right password clears it
-        try:
-            loop = asyncio.get_running_loop()
-            hashed = info.password if info is not None else (
-                self._decoy_hash or await loop.run_in_executor(self._check_pool, self.decoy_hash))
-            right = await loop.run_in_executor(self._check_pool, password_matches, hashed, password)
-        finally:
-            self._checking.discard(key)
+        key = self.guard.key(handler, username)
+        if info is not None:
+            hashed = info.password
+        else:  # the decoy, made once (in the pool: it is slow on purpose)
+            hashed = self._decoy_hash or await asyncio.get_running_loop().run_in_executor(
+                self.guard.pool, self.decoy_hash)
+        right = await self.guard.check(key, lambda: password_matches(hashed, password))
         if info is None:
             return None
         if right and info.has_2fa:

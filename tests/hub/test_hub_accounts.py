@@ -416,6 +416,7 @@ def test_a_flood_of_logins_gets_429_beyond_the_cap_and_never_the_hubs_default_th
     from tornado import web
 
     import pdl_spawner.accounts.authenticator as accounts
+    import pdl_spawner.accounts.login_guard as guard
 
     auth = make_authenticator(authenticator_db, tmp_path)
     monkeypatch.setattr(auth, "get_user", lambda name: SimpleNamespace(password=b"", has_2fa=False,
@@ -428,7 +429,7 @@ def test_a_flood_of_logins_gets_429_beyond_the_cap_and_never_the_hubs_default_th
         return False
 
     monkeypatch.setattr(accounts, "password_matches", slow_check)
-    flood = accounts.LOGIN_CHECKS_AT_MOST + 8
+    flood = guard.LOGIN_CHECKS_AT_MOST + 8
 
     async def logins():
         tasks = [asyncio.create_task(auth.authenticate(None, {"username": f"user{i}", "password": "guess"}))
@@ -439,10 +440,10 @@ def test_a_flood_of_logins_gets_429_beyond_the_cap_and_never_the_hubs_default_th
 
     answers = asyncio.run(logins())
     refused = [a for a in answers if isinstance(a, web.HTTPError)]
-    assert answers.count(None) == accounts.LOGIN_CHECKS_AT_MOST and len(refused) == 8
+    assert answers.count(None) == guard.LOGIN_CHECKS_AT_MOST and len(refused) == 8
     assert all(e.status_code == 429 and "checking many logins" in e.log_message for e in refused)
     assert threads and all(name.startswith("pdl-login-check") for name in threads), threads
-    assert len(threads) <= accounts.LOGIN_CHECK_THREADS
+    assert len(threads) <= guard.LOGIN_CHECK_THREADS
 
 
 @pytest.mark.unit
@@ -538,7 +539,7 @@ def test_a_sign_ups_password_is_hashed_off_the_event_loop_and_429_beyond_the_cap
 
     from tornado import web
 
-    import pdl_spawner.accounts.authenticator as accounts
+    import pdl_spawner.accounts.login_guard as guard
 
     auth = make_authenticator(authenticator_db, tmp_path)
     threads, release, real_hash = set(), threading.Event(), bcrypt.hashpw
@@ -553,7 +554,7 @@ def test_a_sign_ups_password_is_hashed_off_the_event_loop_and_429_beyond_the_cap
 
     async def sign_ups():
         tasks = [asyncio.create_task(auth.hash_password(f"passphrase-{i}"))
-                 for i in range(accounts.LOGIN_CHECKS_AT_MOST + extra)]
+                 for i in range(guard.LOGIN_CHECKS_AT_MOST + extra)]
         started = time.monotonic()
         for _ in range(5):  # the loop keeps turning while every hash waits
             await asyncio.sleep(0.02)
@@ -565,7 +566,7 @@ def test_a_sign_ups_password_is_hashed_off_the_event_loop_and_429_beyond_the_cap
     assert turned_in < 2, turned_in
     hashes = [a for a in answers if isinstance(a, bytes)]
     refused = [a for a in answers if isinstance(a, web.HTTPError)]
-    assert len(hashes) == accounts.LOGIN_CHECKS_AT_MOST and len(refused) == extra, answers
+    assert len(hashes) == guard.LOGIN_CHECKS_AT_MOST and len(refused) == extra, answers
     assert all(e.status_code == 429 for e in refused)
     assert bcrypt.checkpw(b"passphrase-0", hashes[0])
     assert threads and all(name.startswith("pdl-login-check") for name in threads), threads
@@ -596,7 +597,7 @@ def test_wrong_password_counts_are_forgotten_an_hour_after_the_last_for_every_na
     FAILED_LOGINS_KEPT_S after its last wrong password, whether the name has an account or not."""
     import asyncio
 
-    from pdl_spawner.accounts.authenticator import FAILED_LOGINS_KEPT_S
+    from pdl_spawner.accounts.login_guard import FAILED_LOGINS_KEPT_S
 
     auth = make_authenticator(authenticator_db, tmp_path)
 
