@@ -122,7 +122,7 @@ class LoginGuard:
         finally:
             self.checking.discard(key)
 
-    def passed(self, handler: web.RequestHandler | None, key: Key) -> None:
-        """A right password for ``key``: its count cleared, its browser remembered."""
+    def passed(self, key: Key) -> None:
+        """A right password for ``key``: its count cleared (the caller remembers the
+        browser, :func:`remember_browser`, once the login is let in)."""
         self.attempts.pop(key, None)
-        remember_browser(handler, key[0])

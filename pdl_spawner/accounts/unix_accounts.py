@@ -18,6 +18,7 @@ running that user's code as someone else.
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import re
@@ -151,6 +152,33 @@ def ensure_runtime_dir(entry: pwd.struct_passwd, root: str | os.PathLike = "/run
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != entry.pw_uid or stat.S_IMODE(st.st_mode) != 0o700:
         raise RuntimeError(f"{path} is not a folder of {entry.pw_name}'s alone (mode 0700)")
     return path
+
+
+def lab_account(name: str, *, lowest_uid: int = 0, group: str = "") -> pwd.struct_passwd:
+    """The lab's own Unix account ``name``, as the machine resolves it (NSS: /etc/passwd,
+    or LDAP through sssd or nslcd), for a hub that runs its users as the accounts they
+    already have: its passwd entry. :class:`ForeignAccount` (one line naming the rule)
+    when there is no such account, when its uid is root's or below ``lowest_uid`` (0: the
+    machine's ``UID_MIN``, :func:`uid_min`), or, with ``group``, when it is not a member
+    of that group (its primary group counts)."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ForeignAccount(f"there is no Unix account {name} on this machine: with lab accounts, each hub user "
+                             f"runs as their own account of the same name") from None
+    lowest = lowest_uid or uid_min()
+    if entry.pw_uid == 0 or entry.pw_uid < lowest:
+        raise ForeignAccount(f"the Unix account {name} has uid {entry.pw_uid}: lab accounts run only with a uid "
+                             f"of at least {lowest} (PDL_ACCOUNT_UID_MIN), never root's or a system account's")
+    if group:
+        try:
+            found = grp.getgrnam(group)
+        except KeyError:
+            raise ForeignAccount(f"there is no Unix group {group} (PDL_ALLOWED_GROUP) on this machine") from None
+        if name not in found.gr_mem and entry.pw_gid != found.gr_gid:
+            raise ForeignAccount(f"the Unix account {name} is not in group {group}: only its members may run "
+                                 f"here (PDL_ALLOWED_GROUP)")
+    return entry
 
 
 def account_exists(name: str) -> bool:
