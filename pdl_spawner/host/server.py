@@ -47,7 +47,7 @@ from pathlib import Path
 from jupyterhub.spawner import set_user_setuid
 from jupyterhub.traitlets import ByteSpecification
 from tornado import web
-from traitlets import Bool, List, Unicode, default
+from traitlets import Bool, Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from pdl.contract import ServerContract, cluster_dir_in
@@ -84,6 +84,25 @@ class HostServer(LoggingConfigurable):
     account_prefix = Unicode(
         "pdl-", config=True,
         help="Prefix of the users' Unix accounts: hub user ann runs as pdl-ann.",
+    )
+
+    lab_accounts = Bool(
+        False, config=True,
+        help="""Run each hub user as the lab's existing Unix account of the same name (as
+        the machine resolves it: /etc/passwd, or LDAP through sssd or nslcd), in its own
+        home, instead of an account PDL makes (`account_prefix` + name). Only with a login
+        that proves that account (PDL_AUTH=pam); never root's or a system account
+        (`lab_uid_min`), and only members of `lab_group` where it is set.""",
+    )
+
+    lab_uid_min = Integer(
+        0, config=True,
+        help="With lab_accounts: the lowest uid a user's account may have; 0: the machine's UID_MIN.",
+    )
+
+    lab_group = Unicode(
+        "", config=True,
+        help="With lab_accounts: the Unix group whose members may run here; empty: any ordinary account.",
     )
 
     accounts_record = Unicode(
@@ -171,9 +190,10 @@ class HostServer(LoggingConfigurable):
 
     @property
     def account(self) -> str:
-        """The Unix account this server runs as (with :attr:`system_users`)."""
+        """The Unix account this server runs as (with :attr:`system_users`): the user's own
+        name with :attr:`lab_accounts`, else :attr:`account_prefix` + name."""
         try:
-            return unix_accounts.account_name(self.account_prefix, self.user.name)
+            return unix_accounts.account_name("" if self.lab_accounts else self.account_prefix, self.user.name)
         except ValueError as e:
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 
@@ -317,15 +337,22 @@ class HostServer(LoggingConfigurable):
             raise web.HTTPError(500, message, reason=message)
 
     def prepare_account(self) -> None:
-        """Make this user's account (once) and their device cgroup, with no process left
+        """Make this user's account (once; with :attr:`lab_accounts`, check the lab's
+        own) and their device cgroup, with no process left
         in it from a server the hub lost track of (a crash mid-spawn). Blocks: the
         spawner runs it in a worker thread, between the reservation and the launch."""
         self._check_runnable()
-        try:
-            entry = unix_accounts.ensure_account(self.account, self.homes_root, self.accounts_record_path,
-                                                 self._skeleton(), comment=f"PDL hub user {self.user.name}")
-        except unix_accounts.ForeignAccount as e:
-            raise web.HTTPError(500, str(e), reason=str(e)) from None
+        if self.lab_accounts:  # the lab's own account, as it is: a refusal is the user's (403)
+            try:
+                entry = unix_accounts.lab_account(self.account, lowest_uid=self.lab_uid_min, group=self.lab_group)
+            except unix_accounts.ForeignAccount as e:
+                raise web.HTTPError(403, str(e), reason=str(e)) from None
+        else:
+            try:
+                entry = unix_accounts.ensure_account(self.account, self.homes_root, self.accounts_record_path,
+                                                     self._skeleton(), comment=f"PDL hub user {self.user.name}")
+            except unix_accounts.ForeignAccount as e:
+                raise web.HTTPError(500, str(e), reason=str(e)) from None
         unix_accounts.ensure_runtime_dir(entry, self.runtime_dir_root)
         cgroup, tree = self.cgroup, self.tree
         if cgroup is not None:

@@ -30,9 +30,11 @@ def _class(name: str, registered: dict[str, ClusterKind]) -> type:
             if cls.__name__ == name:
                 return cls
     from pdl_spawner.accounts.authenticator import PDLAuthenticator
+    from pdl_spawner.accounts.lab_logins import PDLPAMAuthenticator
 
-    if name == PDLAuthenticator.__name__:
-        return PDLAuthenticator
+    for login in (PDLAuthenticator, PDLPAMAuthenticator):
+        if name == login.__name__:
+            return login
     raise KeyError(f"no class {name} in PDL's settings")
 
 
@@ -71,6 +73,7 @@ def settings_sections() -> list[tuple[str, str, dict[str, TraitType]]]:
     """(section, where it applies, its traits declared by PDL) for every settable class:
     the core's, the login's, each kind's spawner (with its mixins' settings)."""
     from pdl_spawner.accounts.authenticator import PDLAuthenticator
+    from pdl_spawner.accounts.lab_logins import PDLPAMAuthenticator
     from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
 
@@ -89,7 +92,8 @@ def settings_sections() -> list[tuple[str, str, dict[str, TraitType]]]:
                 ("HostServer", "the kinds whose servers run on the hub's machine: "
                  + ", ".join(sorted(k.name for k in registered.values() if issubclass(k.spawner_class(), HostServer))),
                  gathered(HostServer, ())),
-                ("PDLAuthenticator", "the login (every kind)", _declared(PDLAuthenticator))]
+                ("PDLAuthenticator", "the login (every kind)", _declared(PDLAuthenticator)),
+                ("PDLPAMAuthenticator", "the login with `PDL_AUTH=pam` (every kind)", _declared(PDLPAMAuthenticator))]
     for name in sorted(registered):
         spawner = registered[name].spawner_class()
         sections.append((spawner.__name__, f"`PDL_SPAWNER={name}`", gathered(spawner, (SpawnerCore, HostServer))))
@@ -118,10 +122,12 @@ def settings_document() -> str:
 
 def _settable_classes() -> list[type]:
     from pdl_spawner.accounts.authenticator import PDLAuthenticator
+    from pdl_spawner.accounts.lab_logins import PDLPAMAuthenticator
     from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
 
-    return [SpawnerCore, HostServer, PDLAuthenticator, *(k.spawner_class() for k in kinds().values())]
+    return [SpawnerCore, HostServer, PDLAuthenticator, PDLPAMAuthenticator,
+            *(k.spawner_class() for k in kinds().values())]
 
 
 def _computed(cls: type, name: str) -> bool:

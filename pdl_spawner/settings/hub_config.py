@@ -50,7 +50,8 @@ def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], Non
     _servers(c, found, state_dir, kind, repo)
     _idle_culler(c, found["PDL_CULL_IDLE_S"])
     _local_config(c, found["PDL_LOCAL_CONFIG"], "PDL_LOCAL_CONFIG" in environ, load_subconfig)
-    problem = unknown_setting(c, kind) or kind.problem(c)
+    _pam_lockout(c)
+    problem = unknown_setting(c, kind) or kind.problem(c) or _lab_accounts_problem(c)
     if problem:
         raise SystemExit(problem)
     _admin_view(c, kind, found["PDL_ADMIN_VIEW_PORT"])
@@ -101,12 +102,16 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
 
 
 def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:
-    """Each user's own password (pdl_spawner/accounts/authenticator.py): the admin's account is made
-    from ``<state>/password``; listed users sign up with their one-time codes."""
+    """``PDL_AUTH=native``: each user's own password (pdl_spawner/accounts/authenticator.py):
+    the admin's account is made from ``<state>/password``; listed users sign up with their
+    one-time codes. ``pam``: the machine's own passwords (:func:`_lab_login`)."""
     users = found["PDL_USERS"]
     for name in users:
         if name_problem(name):
             raise SystemExit(f"PDL_USERS: {name_problem(name)}")
+    if found["PDL_AUTH"] != "native":
+        _lab_login(c, found, users)
+        return
     c.JupyterHub.authenticator_class = "pdl_spawner.accounts.authenticator.PDLAuthenticator"
     c.PDLAuthenticator.first_admin = users[0]
     c.PDLAuthenticator.first_admin_password_file = str(state_dir / "password")
@@ -117,6 +122,37 @@ def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:
     SignupCodes(state_dir).ensure(users[1:])
     # NativeAuthenticator's page.html: "Change Password" for all, "Authorize Users" for admins
     c.JupyterHub.template_paths = [TEMPLATE_DIR]
+
+
+def _lab_login(c, found: Mapping[str, Any], users: list[str]) -> None:
+    """The machine's own passwords through PAM (pdl_spawner/accounts/lab_logins.py), with
+    PDL's lockout (``PDL_LOGIN_ATTEMPTS``, ``PDL_LOGIN_LOCKOUT_S``): the listed users, and
+    the members of ``PDL_ALLOWED_GROUP``, may log in; the first listed is the admin."""
+    c.JupyterHub.authenticator_class = "pdl_spawner.accounts.lab_logins.PDLPAMAuthenticator"
+    c.Authenticator.admin_users = set(users[:1])
+    c.Authenticator.allowed_users = set(users)
+    if found.get("PDL_ALLOWED_GROUP"):
+        c.PDLPAMAuthenticator.allowed_groups = {found["PDL_ALLOWED_GROUP"]}
+
+
+def _pam_lockout(c) -> None:
+    """The PAM login takes PDL's lockout settings (``PDL_LOGIN_ATTEMPTS``,
+    ``PDL_LOGIN_LOCKOUT_S``, or their ``c.PDLAuthenticator`` lines in the admin's file)
+    where its own section sets none."""
+    if str(c.JupyterHub.get("authenticator_class", "")).endswith("PDLPAMAuthenticator"):
+        for name in ("allowed_failed_logins", "seconds_before_next_try"):
+            if name in c.PDLAuthenticator and name not in c.PDLPAMAuthenticator:
+                setattr(c.PDLPAMAuthenticator, name, c.PDLAuthenticator[name])
+
+
+def _lab_accounts_problem(c) -> str | None:
+    """One line when the final config runs users as the lab's accounts behind PDL's own
+    sign-up pages (anyone could claim a name, and so its account); else None."""
+    login = str(c.JupyterHub.get("authenticator_class", ""))
+    if "HostServer" in c and c.HostServer.get("lab_accounts") and login.endswith(".PDLAuthenticator"):
+        return ("PDL_ACCOUNTS=lab runs each user as the lab's account of their name: it needs a login that proves "
+                "that account, PDL_AUTH=pam (PDL_AUTH=native lets people sign up any name)")
+    return None
 
 
 def _servers(c, found: Mapping[str, Any], state_dir: Path, kind: ClusterKind, repo: Path) -> None:

@@ -90,6 +90,11 @@ def port_range_problem(bounds: tuple[int, int]) -> str | None:
     return f"must be (LOW, HIGH) with {LOWEST_PORT} <= LOW < HIGH <= {HIGHEST_PORT}, got {tuple(bounds)}"
 
 
+def lab_accounts(value: str, name: str) -> bool:
+    """``lab`` (True: the lab's own accounts) or ``pdl`` (False: accounts PDL makes)."""
+    return one_of("pdl", "lab")(value, name) == "lab"
+
+
 def one_of(*choices: str):
     """A parser of one of ``choices``."""
 

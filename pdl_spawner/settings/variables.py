@@ -74,6 +74,16 @@ VARIABLES: tuple[Variable, ...] = (
              trait="HostServer.homes_root"),
     Variable("PDL_ACCOUNT_PREFIX", "Hub user `ann` runs as Unix account `<prefix>ann` (`\"\"`: their own accounts, "
              "\"A Slurm cluster\", step 2).", trait="HostServer.account_prefix"),
+    Variable("PDL_AUTH", "How people log in: `native` (a PDL password each, sign-up pages) or `pam` (the "
+             "machine's own passwords, with PDL's lockout around them; \"The lab's own accounts\").",
+             values.one_of("native", "pam"), default="native"),
+    Variable("PDL_ACCOUNTS", "Whose Unix accounts servers run as: `pdl` (`<prefix><name>`, made by PDL) or `lab` "
+             "(the existing account of the same name; with `PDL_AUTH=pam`).", values.lab_accounts,
+             trait="HostServer.lab_accounts", shown="`pdl`"),
+    Variable("PDL_ACCOUNT_UID_MIN", "With `PDL_ACCOUNTS=lab`: the lowest uid a user's account may have (0: the "
+             "machine's `UID_MIN`).", values.whole_number, trait="HostServer.lab_uid_min"),
+    Variable("PDL_ALLOWED_GROUP", "With `PDL_ACCOUNTS=lab`: only members of this Unix group may log in and run "
+             "here (empty: any ordinary account).", trait="HostServer.lab_group"),
     Variable("PDL_LOCAL_CONFIG", "The admin's own config file of `c.*` settings, loaded when it exists (below). "
              "Named explicitly, it must exist.", default="/etc/pdl/hub_config.py"),
     Variable("PDL_PUBLIC_URL", "The URL browsers open; each user's server is at `<name>.<host>` (\"One origin "
@@ -134,7 +144,7 @@ VARIABLES: tuple[Variable, ...] = (
 
 
 #: The configurable classes of the hub itself, whose traits apply whatever the kind.
-HUB_SECTIONS = frozenset({"JupyterHub", "PDLAuthenticator", "ConfigurableHTTPProxy", "Spawner"})
+HUB_SECTIONS = frozenset({"JupyterHub", "PDLAuthenticator", "PDLPAMAuthenticator", "ConfigurableHTTPProxy", "Spawner"})
 
 
 def read_variables(environ: Mapping[str, str], kind, others: Iterable = ()) -> dict[str, Any]:

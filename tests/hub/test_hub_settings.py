@@ -165,7 +165,8 @@ SAMPLES = {"PDL_HOMES_ROOT": "/srv/homes", "PDL_ACCOUNT_PREFIX": "lab-", "PDL_HU
            "PDL_LOGIN_LOCKOUT_S": "90", "PDL_PENDING_SIGNUPS": "3", "PDL_SIGNUPS_PER_ADDRESS": "4",
            "PDL_DEFAULT_WORKERS": "2", "PDL_ENGINE_IDLE_TIMEOUT": "600", "PDL_SESSION_LIMIT_S": "28800",
            "PDL_SESSION_MAX_S": "57600", "PDL_SESSION_WARN_S": "300", "PDL_GPU_IDLE_FLAG_S": "1800",
-           "PDL_GPU_IDLE_RELEASE_S": "3600", "PDL_POOL": "cpu:0,cpu:1"}
+           "PDL_GPU_IDLE_RELEASE_S": "3600", "PDL_POOL": "cpu:0,cpu:1", "PDL_ACCOUNTS": "lab",
+           "PDL_ACCOUNT_UID_MIN": "2000", "PDL_ALLOWED_GROUP": "ml"}
 
 def local_trait_variables():
     from pdl_spawner.kinds import kind_named
@@ -177,7 +178,7 @@ def local_trait_variables():
 def test_every_setting_of_the_embedded_default_takes_effect_through_its_variable(tmp_path):
     variables = local_trait_variables()
     assert sorted(SAMPLES) == sorted(v.name for v in variables), "a sample value for each variable with a trait"
-    got = settings(probe(tmp_path, [v.trait for v in variables], **SAMPLES))
+    got = settings(probe(tmp_path, [v.trait for v in variables], **SAMPLES, PDL_AUTH="pam"))  # lab accounts need it
     assert {v.name: got[v.trait] for v in variables} == {v.name: expected(v, SAMPLES) for v in variables}
 
 
@@ -185,7 +186,7 @@ def test_every_setting_of_the_embedded_default_takes_effect_through_its_c_line(t
     variables = local_trait_variables()
     path = config_file(tmp_path / "etc")
     path.write_text("".join(f"c.{v.trait} = {expected(v, SAMPLES)!r}\n" for v in variables))
-    got = settings(probe(tmp_path, [v.trait for v in variables], PDL_LOCAL_CONFIG=str(path)))
+    got = settings(probe(tmp_path, [v.trait for v in variables], PDL_LOCAL_CONFIG=str(path), PDL_AUTH="pam"))
     assert {v.name: got[v.trait] for v in variables} == {v.name: expected(v, SAMPLES) for v in variables}
 
 
@@ -244,3 +245,12 @@ def test_docs_settings_lists_every_c_setting_of_pdls_classes():
 
     assert (REPO / "docs" / "settings.md").read_text() == settings_document(), \
         "docs/settings.md: write `python -m pdl_spawner.settings.guide settings` into it"
+
+
+def test_lab_accounts_without_a_login_that_proves_them_stop_the_hub_in_one_line(tmp_path):
+    """PDL_ACCOUNTS=lab with PDL's own sign-up pages would let anyone claim a name, and so
+    the lab's account of that name."""
+    assert "needs a login that proves that account, PDL_AUTH=pam" in refusal(
+        load_config(tmp_path, PDL_ACCOUNTS="lab"))
+    assert refusal(load_config(tmp_path, PDL_AUTH="ldap")) == "PDL_AUTH must be one of native, pam, got 'ldap'"
+    assert settings(load_config(tmp_path, PDL_AUTH="pam", PDL_ACCOUNTS="lab", PDL_ALLOWED_GROUP="ml"))
