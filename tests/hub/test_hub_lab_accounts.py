@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import pwd
 import secrets
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from hub_harness import Hub, open_path_to, running, runs_as_root, user_processes
+from hub_harness import Hub, open_path_to, pids_of_uid, running, runs_as_root, user_processes
+from waiting import wait_until
 
 pytestmark = pytest.mark.skipif(not runs_as_root() and not os.environ.get("CI"),
                                 reason="the lab's accounts and PAM's password check need root")
@@ -72,8 +74,20 @@ def lab(tmp_path_factory):
             yield started, names
     finally:
         for name in names.values():
-            subprocess.run(["userdel", "--remove", name], capture_output=True)
+            delete_lab_account(name)
         subprocess.run(["groupdel", group], capture_output=True)
+
+
+def delete_lab_account(name: str) -> None:
+    """Remove a lab account made here, once no process of it is left, and its runtime
+    folder first (the spawner's): an account made later may get the same uid."""
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return
+    wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
+    shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)
+    subprocess.run(["userdel", "--remove", name], capture_output=True)
 
 
 def test_a_lab_member_logs_in_with_their_password_and_runs_as_their_own_account(lab):
