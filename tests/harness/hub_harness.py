@@ -300,15 +300,8 @@ c.JupyterHub.log_level = "INFO"
         if not runs_as_root():
             return
         name = self.account(user)
-        try:
-            uid = pwd.getpwnam(name).pw_uid
-        except KeyError:
+        if not remove_account(name):
             return
-        wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
-        # its runtime folder (the spawner's), while the uid is still its own: once the
-        # account is gone, an account another test makes beside this one may get the uid
-        shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)
-        subprocess.run(["userdel", "--remove", name], capture_output=True)
         from pdl_spawner.host import device_cgroup
 
         if device_cgroup.support():  # its cgroup, left behind when the hub was killed
@@ -788,6 +781,21 @@ def listening_tcp(pids) -> list[tuple[str, int]]:
             if c.status == psutil.CONN_LISTEN:
                 found.append((c.laddr.ip, c.laddr.port))
     return found
+
+
+def remove_account(name: str) -> bool:
+    """Delete the Unix account ``name`` and its home once no process of it is left, and
+    first its runtime folder (the spawner's), while the uid is still its own: once the
+    account is gone, an account another test makes beside this one may get the uid.
+    False when there was no such account."""
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return False
+    wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
+    shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)
+    subprocess.run(["userdel", "--remove", name], capture_output=True)
+    return True
 
 
 def pids_of_uid(uid: int) -> list[int]:

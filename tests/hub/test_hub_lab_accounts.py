@@ -9,14 +9,12 @@ from __future__ import annotations
 import os
 import pwd
 import secrets
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from hub_harness import Hub, open_path_to, pids_of_uid, running, runs_as_root, user_processes
-from waiting import wait_until
+from hub_harness import Hub, open_path_to, remove_account, running, runs_as_root, user_processes
 
 pytestmark = pytest.mark.skipif(not runs_as_root() and not os.environ.get("CI"),
                                 reason="the lab's accounts and PAM's password check need root")
@@ -74,20 +72,8 @@ def lab(tmp_path_factory):
             yield started, names
     finally:
         for name in names.values():
-            delete_lab_account(name)
+            remove_account(name)  # after the hub: no process of it left
         subprocess.run(["groupdel", group], capture_output=True)
-
-
-def delete_lab_account(name: str) -> None:
-    """Remove a lab account made here, once no process of it is left, and its runtime
-    folder first (the spawner's): an account made later may get the same uid."""
-    try:
-        uid = pwd.getpwnam(name).pw_uid
-    except KeyError:
-        return
-    wait_until(lambda: not pids_of_uid(uid), 30, what=f"{name}'s processes to end")
-    shutil.rmtree(f"/run/user/{uid}", ignore_errors=True)
-    subprocess.run(["userdel", "--remove", name], capture_output=True)
 
 
 def test_a_lab_member_logs_in_with_their_password_and_runs_as_their_own_account(lab):
