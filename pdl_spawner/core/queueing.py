@@ -74,8 +74,9 @@ class QueueingSpawner(HasTraits):
         return [(w.user, w.wanted) for w in await off_loop(self.wait_queue.waiters)]
 
     async def waiting_ahead(self) -> int:
-        """How many wait in the queue ahead of this server (0 with the queue off)."""
-        if not self.queue_timeout:
+        """How many wait in PDL's queue ahead of this server (0 with the queue off, and
+        where the cluster's scheduler keeps the queue: the source's ``own_queue``)."""
+        if not self.queue_timeout or self.workers.own_queue:
             return 0
         return len(await off_loop(self.wait_queue.ahead_of, self.owner_key, self.chosen_gpu_type))
 

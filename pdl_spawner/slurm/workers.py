@@ -75,7 +75,8 @@ class SlurmJobGpus(HostWorkers):
 
     @property
     def queue_db(self) -> str:
-        """Unused (Slurm's queue is the queue); the GPU-idle flags' file."""
+        """The GPU-idle flags' file; PDL's queue is never used here (Slurm's own is the
+        queue, :attr:`own_queue`)."""
         return self.spawner.flags_db
 
     # -- how many ---------------------------------------------------------------------
