@@ -38,6 +38,14 @@ DEFAULT_ROOT = "/var/lib/pdl/private-tmp"
 #: Mount point -> its folder's name under ``<root>/<name>`` (None: a tmpfs of its own).
 PLACES: dict[str, str | None] = {"/tmp": "tmp", "/var/tmp": "var-tmp", "/dev/shm": None}
 
+
+def hiding_place(path: str | os.PathLike) -> str | None:
+    """The place of :data:`PLACES` that a server's own replaces over ``path`` (so its
+    processes cannot see what is there, e.g. PDL installed under /tmp), or None."""
+    resolved = os.path.realpath(path)
+    return next((place for place in PLACES if resolved == place or resolved.startswith(place + "/")), None)
+
+
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x80000
 

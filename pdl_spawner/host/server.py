@@ -329,7 +329,14 @@ class HostServer(LoggingConfigurable):
             cgroup.restrict(*self.port_range, self.port)
 
     def _check_runnable(self) -> None:
-        """HTTP 500, one line, when the users' accounts cannot run PDL's Python."""
+        """HTTP 500, one line, when the users' accounts cannot run PDL's Python: it is
+        under a place each server has its own of (/tmp: theirs hides the machine's), or
+        closed to other users."""
+        hidden = private_tmp.hiding_place(self.cmd[0]) if self.private_tmp is not None else None
+        if hidden:
+            message = (f"the users' servers cannot run {self.cmd[0]}: each server has its own {hidden}, which "
+                       f"hides the machine's; install PDL elsewhere (e.g. /opt/pdl)")
+            raise web.HTTPError(500, message, reason=message)
         blocked = unix_accounts.unreachable_by_others(self.cmd[0])
         if blocked is not None:
             message = (f"the users' accounts cannot run {self.cmd[0]}: {blocked} is closed to other users; "

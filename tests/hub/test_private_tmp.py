@@ -112,3 +112,23 @@ def test_a_root_folder_someone_else_could_have_made_is_refused_in_one_line(tmp_p
         PrivateTmp("pdl-ann", root).prepare()
     assert "\n" not in str(refused.value)
     assert not (tmp_path / "elsewhere" / "pdl-ann").exists()
+
+
+def test_pdl_installed_under_tmp_is_refused_at_spawn_in_one_line(tmp_path):
+    """Each server's own /tmp hides the machine's: a PDL installed there (a checkout in
+    /tmp) could not start any server, and the spawn failed with a bare HTTP 500."""
+    from tornado import web
+
+    from pdl_spawner.host.private_tmp import hiding_place
+    from pdl_spawner.local.spawner import PDLLocalSpawner
+
+    assert hiding_place("/tmp/pdl/.venv/bin/python") == "/tmp" and hiding_place("/dev/shm") == "/dev/shm"
+    assert hiding_place("/tmpfoo/python") is None and hiding_place("/opt/pdl/.venv/bin/python") is None
+    user = type("User", (), {"name": "ann", "admin": False, "url": "/user/ann/", "escaped_name": "ann", "id": 1,
+                             "server": None, "spawners": {}, "settings": {}, "orm_user": None})()
+    spawner = PDLLocalSpawner(user=user, system_users=True, cmd=["/tmp/checkout/.venv/bin/python", "-m", "x"],
+                              reservations_db=str(tmp_path / "r.sqlite"), pool=["cpu:0"])
+    with pytest.raises(web.HTTPError) as refused:
+        spawner._check_runnable()
+    message = refused.value.log_message
+    assert "has its own /tmp" in message and "\n" not in message and refused.value.status_code == 500
