@@ -1,30 +1,45 @@
 """Logins with the lab's own accounts, through JupyterHub's own authenticators, with PDL's
 hardening around them.
 
-:class:`PDLPAMAuthenticator` is JupyterHub's :class:`~jupyterhub.auth.PAMAuthenticator`
-(the machine's own passwords: ``/etc/shadow``, or LDAP through ``pam_sss`` or
-``pam_ldap``) whose checks go through a :class:`~pdl_spawner.accounts.login_guard.LoginGuard`:
+:class:`GuardedLogin` goes before a JupyterHub authenticator among a class's bases and
+sends its password check through a :class:`~pdl_spawner.accounts.login_guard.LoginGuard`:
 wrong passwords lock a name as PDL's own login does, one check runs at a time per name,
 a bounded number hub-wide (HTTP 429 beyond), in the guard's pool, never on the hub's
 event loop. A name is normalised (Unicode NFKC, then JupyterHub's lowercasing) and must
-be :data:`~pdl_spawner.accounts.unix_accounts.NAME_PATTERN` before PAM hears of it;
-another is refused as a wrong password is, after being counted.
+be :data:`~pdl_spawner.accounts.unix_accounts.NAME_PATTERN` before the authenticator
+hears of it; another is refused as a wrong password is, after being counted.
+
+- :class:`PDLPAMAuthenticator`: JupyterHub's :class:`~jupyterhub.auth.PAMAuthenticator`
+  (the machine's own passwords: ``/etc/shadow``, or LDAP through ``pam_sss`` or
+  ``pam_ldap``).
+- :class:`PDLLDAPAuthenticator`: ``jupyterhub-ldapauthenticator``'s
+  :class:`~ldapauthenticator.LDAPAuthenticator` (a bind as the person to the lab's
+  directory), which may also let in the members of a Unix group as the machine
+  resolves it (the directory's groups, through nslcd or sssd).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 import unicodedata
 
-from jupyterhub.auth import PAMAuthenticator
-from traitlets import Integer
+from jupyterhub.auth import Authenticator, PAMAuthenticator
+from ldap3.core.exceptions import LDAPException, LDAPSocketOpenError
+from ldapauthenticator import LDAPAuthenticator
+from tornado import web
+from traitlets import Integer, Unicode
 
+from pdl_spawner.accounts import unix_accounts
 from pdl_spawner.accounts.login_guard import LoginGuard, remember_browser
 from pdl_spawner.accounts.unix_accounts import NAME_PATTERN
 
 
-class PDLPAMAuthenticator(PAMAuthenticator):
-    """PAM with PDL's hardening (see the module docstring)."""
+class GuardedLogin(Authenticator):
+    """PDL's hardening around the password check of the authenticator after it among a
+    class's bases (see the module docstring). Its settings apply to every guarded login
+    (``c.GuardedLogin``), or to one (``c.PDLPAMAuthenticator``...)."""
 
     allowed_failed_logins = Integer(5, config=True, help="Wrong passwords in a row after which a name is locked "
                                     "(0: never).")
@@ -40,16 +55,19 @@ class PDLPAMAuthenticator(PAMAuthenticator):
         """Unicode NFKC, then JupyterHub's (lowercase, ``username_map``)."""
         return super().normalize_username(unicodedata.normalize("NFKC", username))
 
-    def check_password(self, handler, data: dict) -> str | None:
-        """PAMAuthenticator's own check (PAM's authenticate and account check), run
-        where it is called (the guard's pool): the name, or None."""
-        return PAMAuthenticator.authenticate.__wrapped__(self, handler, data)
+    def check_password(self, handler, data: dict):
+        """The next authenticator's own check, run where it is called (the guard's pool,
+        a thread without an event loop): what it returns (the name or a user model, or
+        None for a wrong password)."""
+        check = super().authenticate
+        plain = getattr(check, "__wrapped__", None)  # one that runs itself on an executor (PAM's)
+        found = plain(self, handler, data) if plain is not None else check(handler, data)
+        return asyncio.run(found) if inspect.iscoroutine(found) else found
 
     async def authenticate(self, handler, data):
-        """The name for the right password of an account PAM knows; None for a wrong one
-        or a name that cannot be a hub user's; HTTP 403 while the name is locked, 429
-        while its last guess (from the same kind of browser) is checked or the hub checks
-        too many logins."""
+        """What the check returns for the right password; None for a wrong one or a name
+        that cannot be a hub user's; HTTP 403 while the name is locked, 429 while its last
+        guess (from the same kind of browser) is checked or the hub checks too many logins."""
         username = self.normalize_username(data.get("username", ""))
         key = self.guard.key(handler, username)
         valid = re.fullmatch(NAME_PATTERN, username) is not None
@@ -60,3 +78,39 @@ class PDLPAMAuthenticator(PAMAuthenticator):
         self.guard.passed(key)
         remember_browser(handler, username)
         return found
+
+
+class PDLPAMAuthenticator(GuardedLogin, PAMAuthenticator):
+    """PAM with PDL's hardening (see the module docstring)."""
+
+
+class PDLLDAPAuthenticator(GuardedLogin, LDAPAuthenticator):
+    """The lab's LDAP directory with PDL's hardening (see the module docstring). A
+    directory that does not answer is a one-line 503, not a hub error."""
+
+    allowed_unix_group = Unicode("", config=True, help="A Unix group, as the machine resolves it (the directory's "
+                                 "groups through nslcd or sssd), whose members may log in besides allowed_users "
+                                 "and allowed_groups; empty: none.")
+
+    def check_password(self, handler, data: dict):
+        try:
+            return super().check_password(handler, data)
+        except LDAPSocketOpenError:
+            raise web.HTTPError(503, f"The lab's directory (LDAP at {self.server_address}:{self.server_port}) "
+                                "does not answer: try again later.") from None
+        except LDAPException as e:
+            raise web.HTTPError(503, f"The lab's directory (LDAP at {self.server_address}:{self.server_port}) "
+                                f"failed: {type(e).__name__}.") from None
+
+    async def check_allowed(self, username: str, auth_model: dict | None = None) -> bool:
+        """LDAPAuthenticator's rule (allowed users, its groups by DN), or a member of
+        :attr:`allowed_unix_group` (looked up in a thread: NSS may ask the directory)."""
+        if await super().check_allowed(username, auth_model):
+            return True
+        group = self.allowed_unix_group
+        return bool(group) and await asyncio.to_thread(unix_accounts.in_group, username, group)
+
+
+#: The lab's logins' settable classes, the shared one first: the admin's guide and the
+#: settings check list them.
+LAB_LOGINS = (GuardedLogin, PDLPAMAuthenticator, PDLLDAPAuthenticator)

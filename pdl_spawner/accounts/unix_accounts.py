@@ -172,13 +172,24 @@ def lab_account(name: str, *, lowest_uid: int = 0, group: str = "") -> pwd.struc
                              f"of at least {lowest} (PDL_ACCOUNT_UID_MIN), never root's or a system account's")
     if group:
         try:
-            found = grp.getgrnam(group)
+            grp.getgrnam(group)
         except KeyError:
             raise ForeignAccount(f"there is no Unix group {group} (PDL_ALLOWED_GROUP) on this machine") from None
-        if name not in found.gr_mem and entry.pw_gid != found.gr_gid:
+        if not in_group(name, group):
             raise ForeignAccount(f"the Unix account {name} is not in group {group}: only its members may run "
                                  f"here (PDL_ALLOWED_GROUP)")
     return entry
+
+
+def in_group(name: str, group: str) -> bool:
+    """Whether the Unix account ``name`` is a member of the Unix ``group``, as the machine
+    resolves both (NSS), its primary group included; False when either is unknown."""
+    try:
+        found = grp.getgrnam(group)
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return name in found.gr_mem or entry.pw_gid == found.gr_gid
 
 
 def account_exists(name: str) -> bool:

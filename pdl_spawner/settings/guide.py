@@ -30,9 +30,9 @@ def _class(name: str, registered: dict[str, ClusterKind]) -> type:
             if cls.__name__ == name:
                 return cls
     from pdl_spawner.accounts.authenticator import PDLAuthenticator
-    from pdl_spawner.accounts.lab_logins import PDLPAMAuthenticator
+    from pdl_spawner.accounts.lab_logins import LAB_LOGINS
 
-    for login in (PDLAuthenticator, PDLPAMAuthenticator):
+    for login in (PDLAuthenticator, *LAB_LOGINS):
         if name == login.__name__:
             return login
     raise KeyError(f"no class {name} in PDL's settings")
@@ -73,7 +73,7 @@ def settings_sections() -> list[tuple[str, str, dict[str, TraitType]]]:
     """(section, where it applies, its traits declared by PDL) for every settable class:
     the core's, the login's, each kind's spawner (with its mixins' settings)."""
     from pdl_spawner.accounts.authenticator import PDLAuthenticator
-    from pdl_spawner.accounts.lab_logins import PDLPAMAuthenticator
+    from pdl_spawner.accounts.lab_logins import GuardedLogin, PDLLDAPAuthenticator
     from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
 
@@ -93,7 +93,10 @@ def settings_sections() -> list[tuple[str, str, dict[str, TraitType]]]:
                  + ", ".join(sorted(k.name for k in registered.values() if issubclass(k.spawner_class(), HostServer))),
                  gathered(HostServer, ())),
                 ("PDLAuthenticator", "the login (every kind)", _declared(PDLAuthenticator)),
-                ("PDLPAMAuthenticator", "the login with `PDL_AUTH=pam` (every kind)", _declared(PDLPAMAuthenticator))]
+                ("GuardedLogin", "the lab's logins, `PDL_AUTH=pam` or `ldap` (every kind; "
+                 "`c.PDLPAMAuthenticator` or `c.PDLLDAPAuthenticator` for one of them)", _declared(GuardedLogin)),
+                ("PDLLDAPAuthenticator", "the login with `PDL_AUTH=ldap` (every kind), besides "
+                 "jupyterhub-ldapauthenticator's own settings", _declared(PDLLDAPAuthenticator))]
     for name in sorted(registered):
         spawner = registered[name].spawner_class()
         sections.append((spawner.__name__, f"`PDL_SPAWNER={name}`", gathered(spawner, (SpawnerCore, HostServer))))
@@ -122,11 +125,11 @@ def settings_document() -> str:
 
 def _settable_classes() -> list[type]:
     from pdl_spawner.accounts.authenticator import PDLAuthenticator
-    from pdl_spawner.accounts.lab_logins import PDLPAMAuthenticator
+    from pdl_spawner.accounts.lab_logins import LAB_LOGINS
     from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
 
-    return [SpawnerCore, HostServer, PDLAuthenticator, PDLPAMAuthenticator,
+    return [SpawnerCore, HostServer, PDLAuthenticator, *LAB_LOGINS,
             *(k.spawner_class() for k in kinds().values())]
 
 

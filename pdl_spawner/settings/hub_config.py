@@ -50,8 +50,8 @@ def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], Non
     _servers(c, found, state_dir, kind, repo)
     _idle_culler(c, found["PDL_CULL_IDLE_S"])
     _local_config(c, found["PDL_LOCAL_CONFIG"], "PDL_LOCAL_CONFIG" in environ, load_subconfig)
-    _pam_lockout(c)
-    problem = unknown_setting(c, kind) or kind.problem(c) or _lab_accounts_problem(c)
+    _lab_lockout(c)
+    problem = unknown_setting(c, kind) or kind.problem(c) or _lab_login_problem(c)
     if problem:
         raise SystemExit(problem)
     _admin_view(c, kind, found["PDL_ADMIN_VIEW_PORT"])
@@ -104,7 +104,7 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
 def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:
     """``PDL_AUTH=native``: each user's own password (pdl_spawner/accounts/authenticator.py):
     the admin's account is made from ``<state>/password``; listed users sign up with their
-    one-time codes. ``pam``: the machine's own passwords (:func:`_lab_login`)."""
+    one-time codes. ``pam``, ``ldap``: the lab's own (:func:`_lab_login`)."""
     users = found["PDL_USERS"]
     for name in users:
         if name_problem(name):
@@ -125,33 +125,53 @@ def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:
 
 
 def _lab_login(c, found: Mapping[str, Any], users: list[str]) -> None:
-    """The machine's own passwords through PAM (pdl_spawner/accounts/lab_logins.py), with
-    PDL's lockout (``PDL_LOGIN_ATTEMPTS``, ``PDL_LOGIN_LOCKOUT_S``): the listed users, and
-    the members of ``PDL_ALLOWED_GROUP``, may log in; the first listed is the admin."""
-    c.JupyterHub.authenticator_class = "pdl_spawner.accounts.lab_logins.PDLPAMAuthenticator"
+    """The lab's own passwords with PDL's lockout (``PDL_LOGIN_ATTEMPTS``,
+    ``PDL_LOGIN_LOCKOUT_S``): the machine's through PAM (``PDL_AUTH=pam``) or a bind to the
+    lab's directory (``ldap``: ``PDL_LDAP_URL``, ``PDL_LDAP_USER_DN``), both in
+    pdl_spawner/accounts/lab_logins.py. The listed users, and the members of the Unix
+    group ``PDL_ALLOWED_GROUP``, may log in; the first listed is the admin."""
+    group = found.get("PDL_ALLOWED_GROUP")
+    if found["PDL_AUTH"] == "pam":
+        c.JupyterHub.authenticator_class = "pdl_spawner.accounts.lab_logins.PDLPAMAuthenticator"
+        if group:
+            c.PDLPAMAuthenticator.allowed_groups = {group}
+    else:
+        c.JupyterHub.authenticator_class = "pdl_spawner.accounts.lab_logins.PDLLDAPAuthenticator"
+        if found.get("PDL_LDAP_URL"):
+            directory = found["PDL_LDAP_URL"]
+            c.PDLLDAPAuthenticator.server_address = directory.host
+            c.PDLLDAPAuthenticator.server_port = directory.port
+            c.PDLLDAPAuthenticator.tls_strategy = directory.tls_strategy
+        if group:
+            c.PDLLDAPAuthenticator.allowed_unix_group = group
     c.Authenticator.admin_users = set(users[:1])
     c.Authenticator.allowed_users = set(users)
-    if found.get("PDL_ALLOWED_GROUP"):
-        c.PDLPAMAuthenticator.allowed_groups = {found["PDL_ALLOWED_GROUP"]}
 
 
-def _pam_lockout(c) -> None:
-    """The PAM login takes PDL's lockout settings (``PDL_LOGIN_ATTEMPTS``,
+def _lab_lockout(c) -> None:
+    """The lab's logins take PDL's lockout settings (``PDL_LOGIN_ATTEMPTS``,
     ``PDL_LOGIN_LOCKOUT_S``, or their ``c.PDLAuthenticator`` lines in the admin's file)
-    where its own section sets none."""
-    if str(c.JupyterHub.get("authenticator_class", "")).endswith("PDLPAMAuthenticator"):
-        for name in ("allowed_failed_logins", "seconds_before_next_try"):
-            if name in c.PDLAuthenticator and name not in c.PDLPAMAuthenticator:
-                setattr(c.PDLPAMAuthenticator, name, c.PDLAuthenticator[name])
+    where ``c.GuardedLogin`` sets none (``c.PDLPAMAuthenticator``... still wins)."""
+    for name in ("allowed_failed_logins", "seconds_before_next_try"):
+        if name in c.PDLAuthenticator and name not in c.GuardedLogin:
+            setattr(c.GuardedLogin, name, c.PDLAuthenticator[name])
 
 
-def _lab_accounts_problem(c) -> str | None:
+def _lab_login_problem(c) -> str | None:
     """One line when the final config runs users as the lab's accounts behind PDL's own
-    sign-up pages (anyone could claim a name, and so its account); else None."""
+    sign-up pages (anyone could claim a name, and so its account), or logs in to a
+    directory it does not name; else None."""
     login = str(c.JupyterHub.get("authenticator_class", ""))
     if "HostServer" in c and c.HostServer.get("lab_accounts") and login.endswith(".PDLAuthenticator"):
         return ("PDL_ACCOUNTS=lab runs each user as the lab's account of their name: it needs a login that proves "
-                "that account, PDL_AUTH=pam (PDL_AUTH=native lets people sign up any name)")
+                "that account, PDL_AUTH=pam or ldap (PDL_AUTH=native lets people sign up any name)")
+    if login.endswith(".PDLLDAPAuthenticator"):
+        section = c.PDLLDAPAuthenticator
+        if not section.get("server_address") and not c.LDAPAuthenticator.get("server_address"):
+            return "PDL_AUTH=ldap needs the lab's directory: PDL_LDAP_URL=ldaps://HOST[:PORT] (or ldap://, with StartTLS)"
+        if not any(s.get("bind_dn_template") or s.get("lookup_dn") for s in (section, c.LDAPAuthenticator)):
+            return ("PDL_AUTH=ldap needs where a person's entry is: PDL_LDAP_USER_DN, e.g. "
+                    "uid={username},ou=people,dc=lab,dc=example")
     return None
 
 

@@ -8,6 +8,10 @@ reach the traits without passing here).
 
 from __future__ import annotations
 
+import ipaddress
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
 #: The ports a port range may name: no privileged port (below 1024).
 LOWEST_PORT, HIGHEST_PORT = 1024, 65535
 
@@ -106,3 +110,44 @@ def one_of(*choices: str):
 
     parse.choices = choices
     return parse
+
+
+class Directory(NamedTuple):
+    """Where the lab's LDAP directory answers: ``host``, ``port`` and how the login
+    protects the password (jupyterhub-ldapauthenticator's ``tls_strategy``)."""
+    host: str
+    port: int
+    tls_strategy: str
+
+
+def ldap_url(value: str, name: str) -> Directory:
+    """``ldaps://HOST[:PORT]`` (TLS from the start, port 636) or ``ldap://HOST[:PORT]``
+    (port 389, StartTLS before the password is sent; in plain only to a loopback
+    address, where it never leaves the machine)."""
+    value = str(value).strip()
+    try:
+        url = urlsplit(value)
+        port_given = url.port
+    except ValueError:
+        url, port_given = None, None
+    if url is None or url.scheme not in ("ldap", "ldaps") or not url.hostname or url.path not in ("", "/") \
+            or url.query or url.username:
+        raise ValueError(f"{name} must be ldaps://HOST[:PORT] or ldap://HOST[:PORT], got {_shown(value)}")
+    if url.scheme == "ldaps":
+        return Directory(url.hostname, port_given or 636, "on_connect")
+    try:
+        loopback = ipaddress.ip_address(url.hostname).is_loopback
+    except ValueError:
+        loopback = False
+    return Directory(url.hostname, port_given or 389, "insecure" if loopback else "before_bind")
+
+
+def dn_template(value: str, name: str) -> list[str]:
+    """A distinguished name with ``{username}`` where the login name goes
+    (``uid={username},ou=people,dc=lab,dc=example``), as a list of one (the login binds
+    with each DN of its list in turn)."""
+    value = str(value).strip()
+    if "{username}" not in value or "=" not in value:
+        raise ValueError(f"{name} must be a DN with {{username}} for the login name, e.g. "
+                         f"uid={{username}},ou=people,dc=lab,dc=example, got {_shown(value)}")
+    return [value]

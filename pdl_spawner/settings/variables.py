@@ -74,11 +74,16 @@ VARIABLES: tuple[Variable, ...] = (
              trait="HostServer.homes_root"),
     Variable("PDL_ACCOUNT_PREFIX", "Hub user `ann` runs as Unix account `<prefix>ann` (`\"\"`: their own accounts, "
              "\"A Slurm cluster\", step 2).", trait="HostServer.account_prefix"),
-    Variable("PDL_AUTH", "How people log in: `native` (a PDL password each, sign-up pages) or `pam` (the "
-             "machine's own passwords, with PDL's lockout around them; \"The lab's own accounts\").",
-             values.one_of("native", "pam"), default="native"),
+    Variable("PDL_AUTH", "How people log in: `native` (a PDL password each, sign-up pages), `pam` (the "
+             "machine's own passwords) or `ldap` (the lab's directory), the lab's with PDL's lockout around them "
+             "(\"The lab's own accounts\").", values.one_of("native", "pam", "ldap"), default="native"),
+    Variable("PDL_LDAP_URL", "With `PDL_AUTH=ldap`: the lab's directory, `ldaps://HOST[:PORT]` or "
+             "`ldap://HOST[:PORT]` (StartTLS before a password is sent; plain only to 127.0.0.1).", values.ldap_url),
+    Variable("PDL_LDAP_USER_DN", "With `PDL_AUTH=ldap`: a person's entry, `{username}` for the login name (e.g. "
+             "`uid={username},ou=people,dc=lab,dc=example`).", values.dn_template,
+             trait="PDLLDAPAuthenticator.bind_dn_template"),
     Variable("PDL_ACCOUNTS", "Whose Unix accounts servers run as: `pdl` (`<prefix><name>`, made by PDL) or `lab` "
-             "(the existing account of the same name; with `PDL_AUTH=pam`).", values.lab_accounts,
+             "(the existing account of the same name; with `PDL_AUTH=pam` or `ldap`).", values.lab_accounts,
              trait="HostServer.lab_accounts", shown="`pdl`"),
     Variable("PDL_ACCOUNT_UID_MIN", "With `PDL_ACCOUNTS=lab`: the lowest uid a user's account may have (0: the "
              "machine's `UID_MIN`).", values.whole_number, trait="HostServer.lab_uid_min"),
@@ -144,7 +149,8 @@ VARIABLES: tuple[Variable, ...] = (
 
 
 #: The configurable classes of the hub itself, whose traits apply whatever the kind.
-HUB_SECTIONS = frozenset({"JupyterHub", "PDLAuthenticator", "PDLPAMAuthenticator", "ConfigurableHTTPProxy", "Spawner"})
+HUB_SECTIONS = frozenset({"JupyterHub", "PDLAuthenticator", "GuardedLogin", "PDLPAMAuthenticator",
+                          "PDLLDAPAuthenticator", "ConfigurableHTTPProxy", "Spawner"})
 
 
 def read_variables(environ: Mapping[str, str], kind, others: Iterable = ()) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def refusal(result: subprocess.CompletedProcess) -> str:
 
 
 #: Loads jupyterhub_config.py, then makes the objects the hub would (the kind's spawner,
-#: the login, the hub) from that config and prints the traits asked for (argv[2], JSON).
+#: the logins, the hub) from that config and prints the traits asked for (argv[2], JSON).
 PROBE = """
 import json, os, sys
 from traitlets.config.loader import PyFileConfigLoader
@@ -67,17 +67,19 @@ c = PyFileConfigLoader("jupyterhub_config.py", path=sys.argv[1]).load_config()
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from pdl_spawner.accounts.authenticator import PDLAuthenticator
+from pdl_spawner.accounts.lab_logins import LAB_LOGINS
 from pdl_spawner.kinds import kind_named
 c.PDLAuthenticator.first_admin = ""  # no account is made: only the settings are read
 login = PDLAuthenticator(config=c, db=orm.new_session_factory("sqlite://")())
-made = {"JupyterHub": JupyterHub(config=c), "PDLAuthenticator": login}
+made = {"JupyterHub": JupyterHub(config=c), "PDLAuthenticator": login,
+        **{lab.__name__: lab(config=c) for lab in LAB_LOGINS}}
 from types import SimpleNamespace
 user = SimpleNamespace(name="probe", admin=False, url="/user/probe/", escaped_name="probe", id=1, server=None,
                        spawners={}, settings={}, orm_user=None)  # as a hub's spawner has one before its config
 spawner = kind_named(os.environ.get("PDL_SPAWNER", "local")).spawner_class()(user=user)
 spawner.config = c
 print(json.dumps({t: getattr(made.get(t.split(".")[0], spawner), t.split(".")[1]) for t in json.loads(sys.argv[2])},
-                 default=list))
+                 default=lambda v: getattr(v, "name", None) or list(v)))  # an enum's name
 """
 
 

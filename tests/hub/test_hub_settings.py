@@ -166,7 +166,8 @@ SAMPLES = {"PDL_HOMES_ROOT": "/srv/homes", "PDL_ACCOUNT_PREFIX": "lab-", "PDL_HU
            "PDL_DEFAULT_WORKERS": "2", "PDL_ENGINE_IDLE_TIMEOUT": "600", "PDL_SESSION_LIMIT_S": "28800",
            "PDL_SESSION_MAX_S": "57600", "PDL_SESSION_WARN_S": "300", "PDL_GPU_IDLE_FLAG_S": "1800",
            "PDL_GPU_IDLE_RELEASE_S": "3600", "PDL_POOL": "cpu:0,cpu:1", "PDL_ACCOUNTS": "lab",
-           "PDL_ACCOUNT_UID_MIN": "2000", "PDL_ALLOWED_GROUP": "ml"}
+           "PDL_ACCOUNT_UID_MIN": "2000", "PDL_ALLOWED_GROUP": "ml",
+           "PDL_LDAP_USER_DN": "uid={username},ou=people,dc=lab,dc=example"}
 
 def local_trait_variables():
     from pdl_spawner.kinds import kind_named
@@ -252,5 +253,39 @@ def test_lab_accounts_without_a_login_that_proves_them_stop_the_hub_in_one_line(
     the lab's account of that name."""
     assert "needs a login that proves that account, PDL_AUTH=pam" in refusal(
         load_config(tmp_path, PDL_ACCOUNTS="lab"))
-    assert refusal(load_config(tmp_path, PDL_AUTH="ldap")) == "PDL_AUTH must be one of native, pam, got 'ldap'"
+    assert refusal(load_config(tmp_path, PDL_AUTH="sso")) == "PDL_AUTH must be one of native, pam, ldap, got 'sso'"
     assert settings(load_config(tmp_path, PDL_AUTH="pam", PDL_ACCOUNTS="lab", PDL_ALLOWED_GROUP="ml"))
+
+
+LDAP_TRAITS = [f"PDLLDAPAuthenticator.{name}" for name in ("server_address", "server_port", "tls_strategy",
+                                                           "bind_dn_template", "allowed_unix_group")]
+
+
+@pytest.mark.parametrize("url, address, port, strategy", [
+    ("ldaps://ldap.lab.example", "ldap.lab.example", 636, "on_connect"),
+    ("ldap://ldap.lab.example:3389", "ldap.lab.example", 3389, "before_bind"),  # StartTLS before the password
+    ("ldap://127.0.0.1:3389/", "127.0.0.1", 3389, "insecure"),  # never leaves the machine
+])
+def test_pdl_auth_ldap_binds_to_the_named_directory_and_never_sends_a_password_in_plain_off_the_machine(
+        tmp_path, url, address, port, strategy):
+    got = settings(probe(tmp_path, LDAP_TRAITS, PDL_AUTH="ldap", PDL_LDAP_URL=url, PDL_ALLOWED_GROUP="ml",
+                         PDL_LDAP_USER_DN="uid={username},ou=people,dc=lab,dc=example"))
+    assert got == {"PDLLDAPAuthenticator.server_address": address, "PDLLDAPAuthenticator.server_port": port,
+                   "PDLLDAPAuthenticator.tls_strategy": strategy,
+                   "PDLLDAPAuthenticator.bind_dn_template": ["uid={username},ou=people,dc=lab,dc=example"],
+                   "PDLLDAPAuthenticator.allowed_unix_group": "ml"}
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"PDL_LDAP_USER_DN": "uid={username},dc=lab"},
+     "PDL_AUTH=ldap needs the lab's directory: PDL_LDAP_URL=ldaps://HOST[:PORT] (or ldap://, with StartTLS)"),
+    ({"PDL_LDAP_URL": "ldaps://ldap.lab.example"}, "PDL_AUTH=ldap needs where a person's entry is: "
+     "PDL_LDAP_USER_DN, e.g. uid={username},ou=people,dc=lab,dc=example"),
+    ({"PDL_LDAP_URL": "http://ldap.lab.example", "PDL_LDAP_USER_DN": "uid={username},dc=lab"},
+     "PDL_LDAP_URL must be ldaps://HOST[:PORT] or ldap://HOST[:PORT], got 'http://ldap.lab.example'"),
+    ({"PDL_LDAP_URL": "ldaps://ldap.lab.example", "PDL_LDAP_USER_DN": "uid=ann,dc=lab"},
+     "PDL_LDAP_USER_DN must be a DN with {username} for the login name, e.g. "
+     "uid={username},ou=people,dc=lab,dc=example, got 'uid=ann,dc=lab'"),
+])
+def test_an_ldap_login_without_its_directory_or_entries_stops_the_hub_in_one_line(tmp_path, env, line):
+    assert refusal(load_config(tmp_path, PDL_AUTH="ldap", **env)) == line
