@@ -10,41 +10,16 @@ import os
 import pwd
 import secrets
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from hub_harness import Hub, open_path_to, remove_account, running, runs_as_root, user_processes
+from hub_harness import open_path_to, remove_account, running, runs_as_root, user_processes
+from lab_hub import LabHub
 
 pytestmark = pytest.mark.skipif(not runs_as_root() and not os.environ.get("CI"),
                                 reason="the lab's accounts and PAM's password check need root")
 
 POOL = ["cpu:0", "cpu:1"]
-
-
-class LabHub(Hub):
-    """A hub whose users are the lab's accounts: nobody signs up, each runs as the
-    account of their own name, in its own home, and logs in with its own password."""
-
-    def __init__(self, root: Path, users: list[str], passwords: dict[str, str], group: str):
-        super().__init__(root, users, POOL, hub_env={"PDL_AUTH": "pam", "PDL_ACCOUNTS": "lab",
-                                                     "PDL_ALLOWED_GROUP": group, "PDL_LOGIN_ATTEMPTS": "2"})
-        self.passwords = dict(passwords)
-
-    def sign_up_listed_users(self) -> None:
-        """Nobody signs up: the accounts are the lab's."""
-
-    def account(self, user: str) -> str:
-        return user
-
-    def home(self, user: str) -> Path:
-        return Path(pwd.getpwnam(user).pw_dir)
-
-    def password(self, user: str) -> str:
-        return self.passwords[user]
-
-    def delete_account(self, user: str) -> None:
-        """The lab's accounts outlive the hub (the fixture removes them)."""
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +42,8 @@ def lab(tmp_path_factory):
                             *groups, name], check=True)
         subprocess.run(["chpasswd"], input="".join(f"{n}:{p}\n" for n, p in passwords.items()), text=True,
                        check=True)
-        hub = LabHub(root, [names["ann"], names["cid"]], passwords, group)
+        hub = LabHub(root, [names["ann"], names["cid"]], POOL, passwords,
+                     {"PDL_AUTH": "pam", "PDL_ALLOWED_GROUP": group, "PDL_LOGIN_ATTEMPTS": "2"})
         with running(hub) as started:
             yield started, names
     finally:
