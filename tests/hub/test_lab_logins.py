@@ -14,7 +14,7 @@ from tornado import web
 
 from hub_harness import runs_as_root
 from pdl_spawner.accounts import unix_accounts
-from pdl_spawner.accounts.lab_logins import PDLPAMAuthenticator
+from pdl_spawner.accounts.lab_logins import PDLLDAPAuthenticator, PDLPAMAuthenticator
 from pdl_spawner.accounts.unix_accounts import ForeignAccount, lab_account
 
 pytestmark = pytest.mark.skipif(not runs_as_root(), reason="real accounts and PAM's password check need root")
@@ -102,3 +102,21 @@ def test_a_hub_user_runs_only_as_an_ordinary_lab_account_of_the_allowed_group(la
         line = str(refused.value)
         assert "\n" not in line and (name in line or rules.get("group", "") in line), (why, line)
     assert unix_accounts.uid_min() > 1  # daemon (uid 1) is a system account on every machine
+
+
+def test_a_directory_that_does_not_answer_is_a_one_line_503_not_a_hub_error():
+    """Guards PDLLDAPAuthenticator.check_password: the lab's LDAP server down (here a port
+    nobody listens on) is said on the login page; the next try checks again."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    auth = PDLLDAPAuthenticator(server_address="127.0.0.1", server_port=port, tls_strategy="insecure",
+                                bind_dn_template=["uid={username},ou=people,dc=lab,dc=test"])
+    for _ in range(2):
+        with pytest.raises(web.HTTPError) as refused:
+            login(auth, "ann", "her-password")
+        assert refused.value.status_code == 503, refused.value
+        line = refused.value.log_message
+        assert line == f"The lab's directory (LDAP at 127.0.0.1:{port}) does not answer: try again later.", line
