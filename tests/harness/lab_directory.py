@@ -156,12 +156,7 @@ def _nslcd(url: str, log: Path):
     try:
         yield daemon
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        _stop(daemon)
         if before is None:
             NSLCD_CONF.unlink(missing_ok=True)
         else:
@@ -205,12 +200,17 @@ def lab_directory(folder: Path, people: list[Person], groups: dict[str, int]):
                 wait_until(lambda: _resolves(first), 10, what=f"nslcd to resolve {first}")
                 yield Directory(url, port, by_name, dict(groups), admin_password=admin_password)
         finally:
-            slapd.terminate()
-            try:
-                slapd.wait(10)
-            except subprocess.TimeoutExpired:
-                slapd.kill()
-                slapd.wait()
+            _stop(slapd)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s: ``process`` is gone on return."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _answers(port: int) -> bool:

@@ -1,11 +1,22 @@
-"""The lab's own accounts through a real hub (PDL_AUTH=pam, PDL_ACCOUNTS=lab,
-PDL_ALLOWED_GROUP): people log in with their machine passwords through the hub's login
-form, and their server and engines run as their own Unix accounts; a person outside the
-allowed group cannot log in, and a listed one outside it cannot run. The accounts, the
-group and their passwords are real, made here (root)."""
+"""The lab's own accounts through a real hub (PDL_ACCOUNTS=lab, PDL_ALLOWED_GROUP), with
+each of the lab's logins:
+
+- ``pam`` (PDL_AUTH=pam): local accounts, their group and passwords made here with
+  useradd and chpasswd, checked by the machine's real PAM;
+- ``ldap`` (PDL_AUTH=ldap): the people and group of a real slapd of the test's own, made
+  Unix accounts of the machine by nslcd (tests/harness/lab_directory.py), checked by
+  jupyterhub-ldapauthenticator's bind as the person.
+
+Either way people log in with the lab's password through the hub's login form, and their
+server, kernel and engines run as their own uid; a person neither listed nor in the
+group cannot log in, a listed one outside it cannot run, wrong passwords lock the name,
+and a name that could be a filter or a DN never logs in. Needs root."""
 
 from __future__ import annotations
 
+import contextlib
+import grp
+import json
 import os
 import pwd
 import secrets
@@ -13,66 +24,115 @@ import subprocess
 
 import pytest
 
-from hub_harness import open_path_to, remove_account, running, runs_as_root, user_processes
+import lab_directory
+from hub_harness import Kernel, open_path_to, remove_account, running, runs_as_root, user_processes
 from lab_hub import LabHub
 
 pytestmark = pytest.mark.skipif(not runs_as_root() and not os.environ.get("CI"),
-                                reason="the lab's accounts and PAM's password check need root")
+                                reason="the lab's accounts and their password checks need root")
 
 POOL = ["cpu:0", "cpu:1"]
+#: The lab's people: members of its group, then not.
+MEMBERS, OTHERS = ("ann", "ben"), ("cid", "dan")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """The lab: ``ann`` and ``ben``, members of its group, ``cid`` and ``dan`` not; each
-    with a home and a password. ``ann`` and ``cid`` are listed on the hub (``ann`` its admin)."""
-    tag = secrets.token_hex(2)
-    root = tmp_path_factory.mktemp("lab-hub")
-    homes = root / "lab-homes"
-    homes.mkdir()
-    open_path_to(homes)
-    group = f"lab{tag}"
-    names = {who: f"{who}{tag}" for who in ("ann", "ben", "cid", "dan")}
-    passwords = {name: secrets.token_urlsafe(12) for name in names.values()}
+def free_ids(count: int) -> int:
+    """The first of ``count`` numbers in a row that no account or group of the machine
+    has as its uid or gid, from 40000 up (a person's own group has their number)."""
+    taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    first = 40000 + secrets.randbelow(20000)
+    while any(n in taken for n in range(first, first + count)):
+        first += count
+    return first
+
+
+@contextlib.contextmanager
+def local_accounts(homes, names: dict[str, str], passwords: dict[str, str], group: str):
+    """The lab's accounts in /etc/passwd (useradd), removed afterwards."""
     subprocess.run(["groupadd", group], check=True)
     try:
         for who, name in names.items():
-            groups = ["--groups", group] if who in ("ann", "ben") else []
+            groups = ["--groups", group] if who in MEMBERS else []
             subprocess.run(["useradd", "--create-home", "--home-dir", str(homes / name), "--shell", "/bin/bash",
                             *groups, name], check=True)
         subprocess.run(["chpasswd"], input="".join(f"{n}:{p}\n" for n, p in passwords.items()), text=True,
                        check=True)
-        hub = LabHub(root, [names["ann"], names["cid"]], POOL, passwords,
-                     {"PDL_AUTH": "pam", "PDL_ALLOWED_GROUP": group, "PDL_LOGIN_ATTEMPTS": "2"})
-        with running(hub) as started:
-            yield started, names
+        yield {"PDL_AUTH": "pam"}
     finally:
         for name in names.values():
             remove_account(name)  # after the hub: no process of it left
         subprocess.run(["groupdel", group], capture_output=True)
 
 
-def test_a_lab_member_logs_in_with_their_password_and_runs_as_their_own_account(lab):
+@contextlib.contextmanager
+def directory_accounts(root, homes, names: dict[str, str], passwords: dict[str, str], group: str):
+    """The lab's people and group in a real LDAP directory, Unix accounts through nslcd."""
+    if lab_directory.problem() is not None and not os.environ.get("CI"):
+        pytest.skip(lab_directory.problem())
+    first = free_ids(len(names) + 1)
+    people = [lab_directory.Person(name, first + i, passwords[name], homes / name,
+                                   (group,) if who in MEMBERS else ())
+              for i, (who, name) in enumerate(names.items())]
+    with lab_directory.lab_directory(root / "directory", people, {group: first + len(names)}) as directory:
+        yield {"PDL_AUTH": "ldap", "PDL_LDAP_URL": directory.url, "PDL_LDAP_USER_DN": directory.user_dn}
+
+
+@pytest.fixture(scope="module", params=["pam", "ldap"])
+def lab(request, tmp_path_factory):
+    """The lab, with the login ``request.param``: ``ann`` and ``ben``, members of its group,
+    ``cid`` and ``dan`` not; each with a home and a password. ``ann`` and ``cid`` are listed
+    on the hub (``ann`` its admin)."""
+    tag = secrets.token_hex(2)
+    root = tmp_path_factory.mktemp(f"lab-hub-{request.param}")
+    homes = root / "lab-homes"
+    homes.mkdir()
+    open_path_to(homes)
+    group = f"lab{tag}"
+    names = {who: f"{who}{tag}" for who in (*MEMBERS, *OTHERS)}
+    passwords = {name: secrets.token_urlsafe(12) for name in names.values()}
+    accounts = (local_accounts(homes, names, passwords, group) if request.param == "pam"
+                else directory_accounts(root, homes, names, passwords, group))
+    with accounts as login_env:
+        hub = LabHub(root, [names["ann"], names["cid"]], POOL, passwords,
+                     {**login_env, "PDL_ALLOWED_GROUP": group, "PDL_LOGIN_ATTEMPTS": "2"})
+        with running(hub) as started:
+            yield started, names
+
+
+def test_a_member_logs_in_with_the_labs_password_and_a_cell_runs_on_two_workers_as_their_uid(lab):
     hub, names = lab
     ben = names["ben"]  # not listed: a member of the allowed group
     _, refused = hub.try_login(ben, "not-" + hub.password(ben))
-    assert refused, "a wrong machine password let ben in"
+    assert refused, "a wrong password let ben in"
     _, said = hub.try_login(ben)
     assert said == "", said
     r = hub.spawn(ben, 2)
     assert r.status_code in (201, 202), r.text
     hub.wait_ready(ben)
     uid = pwd.getpwnam(ben).pw_uid
-    processes = user_processes(hub.home(ben))
-    engines = [pid for pid, role in processes.items() if role == "engine"]
-    assert len(engines) == 2, processes
-    assert {os.stat(f"/proc/{pid}").st_uid for pid in processes} == {uid}, "not all ran as ben's own account"
+    kernel = Kernel(hub, ben)
+    try:
+        kernel.execute_ok("%load_ext pdl_magics")
+        # each rank's uid and home, gathered through the cell's process group (rank 0 prints)
+        out = kernel.execute_ok("%%distributed -n 2\nimport json, os, torch.distributed as dist\n"
+                                "seen = [None] * world_size\n"
+                                "dist.all_gather_object(seen, {'rank': rank, 'uid': os.getuid(), "
+                                "'home': os.environ['HOME']})\n"
+                                "print(json.dumps(seen))")
+        seen = json.loads(out["stdout"].strip().splitlines()[-1])
+        assert sorted(s["rank"] for s in seen) == [0, 1], out
+        assert {s["uid"] for s in seen} == {uid} and {s["home"] for s in seen} == {str(hub.home(ben))}, seen
+        processes = user_processes(hub.home(ben))
+        assert sum(role == "engine" for role in processes.values()) == 2, processes
+        assert {os.stat(f"/proc/{pid}").st_uid for pid in processes} == {uid}, "not all ran as ben's own uid"
+    finally:
+        kernel.close()
     assert hub.api("DELETE", f"/users/{ben}/server").status_code in (202, 204)
 
 
 def test_someone_neither_listed_nor_in_the_group_cannot_log_in(lab):
     hub, names = lab
-    _, said = hub.try_login(names["dan"])  # his right machine password
+    _, said = hub.try_login(names["dan"])  # his right password
     assert said, "dan, neither listed nor in the group, was let in"
     _, said = hub.try_login(names["cid"])  # listed: he may log in (and is refused a server, below)
     assert said == "", said
@@ -91,8 +151,17 @@ def test_a_listed_person_outside_the_group_is_refused_a_server_in_one_line(lab):
     assert not user_processes(hub.home(cid))
 
 
-def test_wrong_machine_passwords_lock_the_name_at_the_hubs_login(lab):
-    """PDL's lockout around PAM, set as for PDL's own login (PDL_LOGIN_ATTEMPTS=2 here)."""
+@pytest.mark.parametrize("name", ["*", "ann)(uid=*", "uid=ann,ou=people,dc=lab,dc=test"])
+def test_a_name_that_could_be_a_filter_or_a_dn_never_logs_in(lab, name):
+    """Guards GuardedLogin's name check (pdl_spawner/accounts/lab_logins.py), before PAM or
+    the directory hears of a name: a filter or a DN in the name field is nobody."""
+    hub, names = lab
+    _, said = hub.try_login(name, hub.password(names["ann"]))
+    assert said and "Too many" not in said, said
+
+
+def test_wrong_passwords_lock_the_name_at_the_hubs_login(lab):
+    """PDL's lockout around the lab's check, set as for PDL's own login (PDL_LOGIN_ATTEMPTS=2 here)."""
     hub, names = lab
     ann = names["ann"]
     for guess in ("guess-1", "guess-2"):
