@@ -1,7 +1,9 @@
 """The hostile neighbour: ben, from his own kernel and terminal, goes after ann's work.
 
 A real JupyterHub, run as root as the README's default is, with ann and ben each
-holding one GPU of a pool of four. The GPUs are stand-in device nodes made for the test
+holding one GPU of a pool of four; twice: with PDL's own accounts and passwords, and with
+the lab's (people of a real LDAP directory, Unix accounts through nslcd, running as
+their own uids: tests/harness/lab_directory.py). The GPUs are stand-in device nodes made for the test
 (character devices, mode 0666, so that file permissions protect nothing): opening
 one gets EPERM when the device cgroup stops it; when it lets the open through, ben's
 (``gpu:1``, the ledger's second, with /dev/full's numbers: a real driver) opens and
@@ -11,10 +13,12 @@ each test's docstring names the line of the product it guards.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import pwd
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -23,7 +27,10 @@ import pytest
 import requests
 import websocket
 
+import lab_directory
 from hub_harness import Hub, Kernel, listening_tcp, open_path_to, release_ports, running, runs_as_root, squat_ports
+from lab_hub import LabHub
+from pdl_spawner.accounts.unix_accounts import account_exists
 from waiting import wait_until
 
 pytestmark = [
@@ -59,8 +66,30 @@ def devices(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory, devices):
+@contextlib.contextmanager
+def lab_people(root: Path):
+    """The lab's directory (a real slapd, its people Unix accounts through nslcd) with
+    :data:`USERS` as its people, each with a password and a home: the login settings of
+    a hub whose users log in there and run as those accounts (``PDL_ACCOUNTS=lab``)."""
+    if lab_directory.problem() is not None and not os.environ.get("CI"):
+        pytest.skip(lab_directory.problem())
+    taken = [name for name in USERS if account_exists(name)]
+    assert not taken, f"the machine has accounts {taken} already: the directory's people would not be its own"
+    homes = root / "lab-homes"
+    homes.mkdir()
+    open_path_to(homes)
+    first = 40000 + secrets.randbelow(20000)
+    people = [lab_directory.Person(name, first + i, secrets.token_urlsafe(12), homes / name)
+              for i, name in enumerate(USERS)]
+    with lab_directory.lab_directory(root / "directory", people, {}) as directory:
+        yield {p.name: p.password for p in people}, {
+            "PDL_AUTH": "ldap", "PDL_LDAP_URL": directory.url, "PDL_LDAP_USER_DN": directory.user_dn}
+
+
+@pytest.fixture(scope="module", params=["pdl accounts", "ldap accounts"])
+def hub(request, tmp_path_factory, devices):
+    """The hub, its users with PDL's own accounts and passwords, or the lab's people of a
+    real LDAP directory running as their own accounts."""
     open_path_to(devices)
     config = f"""
 c.PDLLocalSpawner.gpu_device_template = {str(devices / 'nvidia{index}')!r}
@@ -68,10 +97,17 @@ c.PDLLocalSpawner.max_workers = {MAX_WORKERS}
 c.Spawner.process_limit = {PROCESS_LIMIT}
 c.Spawner.mem_limit = "{MEMORY_LIMIT_MIB}M"
 """
+    root = tmp_path_factory.mktemp("neighbours-hub")
     # the stand-in GPUs are no GPUs to torch: the preflight would stop every cell
-    hub = Hub(tmp_path_factory.mktemp("neighbours-hub"), USERS, POOL, spawner_env={"PDL_PREFLIGHT_SKIP": "gpu"},
-              hub_env={"PDL_ENGINE_IDLE_TIMEOUT": "3600"}, extra_config=config)
-    with running(hub):
+    settings = dict(spawner_env={"PDL_PREFLIGHT_SKIP": "gpu"}, hub_env={"PDL_ENGINE_IDLE_TIMEOUT": "3600"},
+                    extra_config=config)
+    with contextlib.ExitStack() as stack:
+        if request.param == "ldap accounts":
+            passwords, login_env = stack.enter_context(lab_people(root))
+            hub = LabHub(root, USERS, POOL, passwords, login_env, **settings)
+        else:
+            hub = Hub(root, USERS, POOL, **settings)
+        stack.enter_context(running(hub))
         for user in ("ann", "ben"):
             r = hub.spawn(user, 1)
             assert r.status_code in (201, 202), r.text
