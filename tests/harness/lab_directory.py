@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import grp
 import hashlib
 import os
 import pwd
@@ -74,6 +75,17 @@ class Directory:
     user_dn: str = f"uid={{username}},ou=people,{BASE}"
     admin_dn: str = f"cn=admin,{BASE}"
     admin_password: str = field(default="", repr=False)
+
+
+def free_ids(count: int) -> int:
+    """The first of ``count`` numbers in a row that no account or group of the machine
+    has as its uid or gid, from 40000 up: uids for people whose own group has their
+    number, and gids for the lab's groups."""
+    taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    first = 40000 + secrets.randbelow(20000)
+    while any(n in taken for n in range(first, first + count)):
+        first += count
+    return first
 
 
 def _ssha(password: str) -> str:

@@ -12,15 +12,11 @@ from pathlib import Path
 from hub_harness import Hub
 
 
-class LabHub(Hub):
-    """:class:`hub_harness.Hub` with the lab's accounts: ``passwords`` by name, the
-    login's settings in ``login_env`` (``PDL_AUTH``... ; ``PDL_ACCOUNTS=lab`` added)."""
+class LabAccounts:
+    """What a hub of the lab's accounts changes of :class:`hub_harness.Hub` (put first
+    among the bases of a hub of any kind); the subclass sets ``passwords`` (by name)."""
 
-    def __init__(self, root: Path, users: list[str], pool: list[str], passwords: dict[str, str],
-                 login_env: dict[str, str], **kwargs):
-        hub_env = {**kwargs.pop("hub_env", {}), **login_env, "PDL_ACCOUNTS": "lab"}
-        super().__init__(root, users, pool, hub_env=hub_env, **kwargs)
-        self.passwords = dict(passwords)
+    passwords: dict[str, str]
 
     def sign_up_listed_users(self) -> None:
         """Nobody signs up: the accounts are the lab's."""
@@ -35,4 +31,16 @@ class LabHub(Hub):
         return self.passwords[user]
 
     def delete_account(self, user: str) -> None:
-        """The lab's accounts outlive the hub (the test removes them)."""
+        """The lab's accounts, and their associations on a cluster, outlive the hub (the
+        test removes them)."""
+
+
+class LabHub(LabAccounts, Hub):
+    """:class:`hub_harness.Hub` with the lab's accounts: ``passwords`` by name, the
+    login's settings in ``login_env`` (``PDL_AUTH``... ; ``PDL_ACCOUNTS=lab`` added)."""
+
+    def __init__(self, root: Path, users: list[str], pool: list[str], passwords: dict[str, str],
+                 login_env: dict[str, str], **kwargs):
+        hub_env = {**kwargs.pop("hub_env", {}), **login_env, "PDL_ACCOUNTS": "lab"}
+        super().__init__(root, users, pool, hub_env=hub_env, **kwargs)
+        self.passwords = dict(passwords)

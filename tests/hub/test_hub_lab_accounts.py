@@ -15,7 +15,6 @@ and a name that could be a filter or a DN never logs in. Needs root."""
 from __future__ import annotations
 
 import contextlib
-import grp
 import json
 import os
 import pwd
@@ -34,16 +33,6 @@ pytestmark = pytest.mark.skipif(not runs_as_root() and not os.environ.get("CI"),
 POOL = ["cpu:0", "cpu:1"]
 #: The lab's people: members of its group, then not.
 MEMBERS, OTHERS = ("ann", "ben"), ("cid", "dan")
-
-
-def free_ids(count: int) -> int:
-    """The first of ``count`` numbers in a row that no account or group of the machine
-    has as its uid or gid, from 40000 up (a person's own group has their number)."""
-    taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
-    first = 40000 + secrets.randbelow(20000)
-    while any(n in taken for n in range(first, first + count)):
-        first += count
-    return first
 
 
 @contextlib.contextmanager
@@ -69,7 +58,7 @@ def directory_accounts(root, homes, names: dict[str, str], passwords: dict[str, 
     """The lab's people and group in a real LDAP directory, Unix accounts through nslcd."""
     if lab_directory.problem() is not None and not os.environ.get("CI"):
         pytest.skip(lab_directory.problem())
-    first = free_ids(len(names) + 1)
+    first = lab_directory.free_ids(len(names) + 1)
     people = [lab_directory.Person(name, first + i, passwords[name], homes / name,
                                    (group,) if who in MEMBERS else ())
               for i, (who, name) in enumerate(names.items())]

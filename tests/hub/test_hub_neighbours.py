@@ -78,7 +78,7 @@ def lab_people(root: Path):
     homes = root / "lab-homes"
     homes.mkdir()
     open_path_to(homes)
-    first = 40000 + secrets.randbelow(20000)
+    first = lab_directory.free_ids(len(USERS))
     people = [lab_directory.Person(name, first + i, secrets.token_urlsafe(12), homes / name)
               for i, name in enumerate(USERS)]
     with lab_directory.lab_directory(root / "directory", people, {}) as directory:
