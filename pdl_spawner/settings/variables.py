@@ -72,8 +72,8 @@ VARIABLES: tuple[Variable, ...] = (
              "hub run as root.", values.names, shown="the Unix user running the hub"),
     Variable("PDL_HOMES_ROOT", "Where the users' homes (mode 0700) are made, as root.",
              trait="HostServer.homes_root"),
-    Variable("PDL_ACCOUNT_PREFIX", "Hub user `ann` runs as Unix account `<prefix>ann` (`\"\"`: their own accounts, "
-             "\"A Slurm cluster\", step 2).", trait="HostServer.account_prefix"),
+    Variable("PDL_ACCOUNT_PREFIX", "Hub user `ann` runs as Unix account `<prefix>ann`, made by PDL (the lab's own accounts: "
+             "`PDL_ACCOUNTS=lab`).", trait="HostServer.account_prefix"),
     Variable("PDL_AUTH", "How people log in: `native` (a PDL password each, sign-up pages), `pam` (the "
              "machine's own passwords) or `ldap` (the lab's directory), the lab's with PDL's lockout around them "
              "(\"The lab's own accounts\").", values.one_of("native", "pam", "ldap"), default="native"),
