@@ -16,6 +16,11 @@ hears of it; another is refused as a wrong password is, after being counted.
   :class:`~ldapauthenticator.LDAPAuthenticator` (a bind as the person to the lab's
   directory), which may also let in the members of a Unix group as the machine
   resolves it (the directory's groups, through nslcd or sssd).
+- :class:`PDLOIDCAuthenticator`: the lab's single sign-on (OpenID Connect), through
+  ``oauthenticator``'s :class:`~oauthenticator.generic.GenericOAuthenticator`: no password
+  reaches the hub; the name the provider vouches for (its ``username_claim``) is
+  normalised the same way and must be a hub user's name. :func:`discover` reads the
+  provider's endpoints from its discovery document.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import inspect
 import re
 import unicodedata
 
+import requests
 from jupyterhub.auth import Authenticator, PAMAuthenticator
 from ldap3.core.exceptions import LDAPException, LDAPSocketOpenError
 from ldapauthenticator import LDAPAuthenticator
+from oauthenticator.generic import GenericOAuthenticator
 from tornado import web
-from traitlets import Integer, Unicode
+from traitlets import Integer, Unicode, default
 
 from pdl_spawner.accounts import unix_accounts
 from pdl_spawner.accounts.login_guard import LoginGuard, remember_browser
@@ -111,6 +118,51 @@ class PDLLDAPAuthenticator(GuardedLogin, LDAPAuthenticator):
         return bool(group) and await asyncio.to_thread(unix_accounts.in_group, username, group)
 
 
+class PDLOIDCAuthenticator(GenericOAuthenticator):
+    """The lab's single sign-on (see the module docstring); the name is the provider's
+    ``preferred_username`` claim unless ``username_claim`` says otherwise."""
+
+    @default("username_claim")
+    def _preferred_username(self):
+        return "preferred_username"
+
+    def normalize_username(self, username: str) -> str:
+        """Unicode NFKC, then oauthenticator's (lowercase, ``username_map``)."""
+        return super().normalize_username(unicodedata.normalize("NFKC", username))
+
+    def validate_username(self, username: str) -> bool:
+        """JupyterHub's check, and the name must be a hub user's (NAME_PATTERN): a
+        provider's name with a space, a slash or an ``@`` logs nobody in."""
+        return super().validate_username(username) and re.fullmatch(NAME_PATTERN, username) is not None
+
+
+#: Seconds the provider's discovery document may take (the hub waits for it once, at start).
+DISCOVERY_TIMEOUT_S = 10
+
+
+def discover(issuer: str) -> dict[str, str]:
+    """The endpoints of the OpenID Connect provider ``issuer`` from its discovery document
+    (``<issuer>/.well-known/openid-configuration``): ``authorize_url``, ``token_url`` and
+    ``userdata_url``, as oauthenticator names them. ValueError (one line) when it does not
+    answer, or names another issuer or lacks one of them."""
+    url = issuer.rstrip("/") + "/.well-known/openid-configuration"
+    try:
+        answer = requests.get(url, timeout=DISCOVERY_TIMEOUT_S)
+        answer.raise_for_status()
+        document = answer.json()
+    except (requests.RequestException, ValueError) as e:
+        raise ValueError(f"the OpenID Connect provider's discovery document {url} could not be read: "
+                         f"{type(e).__name__}") from None
+    if str(document.get("issuer", "")).rstrip("/") != issuer.rstrip("/"):
+        raise ValueError(f"{url} names the issuer {str(document.get('issuer'))[:80]!r}, not {issuer!r}")
+    names = {"authorize_url": "authorization_endpoint", "token_url": "token_endpoint",
+             "userdata_url": "userinfo_endpoint"}
+    missing = [field for field in names.values() if not document.get(field)]
+    if missing:
+        raise ValueError(f"{url} lacks {', '.join(missing)}")
+    return {ours: document[theirs] for ours, theirs in names.items()}
+
+
 #: The lab's logins' settable classes, the shared one first: the admin's guide and the
 #: settings check list them.
-LAB_LOGINS = (GuardedLogin, PDLPAMAuthenticator, PDLLDAPAuthenticator)
+LAB_LOGINS = (GuardedLogin, PDLPAMAuthenticator, PDLLDAPAuthenticator, PDLOIDCAuthenticator)

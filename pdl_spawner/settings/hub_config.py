@@ -24,6 +24,7 @@ from typing import Any
 from pdl_spawner.host.account_limits import protect_hub
 from pdl_spawner.accounts.authenticator import TEMPLATE_DIR, name_problem
 from pdl_spawner.accounts.credentials import SignupCodes
+from pdl_spawner.accounts.lab_logins import discover
 from pdl_spawner.hub.public_url import default_public_url, public_url_problem
 from pdl_spawner.hub.request_limits import limit_request_bodies
 from pdl_spawner.kinds import ClusterKind, kind_named, kinds
@@ -125,16 +126,19 @@ def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:
 
 
 def _lab_login(c, found: Mapping[str, Any], users: list[str]) -> None:
-    """The lab's own passwords with PDL's lockout (``PDL_LOGIN_ATTEMPTS``,
-    ``PDL_LOGIN_LOCKOUT_S``): the machine's through PAM (``PDL_AUTH=pam``) or a bind to the
-    lab's directory (``ldap``: ``PDL_LDAP_URL``, ``PDL_LDAP_USER_DN``), both in
-    pdl_spawner/accounts/lab_logins.py. The listed users, and the members of the Unix
-    group ``PDL_ALLOWED_GROUP``, may log in; the first listed is the admin."""
+    """The lab's own logins (pdl_spawner/accounts/lab_logins.py): its passwords with PDL's
+    lockout (``PDL_LOGIN_ATTEMPTS``, ``PDL_LOGIN_LOCKOUT_S``), the machine's through PAM
+    (``PDL_AUTH=pam``) or a bind to the lab's directory (``ldap``: ``PDL_LDAP_URL``,
+    ``PDL_LDAP_USER_DN``), or its single sign-on (``oidc``: :func:`_single_sign_on`). The
+    listed users, and the members of the group ``PDL_ALLOWED_GROUP`` (a Unix group; the
+    provider's with oidc), may log in; the first listed is the admin."""
     group = found.get("PDL_ALLOWED_GROUP")
     if found["PDL_AUTH"] == "pam":
         c.JupyterHub.authenticator_class = "pdl_spawner.accounts.lab_logins.PDLPAMAuthenticator"
         if group:
             c.PDLPAMAuthenticator.allowed_groups = {group}
+    elif found["PDL_AUTH"] == "oidc":
+        _single_sign_on(c, found, group)
     else:
         c.JupyterHub.authenticator_class = "pdl_spawner.accounts.lab_logins.PDLLDAPAuthenticator"
         if found.get("PDL_LDAP_URL"):
@@ -146,6 +150,46 @@ def _lab_login(c, found: Mapping[str, Any], users: list[str]) -> None:
             c.PDLLDAPAuthenticator.allowed_unix_group = group
     c.Authenticator.admin_users = set(users[:1])
     c.Authenticator.allowed_users = set(users)
+
+
+def _single_sign_on(c, found: Mapping[str, Any], group: str | None) -> None:
+    """``PDL_AUTH=oidc``: the lab's OpenID Connect provider (``PDL_OIDC_ISSUER``, its
+    endpoints read from its discovery document once, now), this hub its client
+    (``PDL_OIDC_CLIENT_ID``, the secret from ``PDL_OIDC_CLIENT_SECRET_FILE``, private to
+    the hub), the browser sent back to ``<public URL>/hub/oauth_callback``; with
+    ``PDL_ALLOWED_GROUP``, the members of that group of the provider's ``groups`` claim."""
+    c.JupyterHub.authenticator_class = "pdl_spawner.accounts.lab_logins.PDLOIDCAuthenticator"
+    section = c.PDLOIDCAuthenticator
+    if found.get("PDL_OIDC_ISSUER"):
+        try:
+            for name, value in discover(found["PDL_OIDC_ISSUER"]).items():
+                setattr(section, name, value)
+        except ValueError as e:
+            raise SystemExit(f"PDL_OIDC_ISSUER: {e}") from None
+    if found.get("PDL_OIDC_CLIENT_SECRET_FILE"):
+        section.client_secret = _private_secret(found["PDL_OIDC_CLIENT_SECRET_FILE"], "PDL_OIDC_CLIENT_SECRET_FILE")
+    section.oauth_callback_url = f"{c.JupyterHub.subdomain_host}/hub/oauth_callback"
+    section.scope = ["openid", "profile", "email"]
+    section.login_service = "the lab's sign-on"
+    if group:
+        section.manage_groups = True
+        section.auth_state_groups_key = "oauth_user.groups"
+        section.allowed_groups = {group}
+
+
+def _private_secret(path: str, variable: str) -> str:
+    """The secret in the file ``path``, which only its owner may read; SystemExit (one line)
+    when it is missing, empty or readable by group or others."""
+    try:
+        st = os.stat(path)
+        secret = Path(path).read_text().strip()
+    except OSError as e:
+        raise SystemExit(f"{variable}: {path} cannot be read ({e.strerror})") from None
+    if st.st_mode & 0o077:
+        raise SystemExit(f"{variable}: {path} is open to group or others (mode {st.st_mode & 0o777:o}): chmod 600 it")
+    if not secret:
+        raise SystemExit(f"{variable}: {path} is empty")
+    return secret
 
 
 def _lab_lockout(c) -> None:
@@ -160,11 +204,18 @@ def _lab_lockout(c) -> None:
 def _lab_login_problem(c) -> str | None:
     """One line when the final config runs users as the lab's accounts behind PDL's own
     sign-up pages (anyone could claim a name, and so its account), or logs in to a
-    directory it does not name; else None."""
+    directory or provider it does not name; else None."""
     login = str(c.JupyterHub.get("authenticator_class", ""))
     if "HostServer" in c and c.HostServer.get("lab_accounts") and login.endswith(".PDLAuthenticator"):
         return ("PDL_ACCOUNTS=lab runs each user as the lab's account of their name: it needs a login that proves "
-                "that account, PDL_AUTH=pam or ldap (PDL_AUTH=native lets people sign up any name)")
+                "that account, PDL_AUTH=pam, ldap or oidc (PDL_AUTH=native lets people sign up any name)")
+    if login.endswith(".PDLOIDCAuthenticator"):
+        section = c.PDLOIDCAuthenticator
+        for trait, variable in (("authorize_url", "PDL_OIDC_ISSUER=https://sso.lab.example/realms/lab"),
+                                ("client_id", "PDL_OIDC_CLIENT_ID"),
+                                ("client_secret", "PDL_OIDC_CLIENT_SECRET_FILE (a file only the hub reads)")):
+            if not section.get(trait):
+                return f"PDL_AUTH=oidc needs {variable}"
     if login.endswith(".PDLLDAPAuthenticator"):
         section = c.PDLLDAPAuthenticator
         if not section.get("server_address") and not c.LDAPAuthenticator.get("server_address"):

@@ -135,11 +135,7 @@ def ldap_url(value: str, name: str) -> Directory:
         raise ValueError(f"{name} must be ldaps://HOST[:PORT] or ldap://HOST[:PORT], got {_shown(value)}")
     if url.scheme == "ldaps":
         return Directory(url.hostname, port_given or 636, "on_connect")
-    try:
-        loopback = ipaddress.ip_address(url.hostname).is_loopback
-    except ValueError:
-        loopback = False
-    return Directory(url.hostname, port_given or 389, "insecure" if loopback else "before_bind")
+    return Directory(url.hostname, port_given or 389, "insecure" if _loopback(url.hostname) else "before_bind")
 
 
 def dn_template(value: str, name: str) -> list[str]:
@@ -151,3 +147,26 @@ def dn_template(value: str, name: str) -> list[str]:
         raise ValueError(f"{name} must be a DN with {{username}} for the login name, e.g. "
                          f"uid={{username}},ou=people,dc=lab,dc=example, got {_shown(value)}")
     return [value]
+
+
+def oidc_issuer(value: str, name: str) -> str:
+    """An OpenID Connect provider's issuer URL: ``https://...``, or ``http://`` only to a
+    loopback address (a sign-in never crosses a network in plain)."""
+    value = str(value).strip().rstrip("/")
+    try:
+        url = urlsplit(value)
+        host = url.hostname or ""
+    except ValueError:
+        url, host = None, ""
+    if url is None or not host or url.query or url.fragment or url.username or url.scheme not in ("https", "http"):
+        raise ValueError(f"{name} must be the provider's issuer, https://HOST[/PATH], got {_shown(value)}")
+    if url.scheme == "http" and not _loopback(host):
+        raise ValueError(f"{name} must be https:// (http only to 127.0.0.1), got {_shown(value)}")
+    return value
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

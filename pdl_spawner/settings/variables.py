@@ -75,15 +75,24 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PDL_ACCOUNT_PREFIX", "Hub user `ann` runs as Unix account `<prefix>ann`, made by PDL (the lab's own accounts: "
              "`PDL_ACCOUNTS=lab`).", trait="HostServer.account_prefix"),
     Variable("PDL_AUTH", "How people log in: `native` (a PDL password each, sign-up pages), `pam` (the "
-             "machine's own passwords) or `ldap` (the lab's directory), the lab's with PDL's lockout around them "
-             "(\"The lab's own accounts\").", values.one_of("native", "pam", "ldap"), default="native"),
+             "machine's own passwords), `ldap` (the lab's directory), the lab's with PDL's lockout around them, or "
+             "`oidc` (the lab's single sign-on; \"The lab's own accounts\").",
+             values.one_of("native", "pam", "ldap", "oidc"), default="native"),
     Variable("PDL_LDAP_URL", "With `PDL_AUTH=ldap`: the lab's directory, `ldaps://HOST[:PORT]` or "
              "`ldap://HOST[:PORT]` (StartTLS before a password is sent; plain only to 127.0.0.1).", values.ldap_url),
     Variable("PDL_LDAP_USER_DN", "With `PDL_AUTH=ldap`: a person's entry, `{username}` for the login name (e.g. "
              "`uid={username},ou=people,dc=lab,dc=example`).", values.dn_template,
              trait="PDLLDAPAuthenticator.bind_dn_template"),
+    Variable("PDL_OIDC_ISSUER", "With `PDL_AUTH=oidc`: the OpenID Connect provider's issuer URL, `https://...` "
+             "(its endpoints are read from its discovery document when the hub starts).", values.oidc_issuer),
+    Variable("PDL_OIDC_CLIENT_ID", "With `PDL_AUTH=oidc`: the hub's client id at the provider.",
+             trait="PDLOIDCAuthenticator.client_id"),
+    Variable("PDL_OIDC_CLIENT_SECRET_FILE", "With `PDL_AUTH=oidc`: a file holding the client's secret, readable "
+             "by the hub's user only (mode 0600)."),
+    Variable("PDL_OIDC_USERNAME_CLAIM", "With `PDL_AUTH=oidc`: the claim whose value is the hub user's name.",
+             trait="PDLOIDCAuthenticator.username_claim"),
     Variable("PDL_ACCOUNTS", "Whose Unix accounts servers run as: `pdl` (`<prefix><name>`, made by PDL) or `lab` "
-             "(the existing account of the same name; with `PDL_AUTH=pam` or `ldap`).", values.lab_accounts,
+             "(the existing account of the same name; with `PDL_AUTH=pam`, `ldap` or `oidc`).", values.lab_accounts,
              trait="HostServer.lab_accounts", shown="`pdl`"),
     Variable("PDL_ACCOUNT_UID_MIN", "With `PDL_ACCOUNTS=lab`: the lowest uid a user's account may have (0: the "
              "machine's `UID_MIN`).", values.whole_number, trait="HostServer.lab_uid_min"),
@@ -150,7 +159,7 @@ VARIABLES: tuple[Variable, ...] = (
 
 #: The configurable classes of the hub itself, whose traits apply whatever the kind.
 HUB_SECTIONS = frozenset({"JupyterHub", "PDLAuthenticator", "GuardedLogin", "PDLPAMAuthenticator",
-                          "PDLLDAPAuthenticator", "ConfigurableHTTPProxy", "Spawner"})
+                          "PDLLDAPAuthenticator", "PDLOIDCAuthenticator", "ConfigurableHTTPProxy", "Spawner"})
 
 
 def read_variables(environ: Mapping[str, str], kind, others: Iterable = ()) -> dict[str, Any]:

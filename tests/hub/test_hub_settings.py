@@ -167,7 +167,8 @@ SAMPLES = {"PDL_HOMES_ROOT": "/srv/homes", "PDL_ACCOUNT_PREFIX": "lab-", "PDL_HU
            "PDL_SESSION_MAX_S": "57600", "PDL_SESSION_WARN_S": "300", "PDL_GPU_IDLE_FLAG_S": "1800",
            "PDL_GPU_IDLE_RELEASE_S": "3600", "PDL_POOL": "cpu:0,cpu:1", "PDL_ACCOUNTS": "lab",
            "PDL_ACCOUNT_UID_MIN": "2000", "PDL_ALLOWED_GROUP": "ml",
-           "PDL_LDAP_USER_DN": "uid={username},ou=people,dc=lab,dc=example"}
+           "PDL_LDAP_USER_DN": "uid={username},ou=people,dc=lab,dc=example", "PDL_OIDC_CLIENT_ID": "pdl-hub",
+           "PDL_OIDC_USERNAME_CLAIM": "email"}
 
 def local_trait_variables():
     from pdl_spawner.kinds import kind_named
@@ -253,7 +254,7 @@ def test_lab_accounts_without_a_login_that_proves_them_stop_the_hub_in_one_line(
     the lab's account of that name."""
     assert "needs a login that proves that account, PDL_AUTH=pam" in refusal(
         load_config(tmp_path, PDL_ACCOUNTS="lab"))
-    assert refusal(load_config(tmp_path, PDL_AUTH="sso")) == "PDL_AUTH must be one of native, pam, ldap, got 'sso'"
+    assert refusal(load_config(tmp_path, PDL_AUTH="sso")) == "PDL_AUTH must be one of native, pam, ldap, oidc, got 'sso'"
     assert settings(load_config(tmp_path, PDL_AUTH="pam", PDL_ACCOUNTS="lab", PDL_ALLOWED_GROUP="ml"))
 
 
@@ -289,3 +290,20 @@ def test_pdl_auth_ldap_binds_to_the_named_directory_and_never_sends_a_password_i
 ])
 def test_an_ldap_login_without_its_directory_or_entries_stops_the_hub_in_one_line(tmp_path, env, line):
     assert refusal(load_config(tmp_path, PDL_AUTH="ldap", **env)) == line
+
+
+def test_an_oidc_login_without_its_provider_client_or_a_private_secret_stops_the_hub_in_one_line(tmp_path):
+    secret = tmp_path / "client-secret"
+    secret.write_text("s3cret\n")
+    secret.chmod(0o644)
+    closed = "http://127.0.0.1:1"  # nothing listens on port 1
+    assert refusal(load_config(tmp_path, PDL_AUTH="oidc", PDL_OIDC_ISSUER="http://sso.lab.example")) == (
+        "PDL_OIDC_ISSUER must be https:// (http only to 127.0.0.1), got 'http://sso.lab.example'")
+    assert refusal(load_config(tmp_path, PDL_AUTH="oidc", PDL_OIDC_ISSUER=closed)) == (
+        f"PDL_OIDC_ISSUER: the OpenID Connect provider's discovery document {closed}/.well-known/"
+        "openid-configuration could not be read: ConnectionError")
+    assert refusal(load_config(tmp_path, PDL_AUTH="oidc", PDL_OIDC_CLIENT_SECRET_FILE=str(secret))) == (
+        f"PDL_OIDC_CLIENT_SECRET_FILE: {secret} is open to group or others (mode 644): chmod 600 it")
+    secret.chmod(0o600)
+    assert refusal(load_config(tmp_path, PDL_AUTH="oidc", PDL_OIDC_CLIENT_SECRET_FILE=str(secret))) == (
+        "PDL_AUTH=oidc needs PDL_OIDC_ISSUER=https://sso.lab.example/realms/lab")
