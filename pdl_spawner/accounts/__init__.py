@@ -7,7 +7,8 @@
   any password login of PDL's uses.
 - :mod:`pdl_spawner.accounts.credentials`: the admin's first password and the signup codes.
 - :mod:`pdl_spawner.accounts.lab_logins`: logins with the lab's own accounts through
-  JupyterHub's authenticators (PAM), with the guard's hardening.
+  JupyterHub's authenticators (PAM, LDAP, OpenID Connect), with the guard's hardening
+  where the hub checks a password.
 - :mod:`pdl_spawner.accounts.unix_accounts`: one Unix account per hub user (as root), or
   the lab's own account of the same name (``lab_account``).
 """

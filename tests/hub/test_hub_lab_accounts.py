@@ -9,8 +9,9 @@ each of the lab's logins:
 
 Either way people log in with the lab's password through the hub's login form, and their
 server, kernel and engines run as their own uid; a person neither listed nor in the
-group cannot log in, a listed one outside it cannot run, wrong passwords lock the name,
-and a name that could be a filter or a DN never logs in. Needs root."""
+group cannot log in, a listed one outside it cannot run, the first listed is the admin
+(the admin view), wrong passwords lock the name, and a name that could be a filter or a
+DN never logs in. Needs root."""
 
 from __future__ import annotations
 
@@ -138,6 +139,15 @@ def test_a_listed_person_outside_the_group_is_refused_a_server_in_one_line(lab):
         message = r.json().get("message", r.text)
     assert f"is not in group {hub.hub_env['PDL_ALLOWED_GROUP']}" in message and "\n" not in message, message
     assert not user_processes(hub.home(cid))
+
+
+def test_the_admin_logged_in_with_the_labs_password_sees_the_admin_view_and_others_do_not(lab):
+    """The first listed person is the hub's admin, whichever login proved them."""
+    hub, names = lab
+    view = f"{hub.service_url('pdl-admin')}/"
+    page = hub.login(names["ann"]).get(view, timeout=30)
+    assert page.status_code == 200 and page.url == view, (page.status_code, page.url)
+    assert hub.login(names["cid"]).get(view, timeout=30).status_code == 403
 
 
 @pytest.mark.parametrize("name", ["*", "ann)(uid=*", "uid=ann,ou=people,dc=lab,dc=test"])

@@ -3,8 +3,9 @@ provider on 127.0.0.1 (npm's certified ``oidc-provider``, tests/harness/oidc_pro
 with the lab's people, oauthenticator's generic authenticator as its client, and a real
 Chromium that opens the hub, follows its "Sign in" to the provider's login page, and
 comes back logged in. The person then gets a server and a cell on 2 workers that run as
-their own account; someone the hub does not list, a name that cannot be a hub user's,
-and a wrong password at the provider get no hub session."""
+their own account; a member of the allowed group at the provider gets in unlisted;
+someone neither listed nor in it, a name that cannot be a hub user's, and a wrong
+password at the provider get no hub session."""
 
 from __future__ import annotations
 
@@ -40,21 +41,24 @@ class SignOnHub(Hub):
 
 @pytest.fixture(scope="module")
 def sso(tmp_path_factory):
-    """The provider with ``ann`` and ``ben`` (listed on the hub), ``dan`` (not) and
-    ``eve`` (whose name is ``Eve Smith``), each with a password; the hub its client."""
+    """The provider with ``ann`` and ``ben`` (listed on the hub), ``dan`` (not), ``eve``
+    (whose name is ``Eve Smith``) and ``fay`` (not listed, in the provider's group ``ml``),
+    each with a password; the hub its client, letting in the group ``ml`` too."""
     root = tmp_path_factory.mktemp("sso-hub")
     secret = secrets.token_urlsafe(24)
     hub = SignOnHub(root, USERS, POOL)
     people = {login: {"password": secrets.token_urlsafe(12),
-                      "claims": {"sub": f"id-{login}", "preferred_username": name, "email": f"{login}@lab.test"}}
-              for login, name in (("ann", "ann"), ("ben", "ben"), ("dan", "dan"), ("eve", "Eve Smith"))}
+                      "claims": {"sub": f"id-{login}", "preferred_username": name, "email": f"{login}@lab.test",
+                                 "groups": ["ml"] if login == "fay" else ["staff"]}}
+              for login, name in (("ann", "ann"), ("ben", "ben"), ("dan", "dan"), ("eve", "Eve Smith"),
+                                  ("fay", "fay"))}
     client = {"client_id": CLIENT_ID, "client_secret": secret, "redirect_uris": [f"{hub.url}/hub/oauth_callback"]}
     with oidc_provider.provider(root, people, [client]) as provider:
         secret_file = root / "client-secret"
         secret_file.write_text(secret)
         secret_file.chmod(0o600)
         hub.hub_env.update({"PDL_AUTH": "oidc", "PDL_OIDC_ISSUER": provider.issuer, "PDL_OIDC_CLIENT_ID": CLIENT_ID,
-                            "PDL_OIDC_CLIENT_SECRET_FILE": str(secret_file)})
+                            "PDL_OIDC_CLIENT_SECRET_FILE": str(secret_file), "PDL_ALLOWED_GROUP": "ml"})
         with running(hub) as started:
             yield started, people
 
@@ -113,6 +117,13 @@ def test_someone_unlisted_or_with_a_name_no_hub_user_can_have_gets_no_session(ss
     sign_in(hub, page, login, people[login]["password"])
     assert not hub_session(page), page.url
     assert login not in [u["name"] for u in hub.api("GET", "/users").json()]
+
+
+def test_a_member_of_the_allowed_group_at_the_provider_signs_in_unlisted(sso, page):
+    hub, people = sso
+    sign_in(hub, page, "fay", people["fay"]["password"])
+    assert hub_session(page), page.url
+    assert "fay" in [u["name"] for u in hub.api("GET", "/users").json()]
 
 
 def test_a_wrong_password_at_the_provider_gets_no_session(sso, page):
