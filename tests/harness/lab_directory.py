@@ -4,13 +4,16 @@ people (``posixAccount``, with passwords) and groups (``posixGroup``), and the m
 ``nslcd`` pointed at it while it runs, so that those people are Unix accounts of the
 machine (``pwd.getpwnam`` finds them: ``scripts/ldap-up`` puts ``ldap`` in
 /etc/nsswitch.conf). One directory at a time on a machine (nslcd is the machine's): a
-lock file keeps a second one waiting. Needs root; :func:`problem` says why it cannot run
-here."""
+lock file keeps a second one waiting. slapd dies with the test process; nslcd (which
+changes its uid, and so forgets that) is stopped by the next directory when a killed
+run left it. A machine whose own nslcd runs is never taken over. Needs root;
+:func:`problem` says why it cannot run here."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import fcntl
 import grp
 import hashlib
@@ -18,6 +21,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass, field
@@ -30,6 +34,9 @@ SBIN = ("/usr/sbin", "/sbin")
 BASE = "dc=lab,dc=test"
 NSLCD_CONF = Path("/etc/nslcd.conf")
 NSLCD_RUN = Path("/run/nslcd")
+#: The first line of the nslcd config this harness writes: an nslcd running with another
+#: config is the machine's own, which the tests must not take over.
+MARK = "# written by PDL's tests (tests/harness/lab_directory.py) while a lab directory runs"
 #: Held while a directory runs: nslcd and its config are the machine's.
 LOCK = Path("/run/pdl-test-lab-directory.lock")
 SCHEMAS = ("core", "cosine", "nis", "inetorgperson")
@@ -49,7 +56,32 @@ def problem() -> str | None:
     lines = Path("/etc/nsswitch.conf").read_text().splitlines()
     if not all(any(line.startswith(db + ":") and " ldap" in line for line in lines) for db in ("passwd", "group")):
         return "/etc/nsswitch.conf does not look accounts up in LDAP: run scripts/ldap-up"
+    if _running_nslcd() is not None and not _ours():
+        return "the machine's own nslcd runs (/etc/nslcd.conf is not the tests'): the tests would take it over"
     return None
+
+
+def _running_nslcd() -> int | None:
+    """The pid of the nslcd that runs now (its pid file's), or None."""
+    try:
+        pid = int((NSLCD_RUN / "nslcd.pid").read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid
+
+
+def _ours() -> bool:
+    try:
+        return NSLCD_CONF.read_text().startswith(MARK)
+    except OSError:
+        return False
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process's thread that started it
+    ends (a test run killed leaves no directory behind)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -157,14 +189,18 @@ def _machine_lock():
 @contextlib.contextmanager
 def _nslcd(url: str, log: Path):
     """The machine's nslcd, pointed at ``url`` (its config restored afterwards)."""
-    before = NSLCD_CONF.read_bytes() if NSLCD_CONF.exists() else None
+    leftover = _running_nslcd()
+    if leftover is not None and _ours():  # a killed run's: its directory is gone
+        os.kill(leftover, signal.SIGTERM)
+        wait_until(lambda: _running_nslcd() is None, 10, what="a killed test run's nslcd to stop")
+    before = NSLCD_CONF.read_bytes() if NSLCD_CONF.exists() and not _ours() else None
     NSLCD_RUN.mkdir(exist_ok=True)
     shutil.chown(NSLCD_RUN, "nslcd", "nslcd")
     fd = os.open(NSLCD_CONF, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     with os.fdopen(fd, "w") as conf:
-        conf.write(f"uid nslcd\ngid nslcd\nuri {url}/\nbase {BASE}\n")
+        conf.write(f"{MARK}\nuid nslcd\ngid nslcd\nuri {url}/\nbase {BASE}\n")
     with open(log, "ab") as out:
-        daemon = subprocess.Popen([_program("nslcd"), "-n"], stdout=out, stderr=out)
+        daemon = subprocess.Popen([_program("nslcd"), "-n"], stdout=out, stderr=out, preexec_fn=_die_with_parent)
     try:
         yield daemon
     finally:
@@ -203,8 +239,9 @@ def lab_directory(folder: Path, people: list[Person], groups: dict[str, int]):
     with _machine_lock():
         port = _free_port()
         url = f"ldap://127.0.0.1:{port}"
-        slapd = subprocess.Popen([_program("slapd"), "-d", "0", "-F", str(config), "-h", f"{url}/"],
-                                 stdout=subprocess.DEVNULL, stderr=open(folder / "slapd.log", "ab"))
+        with open(folder / "slapd.log", "ab") as log:
+            slapd = subprocess.Popen([_program("slapd"), "-d", "0", "-F", str(config), "-h", f"{url}/"],
+                                     stdout=subprocess.DEVNULL, stderr=log, preexec_fn=_die_with_parent)
         try:
             wait_until(lambda: _answers(port), 10, what="slapd to listen")
             with _nslcd(url, folder / "nslcd.log"):
