@@ -105,7 +105,7 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
 def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:
     """``PDL_AUTH=native``: each user's own password (pdl_spawner/accounts/authenticator.py):
     the admin's account is made from ``<state>/password``; listed users sign up with their
-    one-time codes. ``pam``, ``ldap``: the lab's own (:func:`_lab_login`)."""
+    one-time codes. ``pam``, ``ldap``, ``oidc``: the lab's own (:func:`_lab_login`)."""
     users = found["PDL_USERS"]
     for name in users:
         if name_problem(name):
