@@ -277,10 +277,12 @@ c.JupyterHub.log_level = "INFO"
             _kill(pid)
 
     def close(self) -> None:
-        """Stop every user's server, the hub, and anything left under the temp dir."""
+        """Stop every user's server (the listed users', and any other's that runs: a
+        member of an allowed group who logged in), the hub, and anything left under the
+        temp dir."""
         try:
             if self.proc and self.proc.poll() is None:
-                for user in self.users:
+                for user in dict.fromkeys([*self.users, *self.running_servers()]):
                     self.api("DELETE", f"/users/{user}/server", timeout=30)
                 wait_until(lambda: not self.running_servers(), 60, what="servers to stop")
         except Exception:
