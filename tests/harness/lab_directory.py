@@ -27,6 +27,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hub_harness import free_port
 from waiting import wait_until
 
 SBIN = ("/usr/sbin", "/sbin")
@@ -124,11 +125,6 @@ def _ssha(password: str) -> str:
     salt = secrets.token_bytes(8)
     return "{SSHA}" + base64.b64encode(hashlib.sha1(password.encode() + salt).digest() + salt).decode()
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config_ldif(folder: Path, admin_password: str) -> str:
@@ -237,7 +233,7 @@ def lab_directory(folder: Path, people: list[Person], groups: dict[str, int]):
     subprocess.run([_program("slapadd"), "-n", "1", "-F", str(config), "-l", str(entries)], check=True,
                    capture_output=True)
     with _machine_lock():
-        port = _free_port()
+        port = free_port()
         url = f"ldap://127.0.0.1:{port}"
         with open(folder / "slapd.log", "ab") as log:
             slapd = subprocess.Popen([_program("slapd"), "-d", "0", "-F", str(config), "-h", f"{url}/"],

@@ -14,12 +14,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from hub_harness import free_port
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,11 +63,6 @@ def install_problem() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _ready_issuer(stdout_log: Path) -> str | None:
     """The issuer from the ``ready <issuer>`` line, once the script has printed it."""
@@ -106,7 +101,7 @@ def provider(tmp_path: Path, accounts: dict, clients: list) -> Iterator[Provider
         raise RuntimeError(f"cannot start the OpenID Connect provider: {problem}")
     folder = tmp_path / "oidc-provider"
     folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     config_path = folder / "config.json"
     config = {"port": port, "clients": clients, "accounts": accounts, "cookie_keys": [os.urandom(32).hex()]}
     fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
