@@ -34,6 +34,12 @@ BROADCAST_LEAVES = 2
 CLIENT_CHANNELS = ("control", "mux", "task", "iopub", "notification", "broadcast")
 #: How many ports a controller needs from the hub.
 PORTS_NEEDED = len(ENGINE_CHANNELS) + BROADCAST_LEAVES + len(CLIENT_CHANNELS)
+#: Ports a controller binds on 127.0.0.1 for its own processes: one per broadcast leaf
+#: (from the root scheduler) and the monitor's.
+INTERNAL_PORTS = BROADCAST_LEAVES + 1
+#: Every port a controller binds: the engines' and clients' (:data:`PORTS_NEEDED`) and its
+#: internal ones. ipyparallel takes them, in its own order, from ``IPController.ports``.
+CONTROLLER_PORTS = PORTS_NEEDED + INTERNAL_PORTS
 
 #: Interface the controller binds in its container (host networking: every node address).
 BIND_ALL = "tcp://0.0.0.0"

@@ -30,6 +30,11 @@ variable                    field                  meaning
                                                    steps, ``srun``)
 ``PDL_CONTROLLER_IP``       ``controller_ip``      where the controller listens for
                                                    engines on other nodes (Slurm)
+``PDL_CONTROLLER_PORTS``    ``controller_ports``   the ports (``,``-separated) the
+                                                   controller binds, given by the hub
+                                                   with the server's own (local
+                                                   spawner, Slurm); none: ipyparallel
+                                                   picks them
 ``PDL_WORKERS_LIMIT``       ``workers_limit``      the most workers this user may hold
                                                    (the admin's limit within the
                                                    scheduler's; 0: not told)
@@ -86,6 +91,7 @@ VARIABLES = {
     "cluster_file": "PDL_CLUSTER_FILE",
     "job": "PDL_JOB",
     "controller_ip": "PDL_CONTROLLER_IP",
+    "controller_ports": "PDL_CONTROLLER_PORTS",
     "workers_limit": "PDL_WORKERS_LIMIT",
     "limits_note": "PDL_LIMITS_NOTE",
     "session_warn_s": "PDL_SESSION_WARN_S",
@@ -126,6 +132,9 @@ class ServerContract:
     job: int = 0
     #: the address the controller listens on for engines on other nodes ("" : 127.0.0.1)
     controller_ip: str = ""
+    #: the ports the controller binds, from the hub's port range (:data:`pdl.connection.CONTROLLER_PORTS`
+    #: of them, only this server's processes may bind them); (): ipyparallel picks free ones
+    controller_ports: tuple[int, ...] = field(default=())
     #: the most workers this user may hold (the admin's limit within the scheduler's); 0: not told
     workers_limit: int = 0
     #: the scheduler's own limits on the user, one line ("" : none told)
@@ -161,6 +170,7 @@ class ServerContract:
             "cluster_file": self.cluster_file,
             "job": str(self.job) if self.job else "",
             "controller_ip": self.controller_ip,
+            "controller_ports": ",".join(map(str, self.controller_ports)),
             "workers_limit": str(self.workers_limit) if self.workers_limit else "",
             "limits_note": self.limits_note,
             "session_warn_s": f"{self.session_warn_s:g}" if self.session_warn_s else "",
@@ -202,6 +212,7 @@ class ServerContract:
             cluster_file=env.get(VARIABLES["cluster_file"], ""),
             job=number("job", int),
             controller_ip=env.get(VARIABLES["controller_ip"], ""),
+            controller_ports=_ports(env.get(VARIABLES["controller_ports"], "")),
             workers_limit=number("workers_limit", int),
             limits_note=env.get(VARIABLES["limits_note"], ""),
             session_warn_s=number("session_warn_s", float),
@@ -218,3 +229,15 @@ class ServerContract:
     def cluster_path(self) -> Path:
         """The cluster folder: ``cluster_dir``, else ``~/.pdl/cluster``."""
         return Path(self.cluster_dir) if self.cluster_dir else Path(cluster_dir_in(Path.home()))
+
+
+def _ports(text: str) -> tuple[int, ...]:
+    """The ports of a ``,``-separated list (``""``: none); ValueError naming the variable
+    and what is valid for anything else."""
+    ports = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if not (item.isdigit() and 1 <= int(item) <= 65535):
+            raise ValueError(f"{VARIABLES['controller_ports']}={text!r} is not valid: "
+                             "expected ports 1-65535, separated by commas")
+        ports.append(int(item))
+    return tuple(ports)

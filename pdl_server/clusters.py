@@ -68,8 +68,13 @@ def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_ate
     return cluster
 
 
-def start_controller(cluster, *, secret: dict | None = None) -> None:
+def start_controller(cluster, *, secret: dict | None = None, ports: tuple[int, ...] = ()) -> None:
     """Start the cluster's controller (blocking; safe inside a running event loop).
+
+    ``ports``: the ports it binds, the hub's (:data:`pdl.connection.CONTROLLER_PORTS` of
+    them, which only this server's processes may bind); () : ipyparallel picks free ones,
+    each found free and then bound later by another process of the controller, so another
+    user's controller can take one in between.
 
     ``secret`` is the notebook secret of :mod:`pdl.connection` when engines run on
     other machines (Docker Swarm): the controller then reuses the connection files written
@@ -81,6 +86,8 @@ def start_controller(cluster, *, secret: dict | None = None) -> None:
     # (in connection files readable by the user alone) can connect
     args = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=3",
             "--IPController.enable_curve=True"]
+    if ports:
+        args.append(f"--IPController.ports={','.join(map(str, ports))}")
     if secret is not None:
         from pdl.connection import CONTROLLER_ARGS, install_controller_files
 

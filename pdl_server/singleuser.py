@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         # The server first, so the user's spawn finishes without waiting for engines;
         # %%distributed waits for them on first use.
         server = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *argv], env=env)
-        clusters.start_controller(cluster, secret=secret)
+        clusters.start_controller(cluster, secret=secret, ports=contract.controller_ports)
         host.start()
         idle = contract.idle_timeout_s
         tracker = IdleTracker(cluster, lambda: host.workers, server_address(os.environ)) if idle else None

@@ -60,12 +60,13 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
     port_range = Tuple(
         Integer(), Integer(), default_value=(20000, 32000), config=True,
         help="""Ports (both included) the hub picks each server's ports from: its Jupyter
-        server's (on Swarm published on its node's address, so free on every node) and, on
-        Swarm, its ipyparallel controller's. Below Linux's ephemeral range (32768+), where
-        the users' controllers and engines get their ZeroMQ ports: picked from there, a
-        port free when the hub chose it could be taken by another user's cluster before
-        the server binds it. As root on one machine, a server's processes may bind only
-        their own server's port of the range (pdl_spawner.host.port_filter).""",
+        server's (on Swarm published on its node's address, so free on every node) and its
+        ipyparallel controller's (on one machine and on Slurm, the 19 ports from the
+        server's on). Below Linux's ephemeral range (32768+), where outgoing connections
+        get their ports: a port found free there could be taken, by another user's process
+        or a connection, before the server or controller binds it. As root on one machine,
+        a server's processes may bind only their own server's ports of the range
+        (pdl_spawner.host.port_filter).""",
     )
 
     @validate("port_range")

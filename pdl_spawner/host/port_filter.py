@@ -1,8 +1,9 @@
 """Which ports of the hub's range a server's processes may bind: their own server's only.
 
-The local spawner gives each server a port of ``port_range``. Any process can bind any
-free port above 1023, so a user's kernel could take every free port of the range and
-no other user's server could start ("no free port"). Each server's processes therefore
+The local spawner gives each server ports of ``port_range`` in a row (its own and its
+controller's). Any process can bind any free port above 1023, so a user's kernel could
+take every free port of the range and no other user's server could start ("no free
+ports"), or take the ports another user's controller was given. Each server's processes therefore
 run in a cgroup v2 of their own (:class:`PortCgroup`,
 ``<cgroup2 mount>/pdl/<cgroup_name(owner)>``: on a cgroup v2 host the same folder as
 the server's device cgroup), whose ``BPF_CGROUP_INET4_BIND`` and ``INET6_BIND``
@@ -32,28 +33,29 @@ def cgroup2_root() -> Path | None:
     return found if found is not None and os.access(found, os.W_OK) else None
 
 
-def _bind_filter(low: int, high: int, own: int) -> bytes:
-    """The program: 0 (EPERM) for a bind to a port of ``low..high`` other than ``own``,
-    1 (allow) for anything else. Its context is ``struct bpf_sock_addr``, whose
-    ``user_port`` (offset 24) holds the port in network byte order."""
-    ldx_w, to_be, jeq_k, jlt_k, jgt_k, mov_k, exit_ = 0x61, 0xDC, 0x15, 0xA5, 0x25, 0xB7, 0x95
+def _bind_filter(low: int, high: int, own_low: int, own_high: int) -> bytes:
+    """The program: 0 (EPERM) for a bind to a port of ``low..high`` outside
+    ``own_low..own_high``, 1 (allow) for anything else. Its context is ``struct
+    bpf_sock_addr``, whose ``user_port`` (offset 24) holds the port in network byte order."""
+    ldx_w, to_be, jlt_k, jgt_k, mov_k, exit_ = 0x61, 0xDC, 0xA5, 0x25, 0xB7, 0x95
     insn = bpf.insn
     return b"".join([
         insn(ldx_w, dst=2, src=1, off=24),  # r2 = ctx->user_port
         insn(to_be, dst=2, imm=16),  # r2 = the port, host order
-        insn(jeq_k, dst=2, off=4, imm=own),  # own: allow
         insn(jlt_k, dst=2, off=3, imm=low),  # below the range: allow
         insn(jgt_k, dst=2, off=2, imm=high),  # above: allow
-        insn(mov_k, dst=0, imm=0),
-        insn(exit_),
+        insn(jlt_k, dst=2, off=3, imm=own_low),  # in the range, below its own: refuse
+        insn(jgt_k, dst=2, off=2, imm=own_high),  # above its own: refuse
         insn(mov_k, dst=0, imm=1),
+        insn(exit_),
+        insn(mov_k, dst=0, imm=0),
         insn(exit_),
     ])
 
 
-def _load(low: int, high: int, own: int, attach_type: int) -> int:
-    return bpf.load(bpf.PROG_TYPE_CGROUP_SOCK_ADDR, _bind_filter(low, high, own), b"pdl_ports", "port filter",
-                    expected_attach_type=attach_type)
+def _load(low: int, high: int, own_low: int, own_high: int, attach_type: int) -> int:
+    return bpf.load(bpf.PROG_TYPE_CGROUP_SOCK_ADDR, _bind_filter(low, high, own_low, own_high), b"pdl_ports",
+                    "port filter", expected_attach_type=attach_type)
 
 
 @lru_cache(maxsize=1)
@@ -62,7 +64,7 @@ def support() -> str | None:
     if cgroup2_root() is None:
         return "port isolation is off: no writable cgroup2 mount" + (" (not root)" if os.geteuid() else "")
     try:
-        os.close(_load(1024, 1024, 1024, bpf.ATTACH_CGROUP_INET4_BIND))
+        os.close(_load(1024, 1024, 1024, 1024, bpf.ATTACH_CGROUP_INET4_BIND))
     except OSError as e:
         return f"port isolation is off: cannot load a cgroup bind eBPF program ({e.strerror or e})"
     return None
@@ -94,12 +96,13 @@ class PortCgroup:
         for directory in (self.path.parent, self.path):
             directory.mkdir(exist_ok=True)
 
-    def restrict(self, low: int, high: int, own: int) -> None:
+    def restrict(self, low: int, high: int, own_low: int, own_high: int) -> None:
         """From now on, processes in the cgroup may bind, of ports ``low..high``, only
-        ``own`` (IPv4 and IPv6); replaces an earlier call's rule. Creates the cgroup."""
+        ``own_low..own_high`` (both included; IPv4 and IPv6); replaces an earlier call's
+        rule. Creates the cgroup."""
         self.create()
         for attach_type in (bpf.ATTACH_CGROUP_INET4_BIND, bpf.ATTACH_CGROUP_INET6_BIND):
-            program = _load(low, high, own, attach_type)
+            program = _load(low, high, own_low, own_high, attach_type)
             try:
                 bpf.attach_replacing(self.path, attach_type, program)
             finally:

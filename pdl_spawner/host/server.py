@@ -14,7 +14,7 @@ from is its :class:`~pdl_spawner.host.workers.HostWorkers` (``self.workers``).
   home of mode 0700, inside a device cgroup of their own
   (:mod:`~pdl_spawner.host.device_cgroup`, which also tracks every process of the
   server) and in a cgroup v2 whose bind filter lets them take, of ``port_range``, only
-  their own server's port (:mod:`~pdl_spawner.host.port_filter`), in a mount namespace
+  their own server's ports (:mod:`~pdl_spawner.host.port_filter`), in a mount namespace
   with a /tmp, /var/tmp and /dev/shm of the server's own (:mod:`~pdl_spawner.host.private_tmp`),
   in cgroups of their account that bound their processes and memory
   (:mod:`~pdl_spawner.host.account_limits`), and in a cgroup of the server that bounds its
@@ -25,9 +25,11 @@ from is its :class:`~pdl_spawner.host.workers.HostWorkers` (``self.workers``).
   every server runs as the hub's own user: one person's machine.
 - **Start.** The kind claims the workers, then the account is made (once: a kind
   whose claim is made as the user makes it during the claim, :meth:`HostServer.ensure_account`);
-  then a port of ``port_range`` that no other server of the hub was given, the bind
-  filter, the process, and the engine lease's watch. A failure releases what was
-  claimed.
+  then a block of :data:`PORTS_A_SERVER` ports of ``port_range`` that no other server
+  of the hub was given (the server's, then its ipyparallel controller's: told in the
+  server contract, so the controller never picks a port that another user's
+  controller may take before it binds), the bind filter, the process, and the engine
+  lease's watch. A failure releases what was claimed.
 - **Stop.** The process tree, then whatever is left in the server's cgroup, then the
   workers (the source's ``release``). ``clear_state`` (the server found gone) frees the
   workers by owner on the database thread (the source's ``release_blocking``).
@@ -50,6 +52,7 @@ from tornado import web
 from traitlets import Bool, Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from pdl.connection import CONTROLLER_PORTS
 from pdl.contract import ServerContract, cluster_dir_in
 from pdl_spawner.accounts import unix_accounts
 from pdl_spawner.host import account_limits, cgroup_v2, cpu_limits, device_cgroup, port_filter, private_tmp
@@ -57,6 +60,9 @@ from pdl_spawner.hub.db_thread import submit
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
 KILL_WAIT_S = 10.0
+#: Ports of ``port_range`` each server takes, in a row: its own (:attr:`HostServer.port`),
+#: then its controller's (:attr:`HostServer.controller_ports`).
+PORTS_A_SERVER = 1 + CONTROLLER_PORTS
 
 
 class HostServer(LoggingConfigurable):
@@ -165,7 +171,8 @@ class HostServer(LoggingConfigurable):
 
     slots = List(Unicode(), help="The engines' slots of this server (spawner state).")
 
-    #: Ports given to this hub's servers, which may not listen yet: owner -> port.
+    #: Ports given to this hub's servers, which may not listen yet: owner -> the server's
+    #: port, the first of its :data:`PORTS_A_SERVER`.
     _ports: dict[str, int] = {}
     #: How this machine isolates GPU devices (:func:`device_cgroup.support`), once known.
     _isolation: device_cgroup.Support | None = None
@@ -183,8 +190,14 @@ class HostServer(LoggingConfigurable):
         return f"{self.user.name}/{self.name}" if self.name else self.user.name
 
     def forget_port(self) -> None:
-        """The server's port may be given to another server again."""
+        """The server's ports may be given to another server again."""
         HostServer._ports.pop(self.owner, None)
+
+    @property
+    def controller_ports(self) -> tuple[int, ...]:
+        """The ports of the server's controller: the :data:`PORTS_A_SERVER` ports from
+        :attr:`port` on, less :attr:`port` (() before a port is picked)."""
+        return tuple(range(self.port + 1, self.port + PORTS_A_SERVER)) if self.port else ()
 
     # -- process ---------------------------------------------------------------------
 
@@ -323,10 +336,11 @@ class HostServer(LoggingConfigurable):
     _port_isolation: str | None = None
 
     def restrict_ports(self) -> None:
-        """Let this server's processes bind, of :attr:`port_range`, only :attr:`port`. Blocks."""
+        """Let this server's processes bind, of :attr:`port_range`, only its own ports
+        (:attr:`port` and :attr:`controller_ports`). Blocks."""
         cgroup = self.port_cgroup
         if cgroup is not None:
-            cgroup.restrict(*self.port_range, self.port)
+            cgroup.restrict(*self.port_range, self.port, self.port + PORTS_A_SERVER - 1)
 
     def _check_runnable(self) -> None:
         """HTTP 500, one line, when the users' accounts cannot run PDL's Python: it is
@@ -465,31 +479,40 @@ class HostServer(LoggingConfigurable):
         return env
 
     def pick_port(self) -> int:
-        """A port of :attr:`port_range` that no server of this hub was given and nothing listens on."""
+        """The server's port: the first of :data:`PORTS_A_SERVER` ports of :attr:`port_range`
+        in a row (one of the range's blocks of that size, from its low end) that no other
+        server of this hub was given and that all bind now. HTTP 503, naming who holds
+        the range, when there is none."""
         low, high = self.port_range
-        given = {port for owner, port in HostServer._ports.items() if owner != self.owner}
-        candidates = [p for p in range(low, high + 1) if p not in given]
-        for port in random.sample(candidates, min(len(candidates), 200)):
-            if _can_bind(self.ip or "127.0.0.1", port):
-                HostServer._ports[self.owner] = port
-                return port
-        message = f"no free port for the server in port_range {low}-{high}: {self._port_holders(given)}"
+        given = {port + i for owner, port in HostServer._ports.items() if owner != self.owner
+                 for i in range(PORTS_A_SERVER)}
+        starts = [start for start in range(low, high - PORTS_A_SERVER + 2, PORTS_A_SERVER)
+                  if given.isdisjoint(range(start, start + PORTS_A_SERVER))]
+        for start in random.sample(starts, min(len(starts), 200)):
+            if all(_can_bind(self.ip or "127.0.0.1", port) for port in range(start, start + PORTS_A_SERVER)):
+                HostServer._ports[self.owner] = start
+                return start
+        message = (f"no free ports for the server in port_range {low}-{high} (each server takes "
+                   f"{PORTS_A_SERVER} in a row, its own and its controller's): {self._port_holders(given)}")
         raise web.HTTPError(503, message, reason=message)
 
     def _port_holders(self, given: set[int]) -> str:
         """Who holds the ports of :attr:`port_range`, in a few words: the servers of this
-        hub, and the accounts listening on the rest."""
+        hub (``given``: their ports), the accounts listening on the rest, and how many
+        other sockets are bound there."""
         low, high = self.port_range
         counts: dict[str, int] = {}
         servers = sorted({owner for owner, port in HostServer._ports.items() if port in given})
         if servers:
             counts[f"the servers of {', '.join(servers[:5])}{' and more' if len(servers) > 5 else ''}"] = len(given)
-        for port, account in port_filter.port_holders(low, high).items():
+        holders = port_filter.port_holders(low, high)
+        for port, account in holders.items():
             if port not in given:
                 counts[account] = counts.get(account, 0) + 1
-        held = sum(counts.values())
-        if high - low + 1 > held:
-            counts["other sockets (bound, not listening)"] = high - low + 1 - held
+        bound = sum(1 for port in range(low, high + 1)
+                    if port not in given and port not in holders and not _can_bind(self.ip or "127.0.0.1", port))
+        if bound:
+            counts["other sockets (bound, not listening)"] = bound
         return "; ".join(f"{who} {'hold' if who.startswith(('the servers', 'other')) else 'holds'} {n}"
                          for who, n in sorted(counts.items(), key=lambda item: -item[1]))
 
@@ -503,7 +526,7 @@ class HostServer(LoggingConfigurable):
         """What the user's server is told (:mod:`pdl.contract`): its slots and workers, its
         cluster folder, the idle timeout, the user's limits; a kind adds its own fields to it."""
         return ServerContract(slots=tuple(self.slots), workers=len(self.slots), cluster_dir=str(self.cluster_dir),
-                              **self.told_contract())
+                              controller_ports=self.controller_ports, **self.told_contract())
 
     def get_env(self):
         env = super().get_env()

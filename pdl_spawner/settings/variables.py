@@ -109,8 +109,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PDL_PROXY_API_PORT", "configurable-http-proxy's API, on 127.0.0.1.", values.port, default="8001"),
     Variable("PDL_ADMIN_VIEW_PORT", "The admin view (`pdl-admin` service), on 127.0.0.1 (\"Admin view\").",
              values.port, default="8002"),
-    Variable("PDL_PORT_RANGE", "`LOW-HIGH`, both included: the ports the users' servers get, one each (on Swarm "
-             "their controllers too).", values.port_range, trait="SpawnerCore.port_range"),
+    Variable("PDL_PORT_RANGE", "`LOW-HIGH`, both included: the ports the users' servers get, with their ipyparallel "
+             "controllers' (19 in a row each on one machine and Slurm's login node).", values.port_range, trait="SpawnerCore.port_range"),
     Variable("PDL_KEEP_SERVERS", "`1`: servers keep running across a hub restart; `0`: they stop, and free "
              "their workers, when the hub stops.", values.flag, default="1"),
     Variable("PDL_MAX_REQUEST_BYTES", "The largest request body the hub reads; a larger one is refused with 400.",

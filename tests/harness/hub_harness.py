@@ -600,10 +600,12 @@ def origin_answers(hub: Hub, user: str) -> dict[str, int]:
 def squat_ports(kernel: Kernel, low: int, high: int) -> dict:
     """From ``kernel`` (a hostile user's), try to bind every port of ``low..high`` on
     127.0.0.1, with the open-file limit raised to the hard one, and keep what it got
-    (:func:`release_ports` lets go). Returns ``{"squatted": ports bound, "refused": EPERMs,
-    "outside": the port that binding port 0 got}``."""
+    (:func:`release_ports` lets go). Returns ``{"squatted": the ports bound, "refused":
+    EPERMs, "outside": the port that binding port 0 got, "own": the ports the hub gave the
+    kernel's server (its own, then its controller's: the server contract)}``."""
     out = kernel.execute_ok(f"""
-import errno, json, resource, socket
+import errno, json, os, resource, socket, urllib.parse
+from pdl.contract import ServerContract
 resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
 squatted, refused = [], 0
 for port in range({low}, {high} + 1):
@@ -613,7 +615,9 @@ for port in range({low}, {high} + 1):
     except OSError as e:
         s.close(); refused += e.errno == errno.EPERM
 outside = socket.socket(); outside.bind(("127.0.0.1", 0)); outside_port = outside.getsockname()[1]; outside.close()
-print(json.dumps({{"squatted": len(squatted), "refused": refused, "outside": outside_port}}))
+own = [urllib.parse.urlparse(os.environ["JUPYTERHUB_SERVICE_URL"]).port, *ServerContract.from_env().controller_ports]
+print(json.dumps({{"squatted": [s.getsockname()[1] for s in squatted], "refused": refused, "outside": outside_port,
+                  "own": own}}))
 """, timeout=120)
     return json.loads(out["stdout"].strip().splitlines()[-1])
 

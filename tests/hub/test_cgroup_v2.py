@@ -153,7 +153,7 @@ def test_the_bind_filter_of_the_servers_folder_holds_in_its_leaves(root):
             pytest.fail(problem)
         pytest.skip(problem)
     ann = tree_with_slot(root)
-    port_filter.PortCgroup("pdl-ann", parent=parent).restrict(29921, 29930, 29925)
+    port_filter.PortCgroup("pdl-ann", parent=parent).restrict(29921, 29930, 29925, 29925)
     binds = ("import socket\nfor port in (29922, 29925):\n    s = socket.socket()\n    try:\n"
              "        s.bind(('127.0.0.1', port)); print(port, 'bound')\n"
              "    except OSError as e:\n        print(port, e.strerror)\n    s.close()\n")

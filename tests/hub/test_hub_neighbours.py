@@ -30,7 +30,9 @@ import websocket
 import lab_directory
 from hub_harness import Hub, Kernel, listening_tcp, open_path_to, release_ports, running, runs_as_root, squat_ports
 from lab_hub import LabHub
+from pdl.connection import CONTROLLER_PORTS
 from pdl_spawner.accounts.unix_accounts import account_exists
+from pdl_spawner.host.server import PORTS_A_SERVER
 from waiting import wait_until
 
 pytestmark = [
@@ -560,16 +562,32 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers(hub, ben):
     """The attack (issue 27, 5): ben's kernel bound every free port of port_range (its
     file limit raised to the hard one), and the next user's spawn failed with "503 no
     free port". Guards ``PDLLocalSpawner.restrict_ports`` (port_filter): of the range, a
-    server's processes may bind only their own server's port."""
+    server's processes may bind only their own server's ports. And ``HostServer.pick_port``
+    with ``clusters.start_controller``: the next server's controller listens on exactly
+    the ports the hub gave it, none of which ben could take first (a controller that
+    picked free ports itself lost one now and then to another user's controller, and its
+    engines never became ready)."""
     low, high = hub.port_range
     found = squat_ports(ben, low, high)
     try:
-        # every port but his own server's (in use: EADDRINUSE) is refused; port 0 still works
-        assert found["squatted"] == 0 and found["refused"] == high - low, found
+        # every port but his own server's is refused; port 0 still works
+        assert set(found["squatted"]) <= set(found["own"]) and len(found["own"]) == PORTS_A_SERVER, found
+        assert found["refused"] == high - low + 1 - PORTS_A_SERVER, found
         assert not low <= found["outside"] <= high
         r = hub.spawn("admin", 1)
         assert r.status_code in (201, 202), r.text
         hub.wait_ready("admin")
+        admin = Kernel(hub, "admin")
+        try:
+            admin.execute_ok("%load_ext pdl_magics")
+            assert admin.execute_ok("%%distributed -n 1\nprint(6 * 7)")["stdout"].strip() == "42"
+            given = admin.execute_ok("from pdl.contract import ServerContract\n"
+                                     "print(*ServerContract.from_env().controller_ports)")["stdout"].split()
+        finally:
+            admin.close()
+        controller = [pid for pid, role in hub.processes_of("admin").items() if role == "controller"]
+        assert sorted({port for _, port in listening_tcp(controller)}) == [int(port) for port in given]
+        assert len(given) == CONTROLLER_PORTS and not set(map(int, given)) & set(found["own"])
     finally:
         release_ports(ben)
         hub.api("DELETE", "/users/admin/server")

@@ -180,21 +180,29 @@ def test_local_spawner_refuses_an_image_before_reserving_or_starting(tmp_path):
     assert SlotLedger(db).holdings() == [] and spawner.pid == 0 and spawner.slots == []
 
 
-def test_local_spawner_gives_each_server_a_port_nothing_else_holds(tmp_path):
+def test_local_spawner_gives_each_server_ports_in_a_row_that_nothing_else_holds(tmp_path):
+    """Guards ``HostServer.pick_port``: a block of PORTS_A_SERVER ports, the server's and its
+    controller's (told in the contract), none given to another server or bound by anything
+    else; the block goes back with the workers."""
     import socket
 
+    from pdl.contract import ServerContract
+    from pdl_spawner.host.server import PORTS_A_SERVER
     from pdl_spawner.local.spawner import PDLLocalSpawner
 
-    low = 29871
+    low, block = 29600, PORTS_A_SERVER
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(tmp_path / "r.sqlite"),
-                              port_range=(low, low + 2))
-    PDLLocalSpawner._ports["bob"] = low + 1  # given to bob's server, which may not listen yet
+                              port_range=(low, low + 3 * block + 2), system_users=False)
+    PDLLocalSpawner._ports["bob"] = low + block  # given to bob's server, which may not listen yet
     try:
         with socket.socket() as busy:
-            busy.bind(("127.0.0.1", low))  # something else listens here
-            assert spawner.pick_port() == low + 2
+            busy.bind(("127.0.0.1", low + 5))  # something else holds a port of the first block
+            spawner.port = spawner.pick_port()
+        assert spawner.port == low + 2 * block
+        told = ServerContract.from_env(spawner.server_contract().env())
+        assert told.controller_ports == tuple(range(low + 2 * block + 1, low + 3 * block))
         asyncio.run(spawner.workers.release())
-        assert PDLLocalSpawner._ports == {"bob": low + 1}
+        assert PDLLocalSpawner._ports == {"bob": low + block}
     finally:
         PDLLocalSpawner._ports.clear()
     with pytest.raises(Exception, match="port_range must be"):
@@ -452,30 +460,35 @@ def test_pdl_runs_users_only_as_accounts_its_own_hub_made(tmp_path):
     assert not any(p.pw_name in (lab_member, ours) for p in pwd.getpwall())
 
 
-def test_a_spawn_without_a_free_port_says_who_holds_the_ports(tmp_path):
-    """Issue 27 (5): "503 no free port" named nobody. It names the servers of this hub and
-    the accounts that listen on the rest of port_range."""
+def test_a_spawn_without_free_ports_says_who_holds_them(tmp_path):
+    """Issue 27 (5): "503 no free port" named nobody. It names the servers of this hub, the
+    accounts that listen on the rest of port_range and the sockets bound there."""
     import pwd
     import socket
 
+    from pdl_spawner.host.server import PORTS_A_SERVER
     from pdl_spawner.local.spawner import PDLLocalSpawner
 
-    low = 29881
+    low, block = 29700, PORTS_A_SERVER
+    high = low + 2 * block - 1
     spawner = PDLLocalSpawner(user=_fake_user("alice"), pool=POOL, reservations_db=str(tmp_path / "r.sqlite"),
-                              port_range=(low, low + 1))
+                              port_range=(low, high))
     PDLLocalSpawner._ports["bob"] = low  # given to bob's server
     try:
-        with socket.socket() as busy:
-            busy.bind(("127.0.0.1", low + 1))
-            busy.listen()
+        with socket.socket() as listening, socket.socket() as bound:
+            listening.bind(("127.0.0.1", high))
+            listening.listen()
+            bound.bind(("127.0.0.1", high - 1))
             with pytest.raises(web.HTTPError) as refused:
                 spawner.pick_port()
     finally:
         PDLLocalSpawner._ports.clear()
     me = pwd.getpwuid(os.geteuid()).pw_name
     assert refused.value.status_code == 503
-    assert refused.value.reason == (f"no free port for the server in port_range {low}-{low + 1}: "
-                                    f"the servers of bob hold 1; {me} holds 1")
+    assert refused.value.reason == (
+        f"no free ports for the server in port_range {low}-{high} (each server takes {block} in a row, "
+        f"its own and its controller's): the servers of bob hold {block}; {me} holds 1; "
+        "other sockets (bound, not listening) hold 1")
 
 
 def test_a_mig_slot_opens_its_gpus_node_and_its_own_instances_capability_nodes(tmp_path):

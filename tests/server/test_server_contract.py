@@ -39,6 +39,7 @@ def test_a_swarm_servers_contract_is_exactly_these_variables():
     ServerContract(slots=("cpu:1",), session_warn_s=600, session_limit_s=28800, session_ends_at=1_800_000_000.25,
                    session_extendable=True),
     ServerContract(kind="slurm", workers=2, job=42, gpu_type="a100"),
+    ServerContract(slots=("cpu:0",), controller_ports=tuple(range(20001, 20019))),
     ServerContract(slots=("mig:1",), nvidia_smi="/opt/nvidia/bin/nvidia-smi", pool=("gpu:1", "mig:0", "mig:1")),
 ])
 def test_what_the_builder_writes_the_parser_reads_back(contract):
@@ -56,6 +57,8 @@ def test_the_default_cluster_folder():
     ({"PDL_ENGINE_IDLE_TIMEOUT": "inf"}, ["PDL_ENGINE_IDLE_TIMEOUT='inf'", ">= 0"]),
     ({"PDL_ENGINE_IDLE_TIMEOUT": "nan"}, ["PDL_ENGINE_IDLE_TIMEOUT='nan'", ">= 0"]),
     ({"PDL_SLOTS": "gpu:0,tpu:1"}, ["tpu:1"]),
+    ({"PDL_CONTROLLER_PORTS": "20001,70000"}, ["PDL_CONTROLLER_PORTS='20001,70000'", "ports 1-65535"]),
+    ({"PDL_CONTROLLER_PORTS": "20001-20018"}, ["PDL_CONTROLLER_PORTS='20001-20018'", "separated by commas"]),
 ])
 def test_a_malformed_value_is_one_line_naming_the_variable(env, words):
     with pytest.raises(ValueError) as info:
