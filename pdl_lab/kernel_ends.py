@@ -14,6 +14,13 @@ Jupyter restarts a kernel that died and the notebook says only that it died. Two
 - **In the kernel** (:func:`load_ipython_extension`, which every kernel loads through
   PDL's ``etc/ipython/ipython_kernel_config.py``): the line, taken from that file (which
   is removed), is printed on stderr before the first cell runs, once.
+
+The same restart callback marks the kernel Jupyter starts in place as ``starting``.
+jupyter_server keeps the state the dead kernel had, ``busy`` when it died in a cell
+(jupyter_server issue 1395): the kernels API then says busy forever, and a client that
+connects skips the server's check that the new kernel answers and that its output
+reaches the connection, so the first cell's output could be lost. From ``starting``,
+the server's own activity watch makes it ``idle`` at the new kernel's first status.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ def watch(serverapp) -> None:
             kernel = kernels.get_kernel(kernel_id)
         except KeyError:
             return
+        kernel.execution_state = "starting"
         process = getattr(kernel.provisioner, "process", None)
         before, kills[kernel_id] = kills.get(kernel_id), memory_limit.oom_kills()
         line = ended_line(getattr(process, "returncode", None), before, kills[kernel_id])

@@ -753,6 +753,19 @@ class Kernel:
         """Close the websocket only: the kernel goes on (as when a browser tab closes)."""
         self.ws.close()
 
+    def reattach(self) -> None:
+        """Open a new websocket in place of this one, as a browser tab loaded again does.
+        The server reads its first message once it has found the kernel answering and its
+        output reaching the connection (jupyter_server's check, which it skips for a
+        kernel it takes for busy)."""
+        self._connect()
+
+    def state(self) -> str:
+        """The kernel's execution state as the server's kernels API tells it."""
+        r = requests.get(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30)
+        r.raise_for_status()
+        return r.json()["execution_state"]
+
     def close(self) -> None:
         try:
             self.ws.close()
