@@ -16,6 +16,7 @@ Any problem stops the hub with one line (SystemExit) naming what is valid.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,6 +38,7 @@ def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], Non
     is the config loader's, ``repo`` the folder of ``jupyterhub_config.py`` (its
     notebooks and the proxy scripts/setup installs). Returns the hub's kind."""
     os.umask(0o077)  # the hub's files (database, secrets, pid files) are its own from creation
+    _stoppable_children()
     registered = kinds()
     try:
         kind = kind_named(environ.get("PDL_SPAWNER", "local").strip(), registered)
@@ -56,7 +58,17 @@ def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], Non
     if problem:
         raise SystemExit(problem)
     _admin_view(c, kind, found["PDL_ADMIN_VIEW_PORT"])
+    _metrics(c, kind, found["PDL_PROMETHEUS_TOKEN_FILE"])
     return kind
+
+
+def _stoppable_children() -> None:
+    """A hub started with SIGINT ignored (in the background of a script, ``bash
+    scripts/serve &``) would pass that on to the proxy and services it starts before its
+    own handler is in place: its SIGINT then waited for each service in turn (JupyterHub's
+    ``interrupt_timeout``, 30 s), a minute for two. Its children start with SIGINT's default."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _set_traits(c, found: Mapping[str, Any], kind: ClusterKind) -> None:
@@ -280,6 +292,20 @@ def _local_config(c, path: str, named: bool, load_subconfig: Callable[[str], Non
     elif named:
         raise SystemExit(f"PDL_LOCAL_CONFIG names {path}, which does not exist: name the admin's config "
                          "file (c.* settings), or unset it for the default /etc/pdl/hub_config.py (loaded when present)")
+
+
+def _metrics(c, kind: ClusterKind, token_file: str | None) -> None:
+    """PDL's series on ``/hub/metrics`` (:mod:`pdl_spawner.hub.metrics`), read with the
+    admin view's reader of the kind; with ``token_file``, a ``prometheus`` service whose
+    token is that file's, allowed to read the metrics and nothing else."""
+    from pdl_spawner.admin.view import reader
+    from pdl_spawner.hub import metrics
+
+    metrics.register(metrics.PDLMetrics(reader({"kind": kind.name, **kind.admin_settings(c)}), kind.name, config=c))
+    if token_file:
+        token = _private_secret(token_file, "PDL_PROMETHEUS_TOKEN_FILE")
+        c.JupyterHub.services.append({"name": "prometheus", "api_token": token})
+        c.JupyterHub.load_roles.append({"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]})
 
 
 def _admin_view(c, kind: ClusterKind, port: int) -> None:

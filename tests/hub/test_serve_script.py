@@ -1,17 +1,29 @@
 """``bash scripts/serve``, the README's first command, tells the admin how to log in the
 way the hub's login works: PDL's own password and sign-up links for PDL_AUTH=native,
-and no PDL password (none is made) for the lab's own logins."""
+and no PDL password (none is made) for the lab's own logins; and its Ctrl-C stops
+everything it started in seconds."""
 
 from __future__ import annotations
 
 import os
+import pwd
+import secrets
 import signal
 import subprocess
 import time
+from pathlib import Path
 
+import psutil
 import pytest
+import requests
 
-from hub_harness import REPO, free_port
+from hub_harness import (
+    REPO, free_port, open_path_to, pids_of_uid, remove_account, server_ports, user_processes,
+)
+from pdl.process import pid_alive
+from pdl_spawner.accounts.unix_accounts import account_exists
+from pdl_spawner.core.reservations import SlotLedger
+from waiting import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
                                 reason="several users and the lab's accounts need a hub run as root")
@@ -59,3 +71,94 @@ def test_pdls_own_login_is_announced_with_the_admins_password_and_the_sign_up_li
     assert f"Log in as:  ann\n  Password:   {password}" in said, said
     assert "Sign-up link for ben" in said, said
     assert "open notebooks/cinic10_distributed.ipynb (it is in your home as well)" in said, said
+
+
+#: The most seconds Ctrl-C may take to stop the hub, its proxy and services, and every
+#: server it started with their engines (issue 48).
+STOP_S = 10.0
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("started", ["in a terminal", "in the background"])
+def test_ctrl_c_stops_the_hub_and_a_server_with_2_workers_within_10_s(tmp_path, started):
+    """Ctrl-C in ``scripts/serve``'s terminal (SIGINT to its process group), while ann's
+    server runs with 2 workers: within :data:`STOP_S` no process of the hub, its proxy, its
+    services or ann's server and engines is left, and her workers are free. The same for
+    SIGINT to a hub started in the background of a script (``bash scripts/serve &``), which
+    starts with SIGINT ignored: its services must not inherit that."""
+    token, prefix = secrets.token_hex(16), f"t{secrets.token_hex(2)}-"
+    local_config = tmp_path / "hub_config.py"
+    local_config.touch(mode=0o600)
+    local_config.write_text(f"""
+c.JupyterHub.services.append({{"name": "tests", "api_token": {token!r}}})
+c.JupyterHub.load_roles.append({{"name": "tests", "scopes": ["admin:servers", "read:users"], "services": ["tests"]}})
+c.HostServer.account_prefix = {prefix!r}
+c.HostServer.homes_root = {str(tmp_path / 'homes')!r}
+""")
+    (tmp_path / "homes").mkdir()
+    open_path_to(tmp_path / "homes")
+    ports = {name: str(free_port()) for name in ("PDL_HUB_PORT", "PDL_HUB_INTERNAL_PORT", "PDL_PROXY_API_PORT",
+                                                 "PDL_ADMIN_VIEW_PORT")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PDL_")}
+    env = {**clean, **ports, "PDL_STATE_DIR": str(tmp_path / "state"), "PDL_USERS": "ann",
+           "PDL_POOL": "cpu:0,cpu:1", "PDL_PORT_RANGE": "{}-{}".format(*server_ports()),
+           "PDL_LOCAL_CONFIG": str(local_config)}
+    log = tmp_path / "serve.log"
+    api = f"http://127.0.0.1:{ports['PDL_HUB_PORT']}/hub/api"
+    headers = {"Authorization": f"token {token}"}
+    with open(log, "wb") as out:
+        serve = subprocess.Popen(["bash", "scripts/serve"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True,
+                                 preexec_fn=_ignore_sigint if started == "in the background" else None)
+    account = f"{prefix}ann"
+    try:
+        wait_until(lambda: "Ctrl-C stops the hub" in log.read_text() or serve.poll() is not None, 120,
+                   what="the hub to start")
+        assert serve.poll() is None, log.read_text()[-3000:]
+
+        def answers() -> bool:
+            assert serve.poll() is None, log.read_text()[-3000:]
+            try:
+                return requests.get(f"{api}/", timeout=5).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        wait_until(answers, 120, what="the hub's API")
+        r = requests.post(f"{api}/users/ann/server", json={"workers": 2}, headers=headers, timeout=60)
+        assert r.status_code in (201, 202), r.text
+
+        def ready() -> bool:
+            servers = requests.get(f"{api}/users/ann", headers=headers, timeout=30).json().get("servers", {})
+            return bool(servers.get("", {}).get("ready"))
+
+        wait_until(ready, 120, what="ann's server")
+        home = Path(pwd.getpwnam(account).pw_dir)
+        wait_until(lambda: list(user_processes(home).values()).count("engine") == 2, 120, what="ann's 2 engines")
+        uid = pwd.getpwnam(account).pw_uid
+        hub_side = [serve.pid, *(p.pid for p in psutil.Process(serve.pid).children(recursive=True))]
+        assert len(hub_side) >= 4, "the hub, its proxy, its admin view and ann's server"
+
+        started = time.monotonic()
+        os.killpg(serve.pid, signal.SIGINT)
+        left = []
+
+        def all_gone() -> bool:
+            left[:] = [pid for pid in hub_side if pid_alive(pid)] + pids_of_uid(uid)
+            return serve.poll() is not None and not left
+
+        wait_until(all_gone, 60, what=lambda: f"everything to stop; left: {left}")
+        took = time.monotonic() - started
+        assert took <= STOP_S, f"stopping took {took:.1f} s:\n{log.read_text()[-3000:]}"
+        assert SlotLedger(tmp_path / "state" / "reservations.sqlite").holdings() == []
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+        if account_exists(account):
+            for pid in pids_of_uid(pwd.getpwnam(account).pw_uid):
+                os.kill(pid, signal.SIGKILL)
+            remove_account(account)
+
