@@ -20,6 +20,7 @@ from traitlets import Float, HasTraits, Unicode
 
 from pdl.lease import GpuIdle, encode
 from pdl.limits import duration
+from pdl_spawner.hub import metrics
 from pdl_spawner.core.session_limit import ENFORCE_AFTER_S, RELEASE_WINDOW_S
 
 #: Seconds between two readings of a server's GPU use, by default.
@@ -98,7 +99,9 @@ class GpuIdleWatch(HasTraits):
         if not self.gpu_idle_flag_s or now - self._sampled_at < self.gpu_sample_s:
             return
         self._sampled_at = now
-        self.gpu_tracker.observe(await self.workers.gpu_use(), now)
+        readings = await self.workers.gpu_use()
+        metrics.gpu_use(self.owner_key, readings)
+        self.gpu_tracker.observe(readings, now)
 
     def gpu_clock_times(self) -> list[float]:
         """When (epoch seconds) the watch needs the hub to look again: the next reading,
@@ -147,6 +150,7 @@ class GpuIdleWatch(HasTraits):
         """The GPUs were given back: forget their readings and lift the flag at once, for
         the admin view and the server alike (their containers may take seconds to stop)."""
         self.gpu_tracker.forget()
+        metrics.gpu_use_gone(self.owner_key)
         await self.tell_gpu_idle()
 
     def gpu_release_due(self, now: float | None = None) -> bool:

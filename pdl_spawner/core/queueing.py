@@ -20,6 +20,7 @@ It reads the queue's SQLite file, who and what is free from the spawner's
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -27,6 +28,7 @@ from tornado import web
 from traitlets import HasTraits, Integer, observe
 
 from pdl_spawner.core import form
+from pdl_spawner.hub import metrics
 from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.core.wait_queue import WaitQueue
 
@@ -86,6 +88,7 @@ class QueueingSpawner(HasTraits):
         waiting = await self.waiting_ahead()
         if waiting:
             message = form.queue_first_message(waiting, unit=self.worker_unit, spawning=spawning)
+            metrics.refused("others_waiting")
             raise web.HTTPError(409, message, reason=message)
 
     @observe("user_options")
@@ -107,14 +110,18 @@ class QueueingSpawner(HasTraits):
         queue = self.wait_queue
         await off_loop(queue.join, self.owner_key, self.user.name, n, self.chosen_gpu_type)
         self.log.info("%s waits in the queue for %d %s", self.owner_key, n, self.worker_unit)
+        joined = time.monotonic()
         try:
             while True:
                 position = await off_loop(queue.position, self.owner_key)
                 if position == 1:
                     try:
-                        return await take()
+                        taken = await take()
                     except NotFreeYet:
                         pass
+                    else:
+                        metrics.waited(self.kind_name, time.monotonic() - joined)
+                        return taken
                 usage = await self.workers.usage()
                 self._queue_status = form.queue_message(n, position, usage.free, usage.total, usage.holders,
                                                         show_names=bool(self.user.admin), unit=self.worker_unit)

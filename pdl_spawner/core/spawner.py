@@ -38,6 +38,7 @@ from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
 from pdl_spawner.core.queueing import NotFreeYet, QueueingSpawner
 from pdl_spawner.core.session_limit import SessionLimit
+from pdl_spawner.hub import metrics
 from pdl_spawner.core.usage import NotEnoughWorkers, WorkerUsage
 from pdl_spawner.core.worker_source import WorkerSource
 from pdl_spawner.settings.values import port_range_problem
@@ -199,8 +200,14 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
         try:
             form.check_workers(n, maximum=self.workers_limit)
         except ValueError as e:
+            metrics.refused(self._refusal_of(n))
             raise web.HTTPError(400, str(e), reason=str(e)) from None
         return n
+
+    def _refusal_of(self, n) -> str:
+        """The metrics' reason for refusing a count ``n``: above the limit, or no valid count."""
+        above = isinstance(n, int) and not isinstance(n, bool) and n > self.workers_limit
+        return "over_limit" if above else "bad_request"
 
     def requested_workers(self) -> int:
         """``workers`` from the user options (``default_workers`` when absent), or
@@ -210,6 +217,7 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
             return form.requested_workers(self.user_options, default=self.workers_default,
                                           maximum=self.workers_limit, more=self.more_user_options())
         except ValueError as e:
+            metrics.refused(self._refusal_of((self.user_options or {}).get("workers")))
             raise web.HTTPError(400, str(e), reason=str(e)) from None
 
     @default("apply_user_options")
@@ -274,6 +282,7 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
         message = form.not_enough_message(wanted, usage.free, usage.total, usage.holders,
                                           show_names=bool(self.user.admin),
                                           unit=f"{kind} {self.worker_unit}" if kind else self.worker_unit)
+        metrics.refused("not_enough_free")
         return web.HTTPError(409, message, reason=message)
 
     def take_lock(self) -> asyncio.Lock:
@@ -344,6 +353,7 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
     def clear_state(self):
         super().clear_state()
         self.stop_session()
+        metrics.gpu_use_gone(self.owner_key)
 
     # -- the engine lease ------------------------------------------------------------------
 
@@ -386,7 +396,9 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
         await self.tell_gpu_idle()
         lease = await self.read_lease()
         if lease is not None and lease.extend is not None:  # the user asks for more time
-            await self.answer_extension(await self.extend_session())
+            answer = await self.extend_session()
+            metrics.extension(granted=not isinstance(answer, Refusal))
+            await self.answer_extension(answer)
         if self.session_over() or self.gpu_release_due():  # whatever the lease says: a release may leave a GPU open
             reason = self.reclaim_reason()
             taken = await self.workers.take_back()

@@ -3,7 +3,8 @@ one line naming the nearest valid one, never ignored.
 
 Checked are the sections of PDL's own classes: those of the hub's kind's spawner (its
 configurable classes; a mixin of it that is not one is named with the class to set
-instead), the logins' (``PDLAuthenticator``, ``lab_logins.LAB_LOGINS``), the core's (``SpawnerCore``,
+instead), the logins' (``PDLAuthenticator``, ``lab_logins.LAB_LOGINS``), the metrics'
+(``PDLMetrics``), the core's (``SpawnerCore``,
 ``HostServer``: refused where the kind has no such part), and any other section whose
 name starts with ``PDL`` but is no class of PDL's. Sections of the other kinds'
 spawners are left alone (one admin file may serve several hubs), as are JupyterHub's
@@ -29,10 +30,11 @@ def _classes(kind) -> tuple[dict[str, type], set[str]]:
     """The kind's settable PDL classes by name, and its PDL mixins that are not settable."""
     from pdl_spawner.accounts.authenticator import PDLAuthenticator
     from pdl_spawner.accounts.lab_logins import LAB_LOGINS
+    from pdl_spawner.hub.metrics import PDLMetrics
 
     spawner = kind.spawner_class()
     classes = [cls for cls in spawner.__mro__ if cls is spawner or cls.__module__.startswith("pdl_spawner")]
-    classes += [PDLAuthenticator, *LAB_LOGINS]
+    classes += [PDLAuthenticator, *LAB_LOGINS, PDLMetrics]
     settable = {cls.__name__: cls for cls in classes if issubclass(cls, Configurable)}
     return settable, {cls.__name__ for cls in classes if cls.__name__ not in settable}
 

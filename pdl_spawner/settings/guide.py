@@ -76,6 +76,7 @@ def settings_sections() -> list[tuple[str, str, dict[str, TraitType]]]:
     from pdl_spawner.accounts.lab_logins import GuardedLogin, PDLLDAPAuthenticator
     from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
+    from pdl_spawner.hub.metrics import PDLMetrics
 
     def gathered(cls: type, elsewhere: tuple[type, ...]) -> dict[str, TraitType]:
         """The settings of ``cls`` and its mixins, but those documented with ``elsewhere``."""
@@ -96,7 +97,8 @@ def settings_sections() -> list[tuple[str, str, dict[str, TraitType]]]:
                 ("GuardedLogin", "the lab's logins, `PDL_AUTH=pam` or `ldap` (every kind; "
                  "`c.PDLPAMAuthenticator` or `c.PDLLDAPAuthenticator` for one of them)", _declared(GuardedLogin)),
                 ("PDLLDAPAuthenticator", "the login with `PDL_AUTH=ldap` (every kind), besides "
-                 "jupyterhub-ldapauthenticator's own settings", _declared(PDLLDAPAuthenticator))]
+                 "jupyterhub-ldapauthenticator's own settings", _declared(PDLLDAPAuthenticator)),
+                ("PDLMetrics", "PDL's series on `/hub/metrics` (every kind)", _declared(PDLMetrics))]
     for name in sorted(registered):
         spawner = registered[name].spawner_class()
         sections.append((spawner.__name__, f"`PDL_SPAWNER={name}`", gathered(spawner, (SpawnerCore, HostServer))))
@@ -128,8 +130,9 @@ def _settable_classes() -> list[type]:
     from pdl_spawner.accounts.lab_logins import LAB_LOGINS
     from pdl_spawner.host.server import HostServer
     from pdl_spawner.core.spawner import SpawnerCore
+    from pdl_spawner.hub.metrics import PDLMetrics
 
-    return [SpawnerCore, HostServer, PDLAuthenticator, *LAB_LOGINS,
+    return [SpawnerCore, HostServer, PDLAuthenticator, *LAB_LOGINS, PDLMetrics,
             *(k.spawner_class() for k in kinds().values())]
 
 

@@ -109,6 +109,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PDL_PROXY_API_PORT", "configurable-http-proxy's API, on 127.0.0.1.", values.port, default="8001"),
     Variable("PDL_ADMIN_VIEW_PORT", "The admin view (`pdl-admin` service), on 127.0.0.1 (\"Admin view\").",
              values.port, default="8002"),
+    Variable("PDL_PROMETHEUS_TOKEN_FILE", "A file holding the token Prometheus scrapes `/hub/metrics` with, "
+             "readable by the hub's user only (mode 0600): the service `prometheus`, whose only scope is "
+             "`read:metrics` (\"Metrics\")."),
     Variable("PDL_PORT_RANGE", "`LOW-HIGH`, both included: the ports the users' servers get, with their ipyparallel "
              "controllers' (19 in a row each on one machine and Slurm's login node).", values.port_range, trait="SpawnerCore.port_range"),
     Variable("PDL_KEEP_SERVERS", "`1`: servers keep running across a hub restart; `0`: they stop, and free "

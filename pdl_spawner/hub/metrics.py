@@ -1,0 +1,211 @@
+"""PDL's series on JupyterHub's ``/hub/metrics``: who holds which workers and for how long.
+
+Every series is in prometheus_client's default registry, the one JupyterHub serves at
+``/hub/metrics`` (to holders of the ``read:metrics`` scope, e.g. the ``prometheus``
+service of ``PDL_PROMETHEUS_TOKEN_FILE``), beside JupyterHub's own. Names follow
+Prometheus' conventions (base units, ``_total`` for counters, ``_ratio`` for 0..1):
+
+================================== ======================================== ===========
+series                             labels                                   type
+================================== ======================================== ===========
+``pdl_workers_held``               user, kind, worker (gpu|cpu), gpu_type   gauge
+``pdl_worker_seconds_total``       user, kind, worker, gpu_type             counter
+``pdl_gpu_idle_seconds_total``     user, kind                               counter
+``pdl_queue_length``               kind                                     gauge
+``pdl_queue_wait_seconds``         kind                                     histogram
+``pdl_gpu_utilization_ratio``      user (``user/name`` for a named          gauge
+                                   server), gpu (its index among the
+                                   server's)
+``pdl_spawn_refusals_total``       reason (:data:`REFUSALS`)                counter
+``pdl_session_extensions_total``   answer (granted|refused)                 counter
+================================== ======================================== ===========
+
+The holdings come from the kind's own status reader, the one the admin view draws
+(:func:`pdl_spawner.admin.view.reader`: the slot ledger on one machine, Swarm's tasks,
+Slurm's jobs), read every :attr:`PDLMetrics.sample_s` seconds on a thread of its own
+(started by the first scrape, so a hub nobody scrapes reads nothing). Between two
+readings each held worker adds the seconds it was held to ``pdl_worker_seconds_total``
+(from when it was taken, where that is later than the last reading); a worker given back
+between two readings is counted up to the last reading. ``pdl_gpu_idle_seconds_total``
+counts, in the same way, the GPUs of a server flagged as held at 0 % use (the hub's GPU
+watch, ``gpu_idle_flag_s``), from when they read 0 %. The events (refusals, waits,
+extensions, GPU readings) are counted where they happen (:func:`refused`,
+:func:`waited`, :func:`extension`, :func:`gpu_use`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from datetime import datetime
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from traitlets import Float
+from traitlets.config import LoggingConfigurable
+
+#: The reasons of ``pdl_spawn_refusals_total``: not enough workers free; others wait in
+#: the queue before it; a count outside the user's limit; an option that is not valid.
+REFUSALS = ("not_enough_free", "others_waiting", "over_limit", "bad_request")
+
+WORKERS_HELD = Gauge("pdl_workers_held", "Workers (a GPU, or a CPU slot) each user holds now.",
+                     ["user", "kind", "worker", "gpu_type"])
+WORKER_SECONDS = Counter("pdl_worker_seconds", "Seconds workers were held, per user (GPU-seconds for worker=gpu).",
+                         ["user", "kind", "worker", "gpu_type"])
+GPU_IDLE_SECONDS = Counter("pdl_gpu_idle_seconds", "GPU-seconds held at 0 % use (servers the hub flagged as "
+                           "holding GPUs idle), per user.", ["user", "kind"])
+QUEUE_LENGTH = Gauge("pdl_queue_length", "Spawns waiting in the queue for workers.", ["kind"])
+QUEUE_WAIT = Histogram("pdl_queue_wait_seconds", "Seconds a spawn waited in PDL's queue before it got its workers.",
+                       ["kind"], buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600))
+GPU_UTILIZATION = Gauge("pdl_gpu_utilization_ratio", "Each held GPU's use at the hub's last reading (0..1).",
+                        ["user", "gpu"])
+SPAWN_REFUSALS = Counter("pdl_spawn_refusals", "Requests for workers refused, by reason.", ["reason"])
+SESSION_EXTENSIONS = Counter("pdl_session_extensions", "Users' wishes for more time, by the hub's answer.",
+                             ["answer"])
+
+log = logging.getLogger("pdl.metrics")
+
+
+def refused(reason: str) -> None:
+    """Count a refused request for workers; ``reason`` one of :data:`REFUSALS`."""
+    SPAWN_REFUSALS.labels(reason=reason).inc()
+
+
+def waited(kind: str, seconds: float) -> None:
+    """Count a spawn that got its workers after ``seconds`` in the queue."""
+    QUEUE_WAIT.labels(kind=kind).observe(max(0.0, seconds))
+
+
+def extension(granted: bool) -> None:
+    """Count the hub's answer to a wish for more time."""
+    SESSION_EXTENSIONS.labels(answer="granted" if granted else "refused").inc()
+
+
+#: How many GPUs :func:`gpu_use` last reported per server (its owner key).
+_gpus_reported: dict[str, int] = {}
+
+
+def gpu_use(owner: str, readings: list[float] | None) -> None:
+    """The hub's reading of the GPUs of ``owner``'s server (``user`` or ``user/name``;
+    percent, one per GPU; None: not read, which leaves the last reading)."""
+    if readings is None:
+        return
+    gpu_use_gone(owner)
+    for index, percent in enumerate(readings):
+        GPU_UTILIZATION.labels(user=owner, gpu=str(index)).set(percent / 100.0)
+    _gpus_reported[owner] = len(readings)
+
+
+def gpu_use_gone(owner: str) -> None:
+    """``owner``'s server holds the GPUs :func:`gpu_use` reported no longer: their series go."""
+    for index in range(_gpus_reported.pop(owner, 0)):
+        try:
+            GPU_UTILIZATION.remove(owner, str(index))
+        except KeyError:
+            pass
+
+
+def worker_of(slot: str) -> str:
+    """``"cpu"`` for a CPU slot (``cpu:N``), else ``"gpu"`` (a GPU, a MIG slice, a GPU id)."""
+    return "cpu" if slot.startswith("cpu") else "gpu"
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+class PDLMetrics(LoggingConfigurable):
+    """Reads the kind's status every :attr:`sample_s` seconds and turns it into the
+    holding series (see the module's doc). ``reader`` returns the status model
+    (blocking); ``kind`` is the hub's kind's name."""
+
+    sample_s = Float(
+        15.0, config=True,
+        help="Seconds between two readings of who holds which workers, for /hub/metrics (a scrape starts them).",
+    )
+
+    def __init__(self, reader: Callable[[], dict], kind: str, **kwargs):
+        super().__init__(**kwargs)
+        self.reader, self.kind = reader, kind
+        self._last: float | None = None
+        self._held: set[tuple[str, str, str]] = set()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def sample(self, now: float | None = None) -> None:
+        """One reading: the gauges set, the counters advanced by the time since the last."""
+        status = self.reader()
+        now = time.time() if now is None else now
+        last = self._last if self._last is not None else now
+        rows = [r for r in status.get("reservations", []) if r.get("pdl", True) and r.get("user")
+                and not str(r.get("slot", "")).startswith("(")]
+        held: Tally = Tally()
+        gpus_of: Tally = Tally()
+        for row in rows:
+            worker = worker_of(str(row["slot"]))
+            key = (row["user"], worker, row.get("gpu_type", ""))
+            held[key] += 1
+            if worker == "gpu":
+                gpus_of[row["owner"]] += 1
+            since = now - row["held_s"]
+            if now > max(since, last):
+                WORKER_SECONDS.labels(user=key[0], kind=self.kind, worker=worker, gpu_type=key[2]).inc(
+                    now - max(since, last))
+        for row in status.get("gpu_idle", []):
+            since = _epoch(row["since"])
+            if gpus_of[row["owner"]] and now > max(since, last):
+                GPU_IDLE_SECONDS.labels(user=row["user"], kind=self.kind).inc(gpus_of[row["owner"]] * (now - max(since, last)))
+        for user, worker, gpu_type in self._held - set(held):
+            WORKERS_HELD.labels(user=user, kind=self.kind, worker=worker, gpu_type=gpu_type).set(0)
+        for (user, worker, gpu_type), count in held.items():
+            WORKERS_HELD.labels(user=user, kind=self.kind, worker=worker, gpu_type=gpu_type).set(count)
+        self._held |= set(held)
+        QUEUE_LENGTH.labels(kind=self.kind).set(len(status.get("queue", [])))
+        self._last = now
+
+    def start(self) -> None:
+        """Read now and every :attr:`sample_s` seconds after, on a daemon thread (once)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="pdl-usage-sampler", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        failing = False
+        while True:
+            try:
+                self.sample()
+                failing = False
+            except Exception as e:  # a scheduler that does not answer: the next reading tries again
+                if not failing:
+                    log.warning("PDL metrics: cannot read who holds the workers: %s", e)
+                failing = True
+            time.sleep(self.sample_s)
+
+
+class _StartOnScrape:
+    """A collector of nothing that starts the sampler at the first scrape."""
+
+    def __init__(self, sampler: PDLMetrics):
+        self.sampler = sampler
+
+    def describe(self):
+        return []  # registering asks for the names; it must not start the sampler
+
+    def collect(self):
+        self.sampler.start()
+        return []
+
+
+_registered: PDLMetrics | None = None
+
+
+def register(sampler: PDLMetrics) -> None:
+    """Have the first scrape of /hub/metrics start ``sampler`` (once per process)."""
+    global _registered
+    if _registered is None:
+        _registered = sampler
+        REGISTRY.register(_StartOnScrape(sampler))

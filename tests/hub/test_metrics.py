@@ -1,0 +1,107 @@
+"""How the hub's metrics (pdl_spawner/hub/metrics.py) turn the kind's status into series:
+readings of the same status model the admin view draws, in and out."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+from prometheus_client import REGISTRY
+
+from pdl_spawner.admin.frame import gpu_idle_rows, reservation_row
+from pdl_spawner.hub import metrics
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_800_000_000.0
+
+
+def value(name: str, **labels) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+class Status:
+    """A kind's status model as the admin view's readers make it, changed by the test."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+        self.idle: dict[str, float] = {}
+        self.queue: list[dict] = []
+        self.now = T0
+
+    def hold(self, slot: str, owner: str, since: float, gpu_type: str = "", **more) -> None:
+        self.rows.append({**reservation_row(slot, "node1", owner, owner.partition("/")[0], since, self.now),
+                          "gpu_type": gpu_type, "_since": since, **more})
+
+    def __call__(self) -> dict:
+        """The status at :attr:`now`: each row's ``held_s`` from its ``since``."""
+        rows = [{**r, "held_s": max(0, int(self.now - r["_since"]))} for r in self.rows]
+        return {"reservations": rows, "gpu_idle": gpu_idle_rows(self.idle, self.now), "queue": self.queue}
+
+
+@pytest.fixture
+def kind():
+    """A kind name of this test's own, so that its series are its own in the process's registry."""
+    return f"k{secrets.token_hex(3)}"
+
+
+def test_held_workers_add_their_seconds_between_readings_and_go_to_zero_when_given_back(kind):
+    status = Status()
+    sampler = metrics.PDLMetrics(status, kind)
+    status.hold("gpu:0", "ann", T0 - 100, "a100")
+    status.hold("gpu:1", "ann", T0 - 100, "a100")
+    status.hold("cpu:0", "ben", T0 + 5)  # taken after the first reading
+    sampler.sample(now=T0)
+    labels = dict(user="ann", kind=kind, worker="gpu", gpu_type="a100")
+    assert value("pdl_workers_held", **labels) == 2
+    assert value("pdl_worker_seconds_total", **labels) is None  # nothing counted before the first reading
+    status.now = T0 + 10
+    sampler.sample(now=T0 + 10)
+    assert value("pdl_worker_seconds_total", **labels) == pytest.approx(20)  # 2 GPUs x 10 s
+    assert value("pdl_worker_seconds_total", user="ben", kind=kind, worker="cpu", gpu_type="") == pytest.approx(5)
+    status.rows = [r for r in status.rows if r["user"] != "ann"]  # ann gave hers back
+    status.now = T0 + 20
+    sampler.sample(now=T0 + 20)
+    assert value("pdl_workers_held", **labels) == 0
+    assert value("pdl_worker_seconds_total", **labels) == pytest.approx(20)
+    assert value("pdl_worker_seconds_total", user="ben", kind=kind, worker="cpu", gpu_type="") == pytest.approx(15)
+
+
+def test_gpus_flagged_idle_count_from_when_they_read_zero_and_other_jobs_count_nothing(kind):
+    status = Status()
+    sampler = metrics.PDLMetrics(status, kind)
+    status.hold("gpu:0", "ann", T0 - 100)
+    status.hold("gpu:1", "ann", T0 - 100)
+    status.hold("gpu:2", "someone", T0 - 100, pdl=False)  # a Slurm job that is not PDL's
+    status.hold("(pending)", "ben", T0 - 100)  # a Swarm task not placed yet holds nothing
+    sampler.sample(now=T0)
+    status.idle = {"ann": T0 + 4}
+    status.now = T0 + 10
+    sampler.sample(now=T0 + 10)
+    assert value("pdl_gpu_idle_seconds_total", user="ann", kind=kind) == pytest.approx(12)  # 2 GPUs x 6 s
+    assert value("pdl_workers_held", user="someone", kind=kind, worker="gpu", gpu_type="") is None
+    assert value("pdl_workers_held", user="ben", kind=kind, worker="gpu", gpu_type="") is None
+
+
+def test_the_queue_and_the_events_are_counted(kind):
+    status = Status()
+    status.queue = [{"owner": "ann"}, {"owner": "ben"}]
+    metrics.PDLMetrics(status, kind).sample(now=T0)
+    assert value("pdl_queue_length", kind=kind) == 2
+    metrics.waited(kind, 42.0)
+    assert value("pdl_queue_wait_seconds_count", kind=kind) == 1
+    assert value("pdl_queue_wait_seconds_sum", kind=kind) == 42.0
+    before = value("pdl_spawn_refusals_total", reason="over_limit") or 0
+    metrics.refused("over_limit")
+    assert value("pdl_spawn_refusals_total", reason="over_limit") == before + 1
+
+
+def test_a_servers_gpu_readings_go_when_it_gives_its_gpus_back():
+    owner = f"u{secrets.token_hex(3)}"
+    metrics.gpu_use(owner, [37.0, 0.0])
+    assert value("pdl_gpu_utilization_ratio", user=owner, gpu="0") == pytest.approx(0.37)
+    assert value("pdl_gpu_utilization_ratio", user=owner, gpu="1") == 0.0
+    metrics.gpu_use(owner, [50.0])  # one GPU left
+    assert value("pdl_gpu_utilization_ratio", user=owner, gpu="1") is None
+    metrics.gpu_use_gone(owner)
+    assert value("pdl_gpu_utilization_ratio", user=owner, gpu="0") is None
