@@ -22,11 +22,12 @@ series                             labels                                   type
 
 The holdings come from the kind's own status reader, the one the admin view draws
 (:func:`pdl_spawner.admin.view.reader`: the slot ledger on one machine, Swarm's tasks,
-Slurm's jobs), read every :attr:`PDLMetrics.sample_s` seconds on a thread of its own
-(started by the first scrape, so a hub nobody scrapes reads nothing). Between two
-readings each held worker adds the seconds it was held to ``pdl_worker_seconds_total``
-(from when it was taken, where that is later than the last reading); a worker given back
-between two readings is counted up to the last reading. ``pdl_gpu_idle_seconds_total``
+Slurm's jobs), read every :attr:`PDLMetrics.sample_s` seconds on a thread of its own,
+from the hub's start. Between two readings each held worker adds the seconds it was held
+to ``pdl_worker_seconds_total`` and to the hub's usage book
+(:mod:`pdl_spawner.hub.usage_book`, ``pdl-usage``), from when it was taken where that is
+later than the last reading; a worker given back between two readings is counted up to
+the last reading, and nothing is counted while the hub is down. ``pdl_gpu_idle_seconds_total``
 counts, in the same way, the GPUs of a server flagged as held at 0 % use (the hub's GPU
 watch, ``gpu_idle_flag_s``), from when they read 0 %. The events (refusals, waits,
 extensions, GPU readings) are counted where they happen (:func:`refused`,
@@ -45,6 +46,8 @@ from datetime import datetime
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
+
+from pdl_spawner.hub.usage_book import UsageBook
 
 #: The reasons of ``pdl_spawn_refusals_total``: not enough workers free; others wait in
 #: the queue before it; a count outside the user's limit; an option that is not valid.
@@ -126,9 +129,9 @@ class PDLMetrics(LoggingConfigurable):
         help="Seconds between two readings of who holds which workers, for /hub/metrics (a scrape starts them).",
     )
 
-    def __init__(self, reader: Callable[[], dict], kind: str, **kwargs):
+    def __init__(self, reader: Callable[[], dict], kind: str, book: UsageBook | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.reader, self.kind = reader, kind
+        self.reader, self.kind, self.book = reader, kind, book
         self._last: float | None = None
         self._held: set[tuple[str, str, str]] = set()
         self._thread: threading.Thread | None = None
@@ -143,6 +146,7 @@ class PDLMetrics(LoggingConfigurable):
                 and not str(r.get("slot", "")).startswith("(")]
         held: Tally = Tally()
         gpus_of: Tally = Tally()
+        amounts: dict[tuple[str, str, str, str], float] = {}
         for row in rows:
             worker = worker_of(str(row["slot"]))
             key = (row["user"], worker, row.get("gpu_type", ""))
@@ -151,8 +155,10 @@ class PDLMetrics(LoggingConfigurable):
                 gpus_of[row["owner"]] += 1
             since = now - row["held_s"]
             if now > max(since, last):
-                WORKER_SECONDS.labels(user=key[0], kind=self.kind, worker=worker, gpu_type=key[2]).inc(
-                    now - max(since, last))
+                seconds = now - max(since, last)
+                WORKER_SECONDS.labels(user=key[0], kind=self.kind, worker=worker, gpu_type=key[2]).inc(seconds)
+                booked = (key[0], self.kind, worker, key[2])
+                amounts[booked] = amounts.get(booked, 0.0) + seconds
         for row in status.get("gpu_idle", []):
             since = _epoch(row["since"])
             if gpus_of[row["owner"]] and now > max(since, last):
@@ -163,6 +169,8 @@ class PDLMetrics(LoggingConfigurable):
             WORKERS_HELD.labels(user=user, kind=self.kind, worker=worker, gpu_type=gpu_type).set(count)
         self._held |= set(held)
         QUEUE_LENGTH.labels(kind=self.kind).set(len(status.get("queue", [])))
+        if self.book is not None:
+            self.book.add(now, amounts)
         self._last = now
 
     def start(self) -> None:
@@ -187,7 +195,8 @@ class PDLMetrics(LoggingConfigurable):
 
 
 class _StartOnScrape:
-    """A collector of nothing that starts the sampler at the first scrape."""
+    """A collector of nothing that starts the sampler at the first scrape (in a process
+    other than the hub, which starts it itself)."""
 
     def __init__(self, sampler: PDLMetrics):
         self.sampler = sampler
@@ -204,8 +213,13 @@ _registered: PDLMetrics | None = None
 
 
 def register(sampler: PDLMetrics) -> None:
-    """Have the first scrape of /hub/metrics start ``sampler`` (once per process)."""
+    """Start ``sampler`` now in the hub (its configuration loads in the running hub), else
+    at the first scrape of /hub/metrics; once per process."""
+    from jupyterhub.app import JupyterHub
+
     global _registered
     if _registered is None:
         _registered = sampler
         REGISTRY.register(_StartOnScrape(sampler))
+        if JupyterHub.initialized():
+            sampler.start()

@@ -58,7 +58,7 @@ def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], Non
     if problem:
         raise SystemExit(problem)
     _admin_view(c, kind, found["PDL_ADMIN_VIEW_PORT"])
-    _metrics(c, kind, found["PDL_PROMETHEUS_TOKEN_FILE"])
+    _metrics(c, kind, found["PDL_PROMETHEUS_TOKEN_FILE"], state_dir)
     return kind
 
 
@@ -294,14 +294,18 @@ def _local_config(c, path: str, named: bool, load_subconfig: Callable[[str], Non
                          "file (c.* settings), or unset it for the default /etc/pdl/hub_config.py (loaded when present)")
 
 
-def _metrics(c, kind: ClusterKind, token_file: str | None) -> None:
+def _metrics(c, kind: ClusterKind, token_file: str | None, state_dir: Path) -> None:
     """PDL's series on ``/hub/metrics`` (:mod:`pdl_spawner.hub.metrics`), read with the
-    admin view's reader of the kind; with ``token_file``, a ``prometheus`` service whose
-    token is that file's, allowed to read the metrics and nothing else."""
+    admin view's reader of the kind, and the usage book in ``state_dir``
+    (:mod:`pdl_spawner.hub.usage_book`); with ``token_file``, a ``prometheus`` service
+    whose token is that file's, allowed to read the metrics and nothing else."""
     from pdl_spawner.admin.view import reader
-    from pdl_spawner.hub import metrics
+    from pdl_spawner.hub import metrics, usage_book
+    from pdl_spawner.hub.usage_book import UsageBook
 
-    metrics.register(metrics.PDLMetrics(reader({"kind": kind.name, **kind.admin_settings(c)}), kind.name, config=c))
+    book = UsageBook(state_dir / usage_book.FILE_NAME)
+    metrics.register(metrics.PDLMetrics(reader({"kind": kind.name, **kind.admin_settings(c)}), kind.name, book,
+                                        config=c))
     if token_file:
         token = _private_secret(token_file, "PDL_PROMETHEUS_TOKEN_FILE")
         c.JupyterHub.services.append({"name": "prometheus", "api_token": token})

@@ -1,12 +1,20 @@
 """PDL's series on JupyterHub's /hub/metrics, scraped by a real Prometheus (Debian's) with
 the token of ``PDL_PROMETHEUS_TOKEN_FILE``, read back through Prometheus' own query API
-after a refusal, a spawn, a cell on 2 workers and a stop (pdl_spawner/hub/metrics.py)."""
+after a refusal, a spawn, a cell on 2 workers and a stop (pdl_spawner/hub/metrics.py);
+and the same hours in the hub's usage book, as ``pdl-usage`` prints them
+(pdl_spawner/hub/usage_book.py)."""
 
 from __future__ import annotations
 
+import csv
+import datetime
+import io
 import os
 import secrets
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -77,3 +85,12 @@ def test_prometheus_reads_who_held_which_workers_for_how_long(prometheus_and_hub
     # and never beyond the spawn's whole life
     assert 2 * (stopping - seen - 2 * EVERY_S) <= held <= 2 * (gone - spawned), (held, stopping - seen, gone - spawned)
     assert prometheus.value('pdl_queue_length') == 0
+
+    # the hub's usage book has the same seconds, as the admin's pdl-usage prints them
+    since = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)).date().isoformat()
+    printed = subprocess.run([str(Path(sys.executable).parent / "pdl-usage"), "--since", since, "--csv",
+                              "--state-dir", str(hub.state_dir)], capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    rows = list(csv.DictReader(io.StringIO(printed.stdout)))
+    booked = sum(float(r["hours"]) for r in rows if r["user"] == "ann" and r["worker"] == "cpu") * 3600
+    assert booked == pytest.approx(held, abs=1.0), (rows, held)

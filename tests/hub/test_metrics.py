@@ -105,3 +105,39 @@ def test_a_servers_gpu_readings_go_when_it_gives_its_gpus_back():
     assert value("pdl_gpu_utilization_ratio", user=owner, gpu="1") is None
     metrics.gpu_use_gone(owner)
     assert value("pdl_gpu_utilization_ratio", user=owner, gpu="0") is None
+
+
+def test_the_usage_book_adds_each_readings_seconds_to_the_day_and_pdl_usage_prints_them(kind, tmp_path, capsys):
+    from pdl_spawner.hub import usage_book
+
+    book = usage_book.UsageBook(tmp_path / usage_book.FILE_NAME)
+    status = Status()
+    sampler = metrics.PDLMetrics(status, kind, book)
+    day_end = 1_799_971_200.0  # 2027-01-15 00:00 UTC
+    status.now = day_end - 1800
+    status.hold("gpu:0", "ann", day_end - 3600, "a100")
+    sampler.sample(now=day_end - 1800)
+    status.now = day_end - 1
+    sampler.sample(now=day_end - 1)  # 1799 s on the 14th
+    status.now = day_end + 3600
+    sampler.sample(now=day_end + 3600)  # 3601 s, read on the 15th
+    assert book.report("2027-01-14") == [
+        usage_book.Usage("2027-01-14", "ann", kind, "gpu", "a100", 1799.0),
+        usage_book.Usage("2027-01-15", "ann", kind, "gpu", "a100", 3601.0)]
+    assert book.report("2027-01-15", "2027-01-15")[0].hours == pytest.approx(1.0003, abs=1e-4)
+
+    assert usage_book.main(["--since", "2027-01-15", "--csv", "--state-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["day,user,kind,worker,gpu_type,hours",
+                                                    f"2027-01-15,ann,{kind},gpu,a100,1.0003"]
+    assert usage_book.main(["--since", "2027-01-14", "--state-dir", str(tmp_path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 3 and table[1].split() == ["2027-01-14", "ann", kind, "gpu", "a100", "0.50"]
+
+
+def test_pdl_usage_names_what_is_valid_for_a_bad_date(capsys, tmp_path):
+    from pdl_spawner.hub import usage_book
+
+    with pytest.raises(SystemExit) as exited:
+        usage_book.main(["--since", "last week", "--state-dir", str(tmp_path)])
+    assert exited.value.code == 2
+    assert "'last week' is not a date: use YYYY-MM-DD" in capsys.readouterr().err
