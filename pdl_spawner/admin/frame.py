@@ -130,6 +130,20 @@ def table_html(caption: str, headers: list[str], rows: list[list[str]], empty: s
     return f"<h2>{escape(caption)}</h2>\n<table>\n<tr>{head}</tr>\n{body}\n</table>"
 
 
+def usage_section(status: dict) -> str:
+    """The table of worker-hours per person this week and this month (the hub's usage
+    book, :func:`pdl_spawner.hub.usage_book.summary_rows`), where the status has it."""
+    if "usage" not in status:
+        return ""
+    return table_html(
+        "Worker-hours (UTC; pdl-usage prints them by day)",
+        ["User", "GPU h this week", "GPU h this month", "CPU h this week", "CPU h this month"],
+        [[r["user"], f"{r['gpu_week_h']:.2f}", f"{r['gpu_month_h']:.2f}", f"{r['cpu_week_h']:.2f}",
+          f"{r['cpu_month_h']:.2f}"] for r in status["usage"]],
+        "No worker was held this month.",
+    )
+
+
 def gpu_name(node: str, gpu: str) -> str:
     """A GPU of a cluster as the view names it: ``"<node>/<GPU>"``."""
     return f"{node}/{gpu}"
@@ -201,7 +215,7 @@ def render_page(status: dict, page: PageParts) -> str:
     error = ""
     if status.get("error"):
         error = f'\n<p class="error">{escape(page.unreadable)} could not be read: {escape(status["error"])}</p>'
-    sections = page.sections(status)
+    sections = page.sections(status) + "\n" + usage_section(status)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>

@@ -1,4 +1,5 @@
-"""The admin view: who holds which slot or GPU, who waits in the queue, what was reclaimed.
+"""The admin view: who holds which slot or GPU, who waits in the queue, what was reclaimed,
+and the worker-hours of this week and month.
 
 A JupyterHub managed service, ``pdl-admin`` (registered by
 :mod:`pdl_spawner.settings.hub_config`), run by the hub as ``python -m
@@ -16,22 +17,37 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 
 from pdl_spawner.admin.frame import PageParts, serve
 from pdl_spawner.admin.frame import render_page as render_with
+from pdl_spawner.hub.usage_book import UsageBook, summary_rows
 from pdl_spawner.kinds import kind_named, kinds
 
 #: The variable the hub passes the source's settings in (as JSON).
 SOURCE_VARIABLE = "PDL_ADMIN_SOURCE"
+#: The setting naming the hub's usage book (:mod:`pdl_spawner.hub.usage_book`).
+USAGE_SETTING = "usage_db"
 
 
 def source(settings: dict) -> tuple[Callable[[], dict], PageParts]:
     """The reader and page parts of the kind ``settings["kind"]`` names, given the rest
-    of ``settings``; ValueError (one line) for a kind that is not registered."""
+    of ``settings``; ValueError (one line) for a kind that is not registered. With
+    ``settings["usage_db"]`` (the hub's usage book), the status also has ``usage``
+    (:func:`pdl_spawner.hub.usage_book.summary_rows`), which every page shows."""
     settings = dict(settings)
     module = kind_named(settings.pop("kind")).admin_module()
-    return module.reader(settings), module.PAGE
+    usage_db = settings.pop(USAGE_SETTING, None)
+    read = module.reader(settings)
+    if not usage_db:
+        return read, module.PAGE
+
+    def read_with_usage() -> dict:
+        status = read()
+        return {**status, "usage": summary_rows(UsageBook(usage_db), time.time())}
+
+    return read_with_usage, module.PAGE
 
 
 def reader(settings: dict) -> Callable[[], dict]:

@@ -91,6 +91,24 @@ class UsageBook:
         return [Usage(*row) for row in rows]
 
 
+def summary_rows(book: UsageBook, now: float) -> list[dict]:
+    """Per person (by name): ``gpu_week_h``, ``gpu_month_h``, ``cpu_week_h``,
+    ``cpu_month_h``, the worker-hours of this week (from Monday) and this month (from the
+    1st), UTC, at ``now`` (epoch seconds); for the admin view."""
+    today = dt.datetime.fromtimestamp(now, dt.timezone.utc).date()
+    monday = (today - dt.timedelta(days=today.weekday())).isoformat()
+    first = today.replace(day=1).isoformat()
+    people: dict[str, dict] = {}
+    for usage in book.report(min(monday, first), today.isoformat()):
+        row = people.setdefault(usage.user, {"user": usage.user, "gpu_week_h": 0.0, "gpu_month_h": 0.0,
+                                             "cpu_week_h": 0.0, "cpu_month_h": 0.0})
+        if usage.day >= monday:
+            row[f"{usage.worker}_week_h"] += usage.hours
+        if usage.day >= first:
+            row[f"{usage.worker}_month_h"] += usage.hours
+    return [people[name] for name in sorted(people)]
+
+
 def _date(text: str) -> str:
     try:
         return dt.date.fromisoformat(text).isoformat()

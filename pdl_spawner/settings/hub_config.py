@@ -57,7 +57,7 @@ def configure(c, environ: Mapping[str, str], load_subconfig: Callable[[str], Non
     problem = unknown_setting(c, kind) or kind.problem(c) or _lab_login_problem(c)
     if problem:
         raise SystemExit(problem)
-    _admin_view(c, kind, found["PDL_ADMIN_VIEW_PORT"])
+    _admin_view(c, kind, found["PDL_ADMIN_VIEW_PORT"], state_dir)
     _metrics(c, kind, found["PDL_PROMETHEUS_TOKEN_FILE"], state_dir)
     return kind
 
@@ -312,15 +312,17 @@ def _metrics(c, kind: ClusterKind, token_file: str | None, state_dir: Path) -> N
         c.JupyterHub.load_roles.append({"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]})
 
 
-def _admin_view(c, kind: ClusterKind, port: int) -> None:
+def _admin_view(c, kind: ClusterKind, port: int, state_dir: Path) -> None:
     """The admin view (pdl_spawner/admin/view.py): a JupyterHub managed service at
     /services/pdl-admin/ for admins only (scope access:services!service=pdl-admin), on
-    127.0.0.1:``port``, told the kind's source settings from the final config."""
+    127.0.0.1:``port``, told the kind's source settings from the final config and the
+    hub's usage book in ``state_dir``."""
     import json
 
-    from pdl_spawner.admin.view import SOURCE_VARIABLE
+    from pdl_spawner.admin.view import SOURCE_VARIABLE, USAGE_SETTING
+    from pdl_spawner.hub.usage_book import FILE_NAME
 
-    settings = {"kind": kind.name, **kind.admin_settings(c)}
+    settings = {"kind": kind.name, **kind.admin_settings(c), USAGE_SETTING: str(state_dir / FILE_NAME)}
     c.JupyterHub.services.append({
         "name": "pdl-admin",
         "url": f"http://127.0.0.1:{port}",

@@ -2,7 +2,7 @@
 the token of ``PDL_PROMETHEUS_TOKEN_FILE``, read back through Prometheus' own query API
 after a refusal, a spawn, a cell on 2 workers and a stop (pdl_spawner/hub/metrics.py);
 and the same hours in the hub's usage book, as ``pdl-usage`` prints them
-(pdl_spawner/hub/usage_book.py)."""
+(pdl_spawner/hub/usage_book.py) and the admin view shows them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 import requests
 
 import prometheus_server
-from hub_harness import Hub, Kernel, running
+from hub_harness import Hub, Kernel, admin_status, running
 from waiting import wait_until
 
 pytestmark = pytest.mark.hub
@@ -94,3 +94,8 @@ def test_prometheus_reads_who_held_which_workers_for_how_long(prometheus_and_hub
     rows = list(csv.DictReader(io.StringIO(printed.stdout)))
     booked = sum(float(r["hours"]) for r in rows if r["user"] == "ann" and r["worker"] == "cpu") * 3600
     assert booked == pytest.approx(held, abs=1.0), (rows, held)
+    # and the admin view shows them, this week's and this month's (one of them holds all
+    # of them even where the test ran across a Monday's or a 1st's midnight, UTC)
+    [anns] = [r for r in admin_status(hub)["usage"] if r["user"] == "ann"]
+    assert max(anns["cpu_week_h"], anns["cpu_month_h"]) * 3600 == pytest.approx(held, abs=1.0), anns
+    assert anns["gpu_week_h"] == anns["gpu_month_h"] == 0, anns

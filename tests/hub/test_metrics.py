@@ -141,3 +141,23 @@ def test_pdl_usage_names_what_is_valid_for_a_bad_date(capsys, tmp_path):
         usage_book.main(["--since", "last week", "--state-dir", str(tmp_path)])
     assert exited.value.code == 2
     assert "'last week' is not a date: use YYYY-MM-DD" in capsys.readouterr().err
+
+
+def test_the_admin_view_shows_each_persons_hours_of_this_week_and_this_month(tmp_path):
+    from pdl_spawner.admin.frame import usage_section
+    from pdl_spawner.hub import usage_book
+
+    book = usage_book.UsageBook(tmp_path / usage_book.FILE_NAME)
+    day = 86400.0
+    wednesday = 1_799_971_200.0 + 5 * day + 3600  # Wednesday 2027-01-20, 01:00 UTC
+    book.add(wednesday - 3 * day, {("ann", "local", "gpu", "a100"): 7200.0})  # Sunday the 17th: the month only
+    book.add(wednesday - day, {("ann", "local", "gpu", "a100"): 3600.0, ("ben", "local", "cpu", ""): 1800.0})
+    book.add(wednesday - 20 * day, {("ann", "local", "gpu", "a100"): 3600.0})  # December: neither
+    rows = usage_book.summary_rows(book, wednesday)
+    assert rows == [
+        {"user": "ann", "gpu_week_h": 1.0, "gpu_month_h": 3.0, "cpu_week_h": 0.0, "cpu_month_h": 0.0},
+        {"user": "ben", "gpu_week_h": 0.0, "gpu_month_h": 0.0, "cpu_week_h": 0.5, "cpu_month_h": 0.5},
+    ]
+    html = usage_section({"usage": rows})
+    assert "<td>ann</td><td>1.00</td><td>3.00</td><td>0.00</td><td>0.00</td>" in html
+    assert usage_section({}) == ""  # a status without the book shows no table

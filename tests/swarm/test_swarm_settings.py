@@ -44,7 +44,8 @@ def test_the_data_and_docker_variables_reach_the_spawner_and_the_admin_view(tmp_
     got = settings(load_config(tmp_path, **REQUIRED, PDL_DATA_NFS="10.0.0.5:/export/data",
                                DOCKER_HOST="tcp://10.0.0.5:2375", PDL_NODES="gpu1"))
     assert got["admin_view"] == {"kind": "swarm", "state_db": str(tmp_path / "state" / "swarm.sqlite"),
-                                 "docker_host": "tcp://10.0.0.5:2375", "nodes": ["gpu1"], "gpu_resource": None}
+                                 "docker_host": "tcp://10.0.0.5:2375", "nodes": ["gpu1"], "gpu_resource": None,
+                                 "usage_db": str(tmp_path / "state" / "usage.sqlite")}
     assert refusal(load_config(tmp_path, **REQUIRED, PDL_DATA_NFS="a:/b", PDL_DATA_PATH="/srv/data")) == (
         "jupyterhub_config.py: set PDL_DATA_PATH or PDL_DATA_NFS, not both")
 
