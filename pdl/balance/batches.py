@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -173,16 +172,17 @@ class BalancedBatches:
         return True
 
     def warn_batchnorm(self, model: torch.nn.Module | None, plan: Plan) -> None:
-        """Warn once when BatchNorm (not SyncBatchNorm) normalises batches of unequal sizes."""
+        """Say once, in one plain line on rank 0 (its ``log``; no Python warning with a
+        traceback line), when BatchNorm (not SyncBatchNorm) normalises batches of unequal sizes."""
         if self._warned_batchnorm or model is None or len(set(plan.batches)) == 1:
             return
         batchnorm = (torch.nn.modules.batchnorm._BatchNorm,)  # noqa: SLF001 - torch's base of every BatchNorm
         if any(isinstance(m, batchnorm) and not isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()):
             self._warned_batchnorm = True
-            warnings.warn("BatchNorm normalises each rank's batch, and the balanced batches differ in size "
-                          f"({', '.join(map(str, plan.batches))}): convert the model with "
-                          "torch.nn.SyncBatchNorm.convert_sync_batchnorm for statistics over the global batch",
-                          stacklevel=3)
+            if self.log is not None and self.rank == 0:
+                self.log(f"pdl: note: BatchNorm normalises each rank's batch, and the balanced batches differ in "
+                         f"size ({', '.join(map(str, plan.batches))}); "
+                         "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) gives statistics over the global batch")
 
 
 def initial_plan(global_batch: int, fits: list[SpeedFit] | None, limits: list[int | None], *,

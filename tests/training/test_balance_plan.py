@@ -143,3 +143,30 @@ def test_a_rank_that_slows_down_gets_a_smaller_share_once_the_times_are_shared()
     assert lines == ["pdl: the ranks' speeds changed; batches now 20, 19, 9 of 48"]
     batches.comm = _Gathered([[1.0, 20.0], [1.0, 19.0], [1.05, 20.0]])  # within 10%: kept
     assert batches.rebalance(1.0, 20.0) is False and batches.plan.batches == (20, 19, 9)
+
+
+def test_batchnorm_on_unequal_batches_is_one_plain_line_on_rank_0_once_and_no_warning():
+    """Issue 48 (5): the note was a red UserWarning with a traceback line in the cell."""
+    import warnings
+
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    unequal, even = Plan(16, (6, 10), (None, None)), Plan(16, (8, 8), (None, None))
+    said: dict[int, list[str]] = {0: [], 1: []}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        for rank in (0, 1):
+            batches = _batches(32, even, rank, log=said[rank].append)
+            batches.warn_batchnorm(model, even)  # equal batches: nothing to say
+            batches.warn_batchnorm(model, unequal)
+            batches.warn_batchnorm(model, unequal)  # once
+            batches.warn_batchnorm(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), unequal)
+    assert said[1] == []
+    assert said[0] == ["pdl: note: BatchNorm normalises each rank's batch, and the balanced batches differ in size "
+                       "(6, 10); torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) gives statistics over the "
+                       "global batch"]
+    quiet: list[str] = []
+    _batches(32, even, 0, log=quiet.append).warn_batchnorm(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model),
+                                                          unequal)
+    assert quiet == []  # SyncBatchNorm: statistics over the global batch already
