@@ -173,8 +173,10 @@ class BalancedBatches:
 
     def warn_batchnorm(self, model: torch.nn.Module | None, plan: Plan) -> None:
         """Say once, in one plain line on rank 0 (its ``log``; no Python warning with a
-        traceback line), when BatchNorm (not SyncBatchNorm) normalises batches of unequal sizes."""
-        if self._warned_batchnorm or model is None or len(set(plan.batches)) == 1:
+        traceback line), when BatchNorm (not SyncBatchNorm) normalises batches that balancing
+        made unequal: more than one image apart (an even split of a batch the ranks do not
+        divide, such as an epoch's last, differs by one and says nothing)."""
+        if self._warned_batchnorm or model is None or max(plan.batches) - min(plan.batches) <= 1:
             return
         batchnorm = (torch.nn.modules.batchnorm._BatchNorm,)  # noqa: SLF001 - torch's base of every BatchNorm
         if any(isinstance(m, batchnorm) and not isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()):

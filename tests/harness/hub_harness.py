@@ -430,8 +430,12 @@ c.JupyterHub.log_level = "INFO"
         return self.homes_root / self.account(user) if runs_as_root() else self.root / "home" / user
 
     def processes_of(self, user: str) -> dict[int, str]:
-        """``user``'s processes (server, controller, engines, kernels) -> their role."""
+        """``user``'s processes (server, controller, engines, kernels, helpers) -> their role."""
         return user_processes(self.home(user))
+
+    def lasting_processes_of(self, user: str) -> dict[int, str]:
+        """``user``'s processes but helpers (:func:`lasting_processes`) -> their role."""
+        return lasting_processes(self.home(user))
 
     def rss_kib(self) -> int:
         """The hub process's resident memory (VmRSS), in KiB."""
@@ -842,9 +846,13 @@ def process_env(pid: int) -> dict[str, str] | None:
 
 
 def engine_processes(root: Path) -> dict[int, dict[str, str]]:
-    """Engine processes started under ``root`` -> their PDL_*, CUDA_VISIBLE_DEVICES and HOME."""
+    """Engine processes started under ``root`` -> their PDL_*, CUDA_VISIBLE_DEVICES and HOME
+    (not an engine's child between its fork and its exec: see :data:`SINGLE_PROCESS_ROLES`)."""
     result = {}
     for pid in pids_matching(lambda cmd, cwd: "pdl.runtime.boot engine" in cmd and cwd.startswith(str(root))):
+        parent = _parent(pid)
+        if parent is not None and _command_line(parent) == _command_line(pid):
+            continue
         env = process_env(pid)
         if env is not None:
             result[pid] = {k: v for k, v in env.items()
@@ -862,20 +870,58 @@ ROLES = (
 )
 
 
+#: Roles whose process keeps no fork of itself: a child with the same command line is a
+#: helper between its fork and its exec (the server's jupyter-lsp runs ``npm prefix -g``
+#: in the background after the server is up; an engine starts its nanny), so it is
+#: "other". A controller's schedulers are lasting forks of it, and stay "controller".
+SINGLE_PROCESS_ROLES = frozenset({"pdl-singleuser", "server", "engine", "kernel"})
+
+
+def _command_line(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def user_processes(home: Path) -> dict[int, str]:
     """Every process running with ``HOME=home`` (one user's server tree) -> its role
-    (see :data:`ROLES`; ``"other"`` for anything else, e.g. a controller's scheduler)."""
+    (see :data:`ROLES`; ``"other"`` for anything else: a helper such as an engine's
+    nanny, or a child between fork and exec, see :data:`SINGLE_PROCESS_ROLES`). Helpers
+    come and go on their own: compare only the roles of :data:`ROLES` between snapshots."""
     result = {}
     for pid in pids_matching(lambda cmd, cwd: True):
         env = process_env(pid)
-        if env is None or env.get("HOME") != str(home):
+        cmd = _command_line(pid)
+        if env is None or env.get("HOME") != str(home) or cmd is None:
             continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        result[pid] = next((role for mark, role in ROLES if mark in cmd), "other")
+        role = next((role for mark, role in ROLES if mark in cmd), "other")
+        parent = _parent(pid)
+        if role in SINGLE_PROCESS_ROLES and parent is not None and _command_line(parent) == cmd:
+            role = "other"
+        result[pid] = role
     return result
+
+
+def lasting_processes(home: Path) -> dict[int, str]:
+    """:func:`user_processes` without the helpers ("other"): the server, its controller,
+    engines and kernels, which change only when something starts or stops them."""
+    return {pid: role for pid, role in user_processes(home).items() if role != "other"}
+
+
+def uid_of(pid: int) -> int | None:
+    """The uid a process runs as; None once it has exited (a helper may, at any time)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except FileNotFoundError:
+        return None
 
 
 def proc_status(pid: int, field: str) -> str:

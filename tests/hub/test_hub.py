@@ -106,21 +106,15 @@ def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):
 
 
 def wait_for_tree(hub, user: str, engines: int) -> dict[int, str]:
-    """``user``'s processes once their server, controller and ``engines`` engines all run."""
+    """``user``'s lasting processes (no helpers) once their server, controller and
+    ``engines`` engines all run."""
     def tree():
-        procs = hub.processes_of(user)
+        procs = hub.lasting_processes_of(user)
         roles = list(procs.values())
         complete = all(roles.count(r) == 1 for r in ("pdl-singleuser", "server")) and "controller" in roles
         return procs if complete and roles.count("engine") == engines else None
 
     return wait_until(tree, 60, what=f"{user}'s server, controller and {engines} engines")
-
-
-def lasting(procs: dict[int, str]) -> dict[int, str]:
-    """The processes that live as long as the server (its own, the controller's, the
-    engines', kernels'), without short-lived helpers ("other": a child the Jupyter
-    server runs for a moment while it starts, for example)."""
-    return {pid: role for pid, role in procs.items() if role != "other"}
 
 
 def stop_and_count(hub, user: str) -> None:
@@ -180,7 +174,7 @@ def test_hub_restart_keeps_servers_and_reservations(clean, how):
     hub.start()
     hub.wait_ready("erin", timeout=30)
     assert hub.reservations() == held
-    assert lasting(hub.processes_of("erin")) == lasting(erin), "erin's server, controller or engines were restarted"
+    assert hub.lasting_processes_of("erin") == erin, "erin's server, controller or engines were restarted"
     r = hub.spawn("bob", 3)
     assert r.status_code == 409 and "2 of 6 are free" in r.json()["message"]
     # bob gets exactly the two free slots, never one of erin's
@@ -201,4 +195,4 @@ def test_hub_restart_keeps_servers_and_reservations(clean, how):
     wait_until(lambda: "kernel" not in hub.processes_of("erin").values(), 30, what="erin's kernel to exit")
     stop_and_count(hub, "erin")
     assert hub.reservations() == dict.fromkeys(free, "bob")
-    assert lasting(hub.processes_of("bob")) == lasting(bob)
+    assert hub.lasting_processes_of("bob") == bob

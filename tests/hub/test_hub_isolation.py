@@ -39,11 +39,15 @@ def engines_of(hub, user: str) -> dict[int, dict[str, str]]:
 
 
 def start_server(hub, user: str, token: str | None = None) -> None:
-    """Spawn ``user``'s server (as ``token``'s owner) and wait for all its engines."""
+    """Spawn ``user``'s server (as ``token``'s owner) and wait for all its engines,
+    registered with its controller (each engine has started its nanny by then)."""
     r = hub.api("POST", f"/users/{user}/server", token=token, json={"workers": WORKERS[user]})
     assert r.status_code in (201, 202), r.text
     hub.wait_ready(user)
-    wait_until(lambda: len(engines_of(hub, user)) == WORKERS[user], 60, what=f"{user}'s engines")
+    own = token or hub.user_token(user)
+    wait_until(lambda: len(engines_of(hub, user)) == WORKERS[user]
+               and len(hub.server_api(user, "/pdl/api/cluster", token=own)["engines"]) == WORKERS[user], 60,
+               what=f"{user}'s engines")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +92,7 @@ def as_user(token: str, method: str, url: str) -> requests.Response:
 
 def test_a_users_token_is_refused_on_another_users_server_and_api(both, tokens):
     hub = both
-    ben_before = hub.processes_of("ben")
+    ben_before = hub.lasting_processes_of("ben")
     ben_tokens = len(hub.api("GET", "/users/ben/tokens").json()["api_tokens"])
 
     answers = {f"{m} {url}": as_user(tokens["ann"], m, url).status_code for m, url in server_calls(hub, "ben")}
@@ -96,7 +100,7 @@ def test_a_users_token_is_refused_on_another_users_server_and_api(both, tokens):
     assert {call: code for call, code in answers.items() if code not in (403, 404)} == {}, answers
 
     # nothing happened to ben: same processes (no kernel started, no engine restarted), no new token
-    assert hub.processes_of("ben") == ben_before
+    assert hub.lasting_processes_of("ben") == ben_before
     assert len(hub.api("GET", "/users/ben/tokens").json()["api_tokens"]) == ben_tokens
     assert hub.server_ready("ben")
 
@@ -238,7 +242,7 @@ def test_cluster_files_are_private_and_every_process_has_umask_0077(both):
     loose = [problem for p in [home, home / ".pdl", cluster, *files] if (problem := _loose(p))]
     assert loose == [], "\n".join(loose)
 
-    processes = hub.processes_of("ann")
+    processes = hub.lasting_processes_of("ann")
     assert {"pdl-singleuser", "server", "controller", "engine"} <= set(processes.values()), processes
     umasks = {f"{role} {pid}": proc_status(pid, "Umask") for pid, role in processes.items()}
     assert {who: umask for who, umask in umasks.items() if umask != "0077"} == {}

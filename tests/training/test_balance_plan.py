@@ -153,12 +153,14 @@ def test_batchnorm_on_unequal_batches_is_one_plain_line_on_rank_0_once_and_no_wa
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     unequal, even = Plan(16, (6, 10), (None, None)), Plan(16, (8, 8), (None, None))
+    last_step = Plan(15, (8, 7), (None, None))  # an even split of an odd batch: not balancing
     said: dict[int, list[str]] = {0: [], 1: []}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning fails the test
         for rank in (0, 1):
             batches = _batches(32, even, rank, log=said[rank].append)
             batches.warn_batchnorm(model, even)  # equal batches: nothing to say
+            batches.warn_batchnorm(model, last_step)  # one image apart: nothing to say
             batches.warn_batchnorm(model, unequal)
             batches.warn_batchnorm(model, unequal)  # once
             batches.warn_batchnorm(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), unequal)
