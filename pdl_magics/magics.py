@@ -76,7 +76,7 @@ class DistributedMagics(Magics):
         config=True,
         help="""How pdl.balanced_batches (and the CINIC-10 recipe's fit) split each step's
         global batch in a cell without --balance or --no-balance: "auto" (to the ranks'
-        speeds where they differ by over 10 %), "on" (always to their speeds) or "off"
+        speeds where they differ by over 10 % and beyond the machine's noise), "on" (always to their speeds) or "off"
         (evenly: a run then depends on its seed only, not on the machine's load).
         Default: $PDL_BALANCE, else "auto".""",
     )

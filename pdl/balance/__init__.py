@@ -6,6 +6,8 @@ share sized so that all finish together (user API: :func:`balanced_batches`).
 - :mod:`pdl.balance.batches`: each epoch's steps on one rank, micro-batches past its
   memory, the loss weights that keep the gradient the global batch's mean, and
   rebalancing when the measured times drift;
+- :mod:`pdl.balance.pace`: whether the ranks' step times differ beyond the machine's
+  noise (pure, no torch);
 - :mod:`pdl.balance.helper`: :func:`balanced_batches` and the probe of each rank's speed.
 
 Importing this package is cheap (no torch): :func:`balanced_batches` is imported when

@@ -10,11 +10,16 @@ backward passes) but the last. Each micro-batch's mean loss is weighted by
 ``images * world / B`` (:meth:`Part.scaled`), so that the gradient DDP or Horovod
 averages is the mean over the global batch, as on one process.
 
-While training, each rank times its forward passes (from a part's start to
+While training, each rank times the forward passes of its steps (from a part's start to
 :meth:`Part.scaled`: its own compute, no collective in between); every
-``rebalance_every`` steps the ranks share those times and what the plan predicted for
-them, and when the ratios stray more than :data:`~pdl.balance.plan.IMBALANCE` apart, the
-speeds are refitted and the split planned again (the same on every rank).
+``rebalance_every`` steps the ranks share their paces over the steps since the last
+check (:mod:`pdl.balance.pace`: the lower quartile of the step times, and how sure it
+is). When one rank is slower than the fastest by more than
+:data:`~pdl.balance.plan.IMBALANCE` and beyond the noise, in
+:data:`~pdl.balance.pace.CHECKS_IN_A_ROW` checks in a row, the speeds are refitted to
+the measured paces and the split planned again (the same on every rank). Equal ranks
+keep their even split on a busy machine: bursts of other processes, or one that shares
+a rank's core for part of a check, are noise to these checks.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from pdl.balance.pace import CHECKS_IN_A_ROW, MIN_STEPS, Pace, slowest_apart
 from pdl.balance.plan import IMBALANCE, Plan, SpeedFit, even_split, imbalance, plan_split
 from pdl.collectives import Collectives
 
@@ -97,8 +103,11 @@ class BalancedBatches:
         self.rebalance_every = rebalance_every
         self.device = torch.device(device)
         self.log = log
-        self._forward_s = self._predicted_s = 0.0
+        self._forward_s = 0.0  # this step's forward seconds so far
+        self._times: list[float] = []  # forward seconds of each full step since the last check
         self._steps_timed = 0
+        self._suspect: int | None = None  # the rank the last check found slowest, beyond noise
+        self._suspected = 0  # checks in a row that found it
         self._warned_batchnorm = False
         self._plans: dict[int, Plan] = {}
 
@@ -139,32 +148,46 @@ class BalancedBatches:
         self._forward_s += self.clock() - part.started
 
     def step_done(self, step: Step) -> None:
-        """Count a step; every ``rebalance_every`` steps, compare the ranks' forward times
-        with the plan's (a collective: every rank calls it at the same step)."""
-        b, limit = step.plan.batches[self.rank], step.plan.limits[self.rank]
-        fit = self.plan.fits[self.rank] if self.plan.fits else SpeedFit(0.0, 1.0)
-        self._predicted_s += fit.step_s(b, limit)
+        """Count a step (and time it, when it is a full step of the current plan); every
+        ``rebalance_every`` steps, check the ranks' paces over the steps since the last
+        check (a collective: every rank calls it at the same step)."""
+        if step.plan is self.plan:
+            self._times.append(self._forward_s)
+        self._forward_s = 0.0
         self._steps_timed += 1
         if self.rebalance_every and self._steps_timed >= self.rebalance_every:
-            self.rebalance(self._forward_s, self._predicted_s)
-            self._forward_s = self._predicted_s = 0.0
-            self._steps_timed = 0
+            self.rebalance(self._times)
+            self._times, self._steps_timed = [], 0
 
-    def rebalance(self, forward_s: float, predicted_s: float) -> bool:
-        """Share this rank's forward seconds and what the plan predicted for its steps
-        (in the fits' units); plan again (True) when the ranks' ratios of the two stray
-        more than :data:`IMBALANCE` apart."""
-        rows = self.comm.all_gather_floats([forward_s, predicted_s])
-        if any(measured <= 0 or predicted <= 0 for measured, predicted in rows):
-            return False
-        ratios = [measured / predicted for measured, predicted in rows]
-        if max(ratios) / min(ratios) <= 1 + IMBALANCE:
-            return False
+    def rebalance(self, times_s: list[float]) -> bool:
+        """Share this rank's pace over full steps that took ``times_s`` forward seconds
+        each (unknown for fewer than :data:`~pdl.balance.pace.MIN_STEPS`) and its plan's
+        prediction for one; plan again (True) when the ranks' paces have been apart
+        beyond noise (:func:`~pdl.balance.pace.slowest_apart`) with the same rank slowest
+        :data:`~pdl.balance.pace.CHECKS_IN_A_ROW` checks in a row."""
         plan = self.plan
         fits = plan.fits or (SpeedFit(0.0, 1.0),) * plan.world
+        own = Pace.of(times_s) if len(times_s) >= MIN_STEPS else Pace.unknown()
+        predicted = fits[self.rank].step_s(plan.batches[self.rank], plan.limits[self.rank])
+        rows = self.comm.all_gather_floats([*own.as_floats(), predicted])
+        paces = [Pace(*row[:3]) for row in rows]
+        if any(pace.seconds <= 0 or row[3] <= 0 for pace, row in zip(paces, rows)):
+            return False  # too few steps timed: no evidence either way
+        slowest = slowest_apart(paces)
+        if slowest is not None and slowest == self._suspect:
+            self._suspected += 1
+        else:
+            self._suspect, self._suspected = slowest, int(slowest is not None)
+        if self._suspected < CHECKS_IN_A_ROW:
+            return False
+        self._suspect, self._suspected = None, 0
+        ratios = [pace.seconds / row[3] for pace, row in zip(paces, rows)]
         mean = sum(ratios) / len(ratios)
         refitted = tuple(SpeedFit(f.overhead_s * r / mean, f.per_image_s * r / mean) for f, r in zip(fits, ratios))
-        self.plan = plan_split(plan.global_batch, refitted, plan.limits, min_batch=min(2, min(plan.batches)))
+        new = plan_split(plan.global_batch, refitted, plan.limits, min_batch=min(2, min(plan.batches)))
+        if new.batches == plan.batches:
+            return False  # whole images allow no better split
+        self.plan = new
         self._plans.clear()
         if self.log is not None and self.rank == 0:
             self.log(f"pdl: the ranks' speeds changed; batches now {', '.join(map(str, self.plan.batches))} "
@@ -188,16 +211,18 @@ class BalancedBatches:
 
 
 def initial_plan(global_batch: int, fits: list[SpeedFit] | None, limits: list[int | None], *,
-                 mode: str = "auto") -> tuple[Plan, str | None]:
+                 mode: str = "auto", paces: list[Pace] | None = None) -> tuple[Plan, str | None]:
     """The first plan and the line that says so (None when there is nothing to say):
     ``mode`` "on" balances to the fits, "off" splits evenly, "auto" balances when the
-    ranks' times for an even share differ by more than :data:`IMBALANCE`."""
+    ranks' times for an even share differ by more than :data:`IMBALANCE` and, where
+    their ``paces`` at that share are given (the probe's), by more than the noise of
+    those times (:func:`~pdl.balance.pace.slowest_apart`)."""
     world = len(limits)
     even = even_split(global_batch, world, limits)
     if fits is None or mode == "off":
         return even, None
     spread = imbalance(fits, max(1, global_batch // world))
-    if mode == "auto" and spread <= IMBALANCE:
+    if mode == "auto" and (spread <= IMBALANCE or (paces is not None and slowest_apart(paces) is None)):
         return replace(even, fits=tuple(fits)), None
     plan = plan_split(global_batch, fits, limits, min_batch=min(2, global_batch // world))
     return plan, (f"pdl: the slowest rank takes {1 + spread:.1f}x the fastest's time: balancing the batch of "

@@ -153,9 +153,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PDL_PREFLIGHT_SKIP", "Preflight checks every user's engines skip, comma-separated, e.g. `gpu` "
              "(\"Preflight\")."),
     Variable("PDL_BALANCE", "How every user's cells split each step's batch where the cell says neither "
-             "`--balance` nor `--no-balance`: `auto` (to the ranks' speeds where they differ by over 10 %), "
-             "`on`, or `off` (evenly: a run then depends on its seed only, not on the machine's load). A user "
-             "sets it for themselves with `c.DistributedMagics.balance`.", values.one_of(*BALANCE_MODES),
+             "`--balance` nor `--no-balance`: `auto` (to the ranks' speeds where they differ by over 10 % and "
+             "beyond the machine's noise), `on`, or `off` (evenly: a run then depends on its seed only, not on "
+             "the machine's load). A user sets it for themselves with `c.DistributedMagics.balance`.",
+             values.one_of(*BALANCE_MODES),
              shown="`auto`"),
 )
 

@@ -8,18 +8,26 @@ own defaults
 (``Hyper.for_data``): the run must reach 97 % test accuracy within its default
 epochs, and its training loss must never rise above the first epoch's after the
 second (the diverging run this guards against went 3.1, 16.7, 19.7, 11.0, ...).
+
+The 2-worker torch run trains while another process loads the workers' cores (issue
+48): the two equal workers keep an even split all through (balanced batches said it
+re-split five to nine times a run before), and no warning reaches the cell.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from hub_harness import Kernel, hub_fixture
+from hub_harness import Kernel, engine_processes, hub_fixture
 from notebook_run import notebook_cells
 from pdl.slots import cpu_count
 from pdl_cinic10.digits import write_digits
@@ -60,6 +68,24 @@ def hub(tmp_path_factory, digits):
 #: (workers, backend): torch on each worker count; Horovod where it has ranks to average
 #: (on one rank it trains as torch does: its all-reduce is the identity).
 RUNS = [(n, "torch") for n in WORKERS] + [pytest.param(n, "horovod", marks=needs_horovod) for n in WORKERS if n > 1]
+#: The run that trains beside another process that loads its workers' cores.
+LOADED = (2, "torch")
+#: What balanced batches say when they split unevenly (pdl/balance/batches.py).
+UNEVEN = ("balancing the batch", "speeds changed")
+
+
+@contextlib.contextmanager
+def machine_loaded(root: Path):
+    """Another process, busy all the time, on the cores of the engines under ``root``
+    (it moves between them as the kernel's scheduler sees fit, as a neighbour's would)."""
+    cores = set().union(*(os.sched_getaffinity(pid) for pid in engine_processes(root)))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    try:
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 @pytest.mark.timeout(600)
@@ -68,15 +94,18 @@ def test_the_notebook_unchanged_reaches_97_percent_on_real_images(hub, workers, 
     r = hub.spawn("alice", workers)
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("alice")
+    wait_until(lambda: len(engine_processes(hub.root)) == workers, 60, what=f"{workers} engines")
     kernel = Kernel(hub, "alice")
     try:
         # the user's choice of backend, as the notebook reads it: $CINIC10_BACKEND
         assert kernel.execute(f"import os\nos.environ['CINIC10_BACKEND'] = {backend!r}")["error"] is None
-        log = ""
-        for source in notebook_cells():
-            out = kernel.execute(source, timeout=500)
-            assert out["error"] is None, f"cell failed:\n{source}\n{out}"
-            log += out["stdout"]
+        log = warned = ""
+        with machine_loaded(hub.root) if (workers, backend) == LOADED else contextlib.nullcontext():
+            for source in notebook_cells():
+                out = kernel.execute(source, timeout=500)
+                assert out["error"] is None, f"cell failed:\n{source}\n{out}"
+                log += out["stdout"]
+                warned += "".join(line + "\n" for line in out["stderr"].splitlines() if "Warning" in line)
     finally:
         kernel.close()
         hub.api("DELETE", "/users/alice/server")
@@ -92,3 +121,6 @@ def test_the_notebook_unchanged_reaches_97_percent_on_real_images(hub, workers, 
     assert not rose, f"training loss rose above the first epoch's {first_loss} at (epoch, loss) {rose}:\n{log}"
     accuracy = float(re.search(r"test accuracy: ([\d.]+)%", log).group(1))
     assert accuracy >= 97.0, log
+    assert warned == ""
+    if (workers, backend) == LOADED:  # equal workers, a busy machine: even all through
+        assert [line for line in log.splitlines() if any(said in line for said in UNEVEN)] == [], log

@@ -121,8 +121,9 @@ def test_fewer_images_than_ranks_still_give_every_rank_one():
 
 
 class _Gathered:
-    """The ranks' (forward seconds, predicted) as the all-gather would return them: the
-    seam where a drift in speed is injected."""
+    """The ranks' rows as the all-gather would return them (each rank's pace: forward
+    seconds of a step and their interval, then its plan's prediction): the seam where a
+    drift in speed is injected."""
 
     rank, world = 0, 3
 
@@ -133,16 +134,53 @@ class _Gathered:
         return self.rows
 
 
-def test_a_rank_that_slows_down_gets_a_smaller_share_once_the_times_are_shared():
+TIMES = [1.0] * 20  # this rank's own steps; the rows injected are what counts
+
+
+def test_a_rank_that_slows_down_gets_a_smaller_share_after_two_checks_in_a_row():
     lines = []
     batches = _batches(960, even_split(48, 3), 0, log=lines.append)
-    # measured forward seconds for predicted 16 "image units" each: rank 2 now takes twice as long
-    batches.comm = _Gathered([[1.0, 16.0], [1.0, 16.0], [2.0, 16.0]])
-    assert batches.rebalance(1.0, 16.0) is True
+    # forward seconds for predicted 16 "image units" each: rank 2 now takes twice as long
+    batches.comm = _Gathered([[1.0, 0.99, 1.01, 16.0], [1.0, 0.99, 1.01, 16.0], [2.0, 1.99, 2.01, 16.0]])
+    assert batches.rebalance(TIMES) is False and lines == []  # once could be a burst
+    assert batches.rebalance(TIMES) is True
     assert batches.plan.batches == (20, 19, 9)  # 2 : 2 : 1, whole images (a tie with 19, 19, 10)
     assert lines == ["pdl: the ranks' speeds changed; batches now 20, 19, 9 of 48"]
-    batches.comm = _Gathered([[1.0, 20.0], [1.0, 19.0], [1.05, 20.0]])  # within 10%: kept
-    assert batches.rebalance(1.0, 20.0) is False and batches.plan.batches == (20, 19, 9)
+    for _ in range(3):  # balanced now: times within 10%, kept
+        batches.comm = _Gathered([[1.0, 0.99, 1.01, 20.0], [1.0, 0.99, 1.01, 19.0], [1.05, 1.04, 1.06, 20.0]])
+        assert batches.rebalance(TIMES) is False and batches.plan.batches == (20, 19, 9)
+
+
+@pytest.mark.parametrize("rows", [
+    [[1.0, 0.9, 1.15, 16.0], [1.0, 0.9, 1.1, 16.0], [1.2, 1.1, 1.3, 16.0]],  # 20% apart, intervals overlap
+    [[1.0, 1.0, 1.0, 16.0], [1.0, 1.0, 1.0, 16.0], [1.08, 1.08, 1.08, 16.0]],  # beyond noise, within 10%
+    [[1.0, 0.99, 1.01, 16.0], [0.0, 0.0, 0.0, 16.0], [2.0, 1.99, 2.01, 16.0]],  # a rank timed too few steps
+], ids=["noise", "within 10%", "too few steps"])
+def test_the_split_stays_while_the_ranks_are_within_noise_or_10_percent(rows):
+    batches = _batches(960, even_split(48, 3), 0, log=pytest.fail)
+    batches.comm = _Gathered(rows)
+    assert not any(batches.rebalance(TIMES) for _ in range(10))
+    assert batches.plan.batches == (16, 16, 16)
+
+
+def test_a_different_rank_slowest_each_check_is_noise_and_keeps_the_split():
+    batches = _batches(960, even_split(48, 3), 0, log=pytest.fail)
+    slow_rank_2 = [[1.0, 0.99, 1.01, 16.0], [1.0, 0.99, 1.01, 16.0], [1.5, 1.49, 1.51, 16.0]]
+    slow_rank_1 = [[1.0, 0.99, 1.01, 16.0], [1.5, 1.49, 1.51, 16.0], [1.0, 0.99, 1.01, 16.0]]
+    for rows in [slow_rank_2, slow_rank_1] * 5:
+        batches.comm = _Gathered(rows)
+        assert batches.rebalance(TIMES) is False
+    assert batches.plan.batches == (16, 16, 16)
+
+
+def test_a_check_within_noise_resets_the_count():
+    batches = _batches(960, even_split(48, 3), 0, log=pytest.fail)
+    apart = [[1.0, 0.99, 1.01, 16.0], [1.0, 0.99, 1.01, 16.0], [1.5, 1.49, 1.51, 16.0]]
+    within = [[1.0, 0.99, 1.01, 16.0], [1.0, 0.99, 1.01, 16.0], [1.02, 1.01, 1.03, 16.0]]
+    for rows in [apart, within] * 5:
+        batches.comm = _Gathered(rows)
+        assert batches.rebalance(TIMES) is False
+    assert batches.plan.batches == (16, 16, 16)
 
 
 def test_batchnorm_on_unequal_batches_is_one_plain_line_on_rank_0_once_and_no_warning():
