@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from pdl.balance.pace import CHECKS_IN_A_ROW, MIN_STEPS, Pace, slowest_apart
-from pdl.balance.plan import IMBALANCE, Plan, SpeedFit, even_split, imbalance, plan_split
+from pdl.balance.plan import Plan, SpeedFit, even_split, imbalance, plan_split
 from pdl.collectives import Collectives
 
 
@@ -211,19 +211,19 @@ class BalancedBatches:
 
 
 def initial_plan(global_batch: int, fits: list[SpeedFit] | None, limits: list[int | None], *,
-                 mode: str = "auto", paces: list[Pace] | None = None) -> tuple[Plan, str | None]:
+                 mode: str = "auto") -> tuple[Plan, str | None]:
     """The first plan and the line that says so (None when there is nothing to say):
-    ``mode`` "on" balances to the fits, "off" splits evenly, "auto" balances when the
-    ranks' times for an even share differ by more than :data:`IMBALANCE` and, where
-    their ``paces`` at that share are given (the probe's), by more than the noise of
-    those times (:func:`~pdl.balance.pace.slowest_apart`)."""
+    ``mode`` "on" balances to the fits (the probe's), "off" and "auto" split evenly.
+    "auto" then follows the ranks' paces while training (:meth:`BalancedBatches.rebalance`,
+    over checks of many steps): a probe of a second cannot tell a slower GPU from
+    another process that shared a rank's core for that second."""
     world = len(limits)
     even = even_split(global_batch, world, limits)
     if fits is None or mode == "off":
         return even, None
-    spread = imbalance(fits, max(1, global_batch // world))
-    if mode == "auto" and (spread <= IMBALANCE or (paces is not None and slowest_apart(paces) is None)):
+    if mode == "auto":
         return replace(even, fits=tuple(fits)), None
+    spread = imbalance(fits, max(1, global_batch // world))
     plan = plan_split(global_batch, fits, limits, min_batch=min(2, global_batch // world))
     return plan, (f"pdl: the slowest rank takes {1 + spread:.1f}x the fastest's time: balancing the batch of "
                   f"{global_batch} as {', '.join(map(str, plan.batches))}")

@@ -11,7 +11,6 @@ from collections.abc import Callable
 import torch
 
 from pdl.balance.batches import BalancedBatches, initial_plan
-from pdl.balance.pace import MIN_STEPS, Pace
 from pdl.balance.plan import MODES, SpeedFit, current_mode, fit_speed
 from pdl.collectives import Collectives, for_backend
 
@@ -37,15 +36,14 @@ def balanced_batches(n_images: int, global_batch: int, *, probe: Callable[[int],
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     comm = backend if isinstance(backend, Collectives) else for_backend(backend)
     device = torch.device(device)
-    fits, paces, limits = None, None, [memory_limit] * comm.world
+    fits, limits = None, [memory_limit] * comm.world
     if probe is not None and mode != "off" and comm.world > 1:
-        fit, limit, pace = measure(probe, global_batch // comm.world, device)
+        fit, limit = measure(probe, global_batch // comm.world, device)
         limit = memory_limit or limit
-        rows = comm.all_gather_floats([fit.overhead_s, fit.per_image_s, float(limit or 0), *pace.as_floats()])
-        fits = [SpeedFit(overhead, per_image) for overhead, per_image, *_ in rows]
-        limits = [int(lim) or None for _, _, lim, *_ in rows]
-        paces = [Pace(*row[3:]) for row in rows]
-    plan, line = initial_plan(global_batch, fits, limits, mode=mode, paces=paces)
+        rows = comm.all_gather_floats([fit.overhead_s, fit.per_image_s, float(limit or 0)])
+        fits = [SpeedFit(overhead, per_image) for overhead, per_image, _ in rows]
+        limits = [int(lim) or None for _, _, lim in rows]
+    plan, line = initial_plan(global_batch, fits, limits, mode=mode)
     if line and log is not None and comm.rank == 0:
         log(line)
     return BalancedBatches(n_images, plan, rank=comm.rank, seed=seed, comm=comm,
@@ -53,42 +51,38 @@ def balanced_batches(n_images: int, global_batch: int, *, probe: Callable[[int],
                            device=device, log=log)
 
 
-#: Timed calls of the probe at each of its two sizes (at least), after one untimed warm-up
-#: call: enough for a pace (:data:`~pdl.balance.pace.MIN_STEPS`).
-PROBE_REPEATS = MIN_STEPS
+#: Timed calls of the probe at each of its two sizes (at least), after one untimed warm-up call.
+PROBE_REPEATS = 3
 #: Seconds of timed calls at each size (at least): a rank under a CPU quota (a cgroup, a
 #: container's ``--cpus``) runs short bursts at full speed, and only a window of many
 #: quota periods shows the pace it keeps.
 PROBE_MIN_S = 0.3
 
 
-def measure(probe: Callable[[int], object], share: int,
-            device: torch.device) -> tuple[SpeedFit, int | None, Pace]:
+def measure(probe: Callable[[int], object], share: int, device: torch.device) -> tuple[SpeedFit, int | None]:
     """This rank's speed, fitted from the mean time of a call of ``probe`` at a quarter of
     and at its even ``share`` (each timed over :data:`PROBE_REPEATS` calls and
-    :data:`PROBE_MIN_S` seconds at least); on a GPU, the most images one pass fits in
-    90% of the memory it may use (None elsewhere); and its pace at the even share
-    (:class:`~pdl.balance.pace.Pace` of the calls' times)."""
+    :data:`PROBE_MIN_S` seconds at least) and, on a GPU, the most images one pass fits in
+    90% of the memory it may use (None elsewhere)."""
     small, large = max(2, share // 4), max(4, share)
     if large <= small:
         large = small + 2
-    samples, peaks, times = [], {}, []
+    samples, peaks = [], {}
     for size in (small, large):
         probe(size)  # warm-up: kernels chosen, memory pooled
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        times, started = [], time.perf_counter()
-        while len(times) < PROBE_REPEATS or time.perf_counter() - started < PROBE_MIN_S:
-            call_started = time.perf_counter()
+        calls, started = 0, time.perf_counter()
+        while calls < PROBE_REPEATS or time.perf_counter() - started < PROBE_MIN_S:
             probe(size)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - call_started)
-        samples.append((size, (time.perf_counter() - started) / len(times)))
+            calls += 1
+        samples.append((size, (time.perf_counter() - started) / calls))
         if device.type == "cuda":
             peaks[size] = torch.cuda.max_memory_allocated(device)
-    return fit_speed(samples), (gpu_limit(peaks, device) if peaks else None), Pace.of(times)
+    return fit_speed(samples), (gpu_limit(peaks, device) if peaks else None)
 
 
 def gpu_limit(peaks: dict[int, int], device: torch.device) -> int | None:

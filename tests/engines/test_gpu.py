@@ -296,7 +296,7 @@ def test_balanced_batches_find_the_gpus_memory_limit_and_run_a_larger_share_in_m
         nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
         model.zero_grad(set_to_none=True)
 
-    fit, limit, _ = measure(probe, 64, device)
+    fit, limit = measure(probe, 64, device)
     assert fit.per_image_s > 0 and limit is not None and limit > 64, (fit, limit)
     torch.cuda.reset_peak_memory_stats(device)
     probe(limit)  # fits: no OutOfMemoryError

@@ -210,3 +210,17 @@ def test_batchnorm_on_unequal_batches_is_one_plain_line_on_rank_0_once_and_no_wa
     _batches(32, even, 0, log=quiet.append).warn_batchnorm(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model),
                                                           unequal)
     assert quiet == []  # SyncBatchNorm: statistics over the global batch already
+
+
+def test_auto_starts_even_whatever_the_probe_said_and_on_balances_to_it_at_once():
+    """A probe of a second cannot tell a slower GPU from a neighbour's burst (issue 48):
+    "auto" starts even and leaves the split to the checks while training."""
+    from pdl.balance.batches import initial_plan
+
+    fits = [SpeedFit(0.0, 0.01), SpeedFit(0.0, 0.02)]  # rank 1 took twice as long in the probe
+    plan, line = initial_plan(30, fits, [None, None], mode="auto")
+    assert plan.batches == (15, 15) and plan.fits == tuple(fits) and line is None
+    plan, line = initial_plan(30, fits, [None, None], mode="on")
+    assert plan.batches == (20, 10)
+    assert line == "pdl: the slowest rank takes 2.0x the fastest's time: balancing the batch of 30 as 20, 10"
+    assert initial_plan(30, fits, [None, None], mode="off") == (even_split(30, 2), None)
