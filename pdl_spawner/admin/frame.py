@@ -132,7 +132,10 @@ def table_html(caption: str, headers: list[str], rows: list[list[str]], empty: s
 
 def usage_section(status: dict) -> str:
     """The table of worker-hours per person this week and this month (the hub's usage
-    book, :func:`pdl_spawner.hub.usage_book.summary_rows`), where the status has it."""
+    report, :func:`pdl_spawner.hub.usage_book.summary_rows`), where the status has it;
+    the one line saying why not where it could not be read."""
+    if "usage_error" in status:
+        return f'<h2>Worker-hours</h2>\n<p class="empty">{escape(status["usage_error"])}</p>'
     if "usage" not in status:
         return ""
     return table_html(

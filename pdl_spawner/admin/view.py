@@ -29,23 +29,47 @@ from pdl_spawner.kinds import kind_named, kinds
 SOURCE_VARIABLE = "PDL_ADMIN_SOURCE"
 #: The setting naming the hub's usage book (:mod:`pdl_spawner.hub.usage_book`).
 USAGE_SETTING = "usage_db"
+#: The file in the hub's state folder that keeps the same settings, for ``pdl-usage``
+#: (written by the hub's config at each start; mode 0600).
+SETTINGS_FILE = "admin-source.json"
+
+
+def usage_source(settings: dict):
+    """Where the usage report of the hub these settings describe comes from (an object
+    with ``report(since, until)``, as :class:`~pdl_spawner.hub.usage_book.UsageBook`)
+    where they name the hub's usage book (``settings["usage_db"]``; None where not):
+    the kind's own (its admin source's ``usage_source(settings)``, e.g. Slurm's
+    accounting), else that book."""
+    settings = dict(settings)
+    module = kind_named(settings.pop("kind")).admin_module()
+    usage_db = settings.pop(USAGE_SETTING, None)
+    if not usage_db:
+        return None
+    if hasattr(module, "usage_source"):
+        return module.usage_source(settings)
+    return UsageBook(usage_db)
 
 
 def source(settings: dict) -> tuple[Callable[[], dict], PageParts]:
     """The reader and page parts of the kind ``settings["kind"]`` names, given the rest
-    of ``settings``; ValueError (one line) for a kind that is not registered. With
-    ``settings["usage_db"]`` (the hub's usage book), the status also has ``usage``
-    (:func:`pdl_spawner.hub.usage_book.summary_rows`), which every page shows."""
+    of ``settings``; ValueError (one line) for a kind that is not registered. Where the
+    hub has a usage report (:func:`usage_source`), the status also has ``usage``
+    (:func:`pdl_spawner.hub.usage_book.summary_rows`), which every page shows, or
+    ``usage_error`` (one line) when it cannot be read."""
+    usage = usage_source(settings)
     settings = dict(settings)
     module = kind_named(settings.pop("kind")).admin_module()
-    usage_db = settings.pop(USAGE_SETTING, None)
+    settings.pop(USAGE_SETTING, None)
     read = module.reader(settings)
-    if not usage_db:
+    if usage is None:
         return read, module.PAGE
 
     def read_with_usage() -> dict:
         status = read()
-        return {**status, "usage": summary_rows(UsageBook(usage_db), time.time())}
+        try:
+            return {**status, "usage": summary_rows(usage, time.time())}
+        except (OSError, RuntimeError, ValueError) as e:  # Slurm's SlurmError is a RuntimeError
+            return {**status, "usage_error": f"worker-hours unreadable: {e}"}
 
     return read_with_usage, module.PAGE
 

@@ -401,6 +401,7 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
             await self.answer_extension(answer)
         if self.session_over() or self.gpu_release_due():  # whatever the lease says: a release may leave a GPU open
             reason = self.reclaim_reason()
+            await metrics.count_until_now()
             taken = await self.workers.take_back()
             self.stop_session()
             await self.lift_gpu_idle()
@@ -412,6 +413,7 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
             return
         if lease.answer is not None:  # answered; until the server takes the grant up, its release is old news
             return
+        await metrics.count_until_now()
         reclaimed = await self.workers.reclaim_idle()
         self._reclaim_kept = reclaimed is None
         if reclaimed is None:  # kept: a GPU is still in use; no grant either until it is freed

@@ -56,6 +56,7 @@ from pdl.connection import CONTROLLER_PORTS
 from pdl.contract import ServerContract, cluster_dir_in
 from pdl_spawner.accounts import unix_accounts
 from pdl_spawner.host import account_limits, cgroup_v2, cpu_limits, device_cgroup, port_filter, private_tmp
+from pdl_spawner.hub import metrics
 from pdl_spawner.hub.db_thread import submit
 
 #: Seconds stop() waits for the processes left in a server's cgroup to die.
@@ -591,6 +592,8 @@ class HostServer(LoggingConfigurable):
 
     async def stop(self, now=False):
         self.unwatch_lease()
+        if self.slots:  # its workers count up to now (a refused spawn holds none)
+            await metrics.count_until_now()
         try:
             await super().stop(now=now)
             await asyncio.to_thread(self.end_processes)

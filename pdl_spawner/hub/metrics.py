@@ -26,8 +26,10 @@ Slurm's jobs), read every :attr:`PDLMetrics.sample_s` seconds on a thread of its
 from the hub's start. Between two readings each held worker adds the seconds it was held
 to ``pdl_worker_seconds_total`` and to the hub's usage book
 (:mod:`pdl_spawner.hub.usage_book`, ``pdl-usage``), from when it was taken where that is
-later than the last reading; a worker given back between two readings is counted up to
-the last reading, and nothing is counted while the hub is down. ``pdl_gpu_idle_seconds_total``
+later than the last reading. Before workers are given back (a server's stop, a reclaim,
+a take-back at a session's end) the hub takes a reading (:func:`count_until_now`), so
+that they count up to then, whenever the last periodic reading was; nothing is counted
+while the hub is down. ``pdl_gpu_idle_seconds_total``
 counts, in the same way, the GPUs of a server flagged as held at 0 % use (the hub's GPU
 watch, ``gpu_idle_flag_s``), from when they read 0 %. The events (refusals, waits,
 extensions, GPU readings) are counted where they happen (:func:`refused`,
@@ -36,6 +38,7 @@ extensions, GPU readings) are counted where they happen (:func:`refused`,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -132,13 +135,25 @@ class PDLMetrics(LoggingConfigurable):
     def __init__(self, reader: Callable[[], dict], kind: str, book: UsageBook | None = None, **kwargs):
         super().__init__(**kwargs)
         self.reader, self.kind, self.book = reader, kind, book
-        self._last: float | None = None
+        self._last: float | None = None  # up to when the last reading counted
         self._held: set[tuple[str, str, str]] = set()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # one reading at a time: each counts from the last
 
     def sample(self, now: float | None = None) -> None:
         """One reading: the gauges set, the counters advanced by the time since the last."""
+        with self._reading:
+            self._sample(now)
+
+    def sample_since(self, started: float) -> None:
+        """A reading that counts up to ``started`` (epoch seconds) or later: one now,
+        unless the last one already did (servers stopped together share one)."""
+        with self._reading:
+            if self._last is None or self._last < started:
+                self._sample(None)
+
+    def _sample(self, now: float | None) -> None:
         status = self.reader()
         now = time.time() if now is None else now
         last = self._last if self._last is not None else now
@@ -210,6 +225,24 @@ class _StartOnScrape:
 
 
 _registered: PDLMetrics | None = None
+
+#: Most seconds a give-back waits for its reading (:func:`count_until_now`); past them the
+#: workers count up to the periodic reading before.
+READ_AT_RELEASE_S = 5.0
+
+
+async def count_until_now() -> None:
+    """Before workers are given back: a reading of who holds what (in the hub, once its
+    sampler runs; nothing elsewhere), so that they count up to now. Never raises; waits
+    at most :data:`READ_AT_RELEASE_S`."""
+    sampler = _registered
+    if sampler is None or sampler._thread is None:
+        return
+    started = time.time()
+    try:
+        await asyncio.wait_for(asyncio.to_thread(sampler.sample_since, started), READ_AT_RELEASE_S)
+    except Exception as e:  # a scheduler that does not answer: the periodic readings count
+        log.warning("PDL metrics: no reading before workers were given back: %s", e or type(e).__name__)
 
 
 def register(sampler: PDLMetrics) -> None:

@@ -10,7 +10,9 @@ by the admin, prints it:
     pdl-usage --since 2026-12-01 [--until 2026-12-31] [--csv] [--state-dir .pdl/hub]
 
 one line per day and person (hours, two decimals), or CSV with the same columns (hours,
-four decimals).
+four decimals). On Slurm the report comes from Slurm's own accounting instead
+(:mod:`pdl_spawner.slurm.accounting`), as the hub's settings in its state folder say;
+``pdl-usage`` says in one line, exit status 1, when it cannot be read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -109,6 +112,18 @@ def summary_rows(book: UsageBook, now: float) -> list[dict]:
     return [people[name] for name in sorted(people)]
 
 
+def usage_source(state_dir: Path):
+    """Where the report of the hub with ``state_dir`` comes from: its cluster kind's own
+    (Slurm's accounting), as the hub wrote its settings there
+    (:data:`pdl_spawner.admin.view.SETTINGS_FILE`), else its usage book."""
+    from pdl_spawner.admin.view import SETTINGS_FILE
+    from pdl_spawner.admin.view import usage_source as kind_source
+
+    settings = state_dir / SETTINGS_FILE
+    found = kind_source(json.loads(settings.read_text())) if settings.exists() else None
+    return found or UsageBook(state_dir / FILE_NAME)
+
+
 def _date(text: str) -> str:
     try:
         return dt.date.fromisoformat(text).isoformat()
@@ -117,7 +132,8 @@ def _date(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``pdl-usage``: print the book (see the module's doc); 0, or 2 for bad arguments."""
+    """``pdl-usage``: print the report (see the module's doc); 0, 1 when it cannot be read,
+    or 2 for bad arguments."""
     parser = argparse.ArgumentParser(prog="pdl-usage", description="Worker-hours per person per day (UTC), "
                                      "as the hub recorded them.")
     parser.add_argument("--since", type=_date, required=True, help="first day, YYYY-MM-DD")
@@ -126,10 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", default=os.environ.get("PDL_STATE_DIR", ".pdl/hub"),
                         help="the hub's state folder (default: $PDL_STATE_DIR, else .pdl/hub)")
     args = parser.parse_args(argv)
-    path = Path(args.state_dir) / FILE_NAME
     if not Path(args.state_dir).is_dir():
         parser.error(f"--state-dir {args.state_dir} is not a folder: name the hub's PDL_STATE_DIR")
-    rows = UsageBook(path).report(args.since, args.until)
+    try:
+        rows = usage_source(Path(args.state_dir)).report(args.since, args.until)
+    except (OSError, RuntimeError, ValueError) as e:  # Slurm's SlurmError is a RuntimeError
+        print(f"pdl-usage: {e}", file=sys.stderr)
+        return 1
     if args.csv:
         out = csv.writer(sys.stdout)
         out.writerow(COLUMNS)

@@ -316,13 +316,16 @@ def _admin_view(c, kind: ClusterKind, port: int, state_dir: Path) -> None:
     """The admin view (pdl_spawner/admin/view.py): a JupyterHub managed service at
     /services/pdl-admin/ for admins only (scope access:services!service=pdl-admin), on
     127.0.0.1:``port``, told the kind's source settings from the final config and the
-    hub's usage book in ``state_dir``."""
+    hub's usage book in ``state_dir``; the same settings in ``state_dir``'s
+    :data:`~pdl_spawner.admin.view.SETTINGS_FILE`, for ``pdl-usage``."""
     import json
 
-    from pdl_spawner.admin.view import SOURCE_VARIABLE, USAGE_SETTING
+    from pdl.atomic_file import write_atomic
+    from pdl_spawner.admin.view import SETTINGS_FILE, SOURCE_VARIABLE, USAGE_SETTING
     from pdl_spawner.hub.usage_book import FILE_NAME
 
     settings = {"kind": kind.name, **kind.admin_settings(c), USAGE_SETTING: str(state_dir / FILE_NAME)}
+    write_atomic(state_dir / SETTINGS_FILE, lambda f: f.write(json.dumps(settings).encode()))
     c.JupyterHub.services.append({
         "name": "pdl-admin",
         "url": f"http://127.0.0.1:{port}",

@@ -13,7 +13,8 @@ Slurm holds the reservations: no ledger.
   extended (pure); :mod:`pdl_spawner.slurm.placement`: where the server runs (the login node, or a step
   of its own job).
 - :mod:`pdl_spawner.slurm.admin_source`: the admin view's source (Slurm's jobs and
-  nodes, through its commands).
+  nodes, through its commands); :mod:`pdl_spawner.slurm.accounting`: the usage report's
+  GPU-hours from Slurm's own accounting (``sacct``).
 - :mod:`pdl_spawner.slurm.kind`: the kind's plug-in (its variables, its hub settings).
 - :mod:`pdl_spawner.slurm.engine_host`: the user's server's engines of this kind.
 - :mod:`pdl_spawner.slurm.job_clock`: when a job's time limit ends, as the server reads it.

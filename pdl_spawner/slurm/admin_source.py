@@ -32,6 +32,7 @@ from pdl_spawner.admin.frame import (
     PageParts, duration_text, gpu_idle_rows, gpu_idle_section, gpu_name, iso_utc, nodes_summary, table_html, typed,
 )
 from pdl_spawner.core.reservations import SlotLedger
+from pdl_spawner.slurm.accounting import SlurmAccounting
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
 from pdl_spawner.slurm.jobs import DEFAULT_ACCOUNT_PREFIX, SlurmJob, SlurmNode, in_partition, pdl_job_owner, queue_position
 
@@ -216,9 +217,20 @@ def reader(settings: dict) -> Callable[[], dict]:
     commands on ``path`` with ``slurm_conf`` (empty: Slurm's default place) on PDL's
     ``partition`` ("": Slurm's default), its users' accounts named with
     ``account_prefix``, the flags on GPUs held idle in ``flags_db`` ("": none)."""
-    slurm_env = {"PATH": settings.get("path") or "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    if settings.get("slurm_conf"):
-        slurm_env["SLURM_CONF"] = settings["slurm_conf"]
-    return partial(read_slurm_status, partition=(settings.get("partition") or "").strip(), slurm_env=slurm_env,
-                   account_prefix=settings.get("account_prefix", DEFAULT_ACCOUNT_PREFIX),
+    return partial(read_slurm_status, partition=(settings.get("partition") or "").strip(),
+                   slurm_env=slurm_env(settings), account_prefix=settings.get("account_prefix", DEFAULT_ACCOUNT_PREFIX),
                    flags_db=settings.get("flags_db") or "")
+
+
+def slurm_env(settings: dict) -> dict[str, str]:
+    """The environment of Slurm's commands: ``path`` and ``slurm_conf`` of the settings."""
+    env = {"PATH": settings.get("path") or "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if settings.get("slurm_conf"):
+        env["SLURM_CONF"] = settings["slurm_conf"]
+    return env
+
+
+def usage_source(settings: dict) -> SlurmAccounting:
+    """Where the usage report comes from on Slurm: Slurm's own accounting of PDL's jobs
+    (:class:`~pdl_spawner.slurm.accounting.SlurmAccounting`), not the hub's book."""
+    return SlurmAccounting(slurm_env(settings), settings.get("account_prefix", DEFAULT_ACCOUNT_PREFIX))

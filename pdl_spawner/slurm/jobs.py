@@ -65,17 +65,22 @@ def job_name(user: str, server: str = "") -> str:
 DEFAULT_ACCOUNT_PREFIX = "pdl-"
 
 
-def pdl_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> tuple[str, str] | None:
-    """(hub user, server name) of one of PDL's reservation jobs: named
-    ``pdl:<user>[:<server>]`` and owned by that user's account (``account_prefix`` +
-    user). None for any other job, also one a user named after someone else (a job's
-    name is the submitter's to choose, its account is not)."""
-    if not job.name.startswith(JOB_NAME_PREFIX):
+def pdl_owner(name: str, account: str, account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> tuple[str, str] | None:
+    """(hub user, server name) of a job named ``name`` of the Unix ``account`` when it
+    is one of PDL's reservations: named ``pdl:<user>[:<server>]`` and owned by that
+    user's account (``account_prefix`` + user). None for any other job, also one a user
+    named after someone else (a job's name is the submitter's to choose, its account is not)."""
+    if not name.startswith(JOB_NAME_PREFIX):
         return None
-    user, _, server = job.name[len(JOB_NAME_PREFIX):].partition(":")
-    if not user or job.user != f"{account_prefix}{user}":
+    user, _, server = name[len(JOB_NAME_PREFIX):].partition(":")
+    if not user or account != f"{account_prefix}{user}":
         return None
     return user, server
+
+
+def pdl_job_owner(job: SlurmJob, account_prefix: str = DEFAULT_ACCOUNT_PREFIX) -> tuple[str, str] | None:
+    """:func:`pdl_owner` of a job ``squeue`` listed."""
+    return pdl_owner(job.name, job.user, account_prefix)
 
 
 def sbatch_argv(name: str, gpus: int, *, partition: str = "", time_limit_min: int = 0, cpus_per_gpu: int = 1,

@@ -62,6 +62,7 @@ from traitlets import Float, Instance, Integer, Unicode, default, observe, valid
 from pdl.connection import PORTS_NEEDED, ClusterKeys, engine_file, notebook_secret
 from pdl.contract import ServerContract
 
+from pdl_spawner.hub import metrics
 from pdl_spawner.swarm import specs as swarm_specs
 from pdl_spawner.core.spawner import SpawnerCore
 from pdl_spawner.swarm.gpu_use import SwarmGpuUse
@@ -340,6 +341,8 @@ class PDLSwarmSpawner(SwarmGpuPromises, SwarmStorage, SwarmIdleEngines, SwarmGpu
 
     async def stop(self, now=False):
         self.unwatch_lease()
+        if self.object_id:  # its workers count up to now (a refused spawn holds none)
+            await metrics.count_until_now()
         if self.gpu_idle_flag_s:
             await self.workers.record_gpu_idle(None)
         return await super().stop(now=now)

@@ -560,6 +560,25 @@ def admin_status(hub) -> dict:
     return r.json()
 
 
+def printed_usage(hub) -> list[dict[str, str]]:
+    """The rows ``pdl-usage --since <yesterday, UTC> --csv`` prints for the hub's state
+    folder, as the admin runs it (day, user, kind, worker, gpu_type, hours)."""
+    import csv
+    import datetime
+    import io
+
+    since = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)).date().isoformat()
+    printed = subprocess.run([str(Path(sys.executable).parent / "pdl-usage"), "--since", since, "--csv",
+                              "--state-dir", str(hub.state_dir)], capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    return list(csv.DictReader(io.StringIO(printed.stdout)))
+
+
+def usage_seconds(rows: list[dict[str, str]], user: str, worker: str) -> float:
+    """The seconds of ``user``'s ``worker`` (``gpu`` or ``cpu``) workers in :func:`printed_usage` rows."""
+    return sum(float(r["hours"]) for r in rows if r["user"] == user and r["worker"] == worker) * 3600
+
+
 #: How the flag on GPUs held idle and the release it leads to begin, in the panel.
 GPU_IDLE_FLAG = "GPUs held idle: 0 % use since "
 GPU_IDLE_RELEASED = "Engines released (GPUs held idle (0 % use) since "

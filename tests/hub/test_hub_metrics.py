@@ -6,21 +6,15 @@ and the same hours in the hub's usage book, as ``pdl-usage`` prints them
 
 from __future__ import annotations
 
-import csv
-import datetime
-import io
 import os
 import secrets
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
 import prometheus_server
-from hub_harness import Hub, Kernel, admin_status, running
+from hub_harness import Hub, Kernel, admin_status, printed_usage, running, usage_seconds
 from waiting import wait_until
 
 pytestmark = pytest.mark.hub
@@ -81,18 +75,15 @@ def test_prometheus_reads_who_held_which_workers_for_how_long(prometheus_and_hub
     gone = time.monotonic()
 
     held = prometheus.value('pdl_worker_seconds_total{user="ann",worker="cpu"}')
-    # both workers, counted from before Prometheus saw them until a reading before the stop,
-    # and never beyond the spawn's whole life
-    assert 2 * (stopping - seen - 2 * EVERY_S) <= held <= 2 * (gone - spawned), (held, stopping - seen, gone - spawned)
+    # both workers, counted from before Prometheus saw them (less under a second: the status
+    # has whole seconds) until the stop, whose reading comes before the workers are given
+    # back however late the periodic one runs on a busy machine; never beyond the spawn's life
+    assert 2 * (stopping - seen - 1.0) <= held <= 2 * (gone - spawned), (held, stopping - seen, gone - spawned)
     assert prometheus.value('pdl_queue_length') == 0
 
     # the hub's usage book has the same seconds, as the admin's pdl-usage prints them
-    since = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)).date().isoformat()
-    printed = subprocess.run([str(Path(sys.executable).parent / "pdl-usage"), "--since", since, "--csv",
-                              "--state-dir", str(hub.state_dir)], capture_output=True, text=True, timeout=60)
-    assert printed.returncode == 0, printed.stderr
-    rows = list(csv.DictReader(io.StringIO(printed.stdout)))
-    booked = sum(float(r["hours"]) for r in rows if r["user"] == "ann" and r["worker"] == "cpu") * 3600
+    rows = printed_usage(hub)
+    booked = usage_seconds(rows, "ann", "cpu")
     assert booked == pytest.approx(held, abs=1.0), (rows, held)
     # and the admin view shows them, this week's and this month's (one of them holds all
     # of them even where the test ran across a Monday's or a 1st's midnight, UTC)

@@ -67,6 +67,39 @@ def test_held_workers_add_their_seconds_between_readings_and_go_to_zero_when_giv
     assert value("pdl_worker_seconds_total", user="ben", kind=kind, worker="cpu", gpu_type="") == pytest.approx(15)
 
 
+def test_workers_given_back_count_up_to_then_and_servers_stopped_together_share_one_reading(kind, monkeypatch):
+    """A stop (or reclaim) takes a reading first (metrics.count_until_now): the periodic
+    reading before it may be up to sample_s old, or late on a busy machine."""
+    import asyncio
+    import time
+
+    status, readings = Status(), []
+
+    def read() -> dict:  # a reader takes a while (the ledger, Docker, Slurm's commands)
+        time.sleep(0.2)
+        readings.append(time.time())
+        status.now = time.time()
+        return status()
+
+    sampler = metrics.PDLMetrics(read, kind)
+    status.hold("gpu:0", "ann", time.time() - 60)
+    sampler.sample()  # the last periodic reading
+    asyncio.run(metrics.count_until_now())
+    assert len(readings) == 1  # no sampler running (not the hub): nothing to count
+    monkeypatch.setattr(metrics, "_registered", sampler)
+    monkeypatch.setattr(sampler, "_thread", object())  # as in the hub: its sampler runs
+    time.sleep(1.0)
+    stopped = time.time()
+
+    async def five_stops():
+        await asyncio.gather(*(metrics.count_until_now() for _ in range(5)))
+
+    asyncio.run(five_stops())
+    assert len(readings) == 2  # one reading for all five
+    counted = value("pdl_worker_seconds_total", user="ann", kind=kind, worker="gpu", gpu_type="")
+    assert stopped - readings[0] <= counted <= time.time() - readings[0]
+
+
 def test_gpus_flagged_idle_count_from_when_they_read_zero_and_other_jobs_count_nothing(kind):
     status = Status()
     sampler = metrics.PDLMetrics(status, kind)

@@ -1,13 +1,15 @@
 """``bash scripts/serve``, the README's first command, tells the admin how to log in the
 way the hub's login works: PDL's own password and sign-up links for PDL_AUTH=native,
 and no PDL password (none is made) for the lab's own logins; and its Ctrl-C stops
-everything it started in seconds."""
+everything it started in seconds. docs/admin.md's systemd unit for the hub is valid,
+and stopping it as systemd does (SIGTERM to its main process) is as quick."""
 
 from __future__ import annotations
 
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -78,17 +80,53 @@ def test_pdls_own_login_is_announced_with_the_admins_password_and_the_sign_up_li
 STOP_S = 10.0
 
 
+#: Where docs/admin.md's unit has PDL; the tests put this checkout in its place.
+UNIT_PREFIX = "/opt/pdl"
+#: The PATH systemd gives a system service.
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def docs_unit() -> str:
+    """docs/admin.md's systemd unit for the hub, with this checkout in place of /opt/pdl."""
+    text = (REPO / "docs" / "admin.md").read_text()
+    block = text.split("`/etc/systemd/system/pdl-hub.service`:\n\n```ini\n", 1)[1].split("```", 1)[0]
+    return block.replace(UNIT_PREFIX, str(REPO))
+
+
+def unit_values(unit: str, key: str) -> list[str]:
+    """The values of the unit's ``key=`` lines, in order."""
+    return [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(f"{key}=")]
+
+
+def test_the_docs_systemd_unit_for_the_hub_is_valid(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None and not os.environ.get("CI"):
+        pytest.skip("no systemd-analyze (Debian's systemd; scripts/setup --test installs it)")
+    unit = tmp_path / "pdl-hub.service"
+    unit.write_text(docs_unit())
+    done = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout + done.stderr) == (0, ""), done
+    assert unit_values(docs_unit(), "KillMode") == ["mixed"] and unit_values(docs_unit(), "KillSignal") == ["SIGTERM"]
+    # and it is checked: a unit with a mistake in it is refused, in a line naming it
+    unit.write_text(docs_unit().replace("KillMode=mixed", "KillMode=gently"))
+    done = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert "Failed to parse kill mode specification, ignoring: gently" in done.stderr, done
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize("started", ["in a terminal", "in the background"])
+@pytest.mark.parametrize("started", ["in a terminal", "in the background", "by systemd"])
 def test_ctrl_c_stops_the_hub_and_a_server_with_2_workers_within_10_s(tmp_path, started):
     """Ctrl-C in ``scripts/serve``'s terminal (SIGINT to its process group), while ann's
     server runs with 2 workers: within :data:`STOP_S` no process of the hub, its proxy, its
     services or ann's server and engines is left, and her workers are free. The same for
     SIGINT to a hub started in the background of a script (``bash scripts/serve &``), which
-    starts with SIGINT ignored: its services must not inherit that."""
+    starts with SIGINT ignored: its services must not inherit that; and for docs/admin.md's
+    systemd unit, its ``ExecStart`` run with its environment (the test's settings as its
+    ``EnvironmentFile``, ``PDL_KEEP_SERVERS=0``) and stopped as systemd stops it: SIGTERM to
+    the main process alone (``KillMode=mixed``; nothing may be left for its SIGKILL)."""
     token, prefix = secrets.token_hex(16), f"t{secrets.token_hex(2)}-"
     local_config = tmp_path / "hub_config.py"
     local_config.touch(mode=0o600)
@@ -102,15 +140,22 @@ c.HostServer.homes_root = {str(tmp_path / 'homes')!r}
     open_path_to(tmp_path / "homes")
     ports = {name: str(free_port()) for name in ("PDL_HUB_PORT", "PDL_HUB_INTERNAL_PORT", "PDL_PROXY_API_PORT",
                                                  "PDL_ADMIN_VIEW_PORT")}
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PDL_")}
-    env = {**clean, **ports, "PDL_STATE_DIR": str(tmp_path / "state"), "PDL_USERS": "ann",
-           "PDL_POOL": "cpu:0,cpu:1", "PDL_PORT_RANGE": "{}-{}".format(*server_ports()),
-           "PDL_LOCAL_CONFIG": str(local_config)}
+    settings = {**ports, "PDL_STATE_DIR": str(tmp_path / "state"), "PDL_USERS": "ann",
+                "PDL_POOL": "cpu:0,cpu:1", "PDL_PORT_RANGE": "{}-{}".format(*server_ports()),
+                "PDL_LOCAL_CONFIG": str(local_config)}
+    if started == "by systemd":
+        unit = docs_unit()
+        command, cwd = unit_values(unit, "ExecStart"), unit_values(unit, "WorkingDirectory")[0]
+        env = {"PATH": SYSTEMD_PATH, **dict(value.split("=", 1) for value in unit_values(unit, "Environment")),
+               **settings, "PDL_KEEP_SERVERS": "0"}
+    else:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("PDL_")}
+        command, cwd, env = ["bash", "scripts/serve"], REPO, {**clean, **settings}
     log = tmp_path / "serve.log"
     api = f"http://127.0.0.1:{ports['PDL_HUB_PORT']}/hub/api"
     headers = {"Authorization": f"token {token}"}
     with open(log, "wb") as out:
-        serve = subprocess.Popen(["bash", "scripts/serve"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        serve = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                  env=env, start_new_session=True,
                                  preexec_fn=_ignore_sigint if started == "in the background" else None)
     account = f"{prefix}ann"
@@ -141,8 +186,11 @@ c.HostServer.homes_root = {str(tmp_path / 'homes')!r}
         hub_side = [serve.pid, *(p.pid for p in psutil.Process(serve.pid).children(recursive=True))]
         assert len(hub_side) >= 4, "the hub, its proxy, its admin view and ann's server"
 
-        started = time.monotonic()
-        os.killpg(serve.pid, signal.SIGINT)
+        started_stop = time.monotonic()
+        if started == "by systemd":
+            os.kill(serve.pid, signal.SIGTERM)
+        else:
+            os.killpg(serve.pid, signal.SIGINT)
         left = []
 
         def all_gone() -> bool:
@@ -150,7 +198,7 @@ c.HostServer.homes_root = {str(tmp_path / 'homes')!r}
             return serve.poll() is not None and not left
 
         wait_until(all_gone, 60, what=lambda: f"everything to stop; left: {left}")
-        took = time.monotonic() - started
+        took = time.monotonic() - started_stop
         assert took <= STOP_S, f"stopping took {took:.1f} s:\n{log.read_text()[-3000:]}"
         assert SlotLedger(tmp_path / "state" / "reservations.sqlite").holdings() == []
     finally:

@@ -16,7 +16,8 @@ import slurm_harness
 from pdl_spawner.slurm.job_clock import READ_EVERY_S
 from pdl_spawner.host import device_cgroup
 from pdl_spawner.host.server import PORTS_A_SERVER
-from hub_harness import Kernel, Progress, origin_answers, queue_up, release_ports, squat_ports
+from hub_harness import (Kernel, Progress, admin_status, origin_answers, printed_usage, queue_up, release_ports,
+                         squat_ports, usage_seconds)
 from fault_cells import SUM, magic
 from slurm_hub_harness import slurm_engines, slurm_hub_fixture, spawn_and_sum
 from swarm_hub_harness import DDP_CELL, DDP_RESULT, HVD_CELL, HVD_RESULT
@@ -33,9 +34,11 @@ def hub(slurm, tmp_path_factory):
 
 
 def test_three_gpus_are_one_job_of_the_users_account_and_ddp_trains_across_the_nodes(hub, slurm):
+    spawned = time.time()
     r = hub.spawn("ann", 3)
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("ann", timeout=120)
+    ready = time.time()
 
     [job] = hub.pdl_jobs("ann")
     assert job["user"] == hub.account("ann") and job["state"] == "RUNNING", job
@@ -70,12 +73,25 @@ def test_three_gpus_are_one_job_of_the_users_account_and_ddp_trains_across_the_n
     assert len({weights for *_, weights in ranks.values()}) == 1, "DDP replicas diverged"
 
     # stop frees every GPU, in Slurm's own view
+    stopping = time.time()
     r = hub.api("DELETE", "/users/ann/server")
     assert r.status_code in (202, 204), r.text
     wait_until(lambda: not hub.pdl_jobs("ann") and {n["state"] for n in slurm.nodes().values()} == {"idle"}, 60,
                what=lambda: f"ann's job gone and every node idle: {slurm.jobs()} {slurm.nodes()}")
     # by its id, and the log says which (the stop used to forget the id first: by name only)
     hub.wait_for_log(f"Cancelled Slurm job {job['id']} of ann", 10)
+
+    # the usage report's GPU-hours come from Slurm's accounting (sacct), once slurmdbd has
+    # the job's end: at least what the job surely held (3 GPUs from ready to the stop),
+    # at most its whole life (Slurm's times are whole seconds)
+    seen: list[float] = []
+    wait_until(lambda: seen.append(usage_seconds(printed_usage(hub), "ann", "gpu")) or seen[-1:] == seen[-2:-1],
+               30, what=lambda: f"slurmdbd to record the end of ann's job: {seen}")
+    booked = seen[-1]
+    assert 3 * (stopping - ready - 2) <= booked <= 3 * (time.time() - spawned + 2), (booked, stopping - ready)
+    assert {r["kind"] for r in printed_usage(hub) if r["user"] == "ann"} == {"slurm"}
+    [anns] = [r for r in admin_status(hub)["usage"] if r["user"] == "ann"]
+    assert max(anns["gpu_week_h"], anns["gpu_month_h"]) * 3600 == pytest.approx(booked, abs=1.0), anns
 
 
 HANG_CELL = """%%distributed -n 3 --hang-timeout 2

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hub_harness import Kernel
+from hub_harness import Kernel, printed_usage, usage_seconds
 from notebook_run import check_notebook, small_run_env
 from swarm_hub_harness import (DDP_CELL, DDP_RESULT, HVD_CELL, HVD_RESULT, inspect_task, pdl_objects,
                                swarm_hub_fixture)
@@ -30,13 +30,23 @@ def hub(swarm, tmp_path_factory):
     # one thread per engine as on the embedded default and Slurm here (the same arithmetic)
     env = {**small_run_env("/tmp/no-cinic10-here"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     yield from swarm_hub_fixture(tmp_path_factory.mktemp("swarm-hub"), swarm, ["admin", "alice", "bob"],
-                                 extra_config=f"c.Spawner.environment.update({env!r})")
+                                 extra_config=f"c.Spawner.environment.update({env!r})\n"
+                                              f"c.PDLMetrics.sample_s = {EVERY_S}")
+
+
+#: Seconds between the hub's readings of who holds what, for its usage book.
+EVERY_S = 1.0
+#: Most seconds of a holding a run of the hub may leave uncounted at each of its ends:
+#: a reading's interval and the reading itself (the swarm's services, asked of Docker).
+READING_LAG_S = EVERY_S + 2.0
 
 
 def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, swarm):
+    spawned = time.time()
     r = hub.spawn("alice", 3)
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("alice", timeout=240)
+    ready = time.time()
 
     services, secrets = pdl_objects(swarm, "alice")
     assert services == ["pdl-alice", "pdl-alice-engine-0", "pdl-alice-engine-1", "pdl-alice-engine-2"]
@@ -92,9 +102,11 @@ def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, sw
 
     # a hub restart re-attaches to alice's running server: same services, engines usable
     before = {s.id: s.attrs["Version"]["Index"] for s in swarm.manager.services.list()}
+    restarting = time.time()
     hub.stop_hub()
     hub.start()
     hub.wait_ready("alice", timeout=60)
+    back = time.time()
     assert {s.id: s.attrs["Version"]["Index"] for s in swarm.manager.services.list()} == before
     kernel = Kernel(hub, "alice")
     try:
@@ -106,8 +118,16 @@ def test_three_gpu_server_trains_across_nodes_and_frees_its_gpus_on_stop(hub, sw
         kernel.close()
 
     # stopping removes every service and secret of alice and frees the GPUs
+    stopping = time.time()
     assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
     wait_until(lambda: pdl_objects(swarm, "alice") == ([], []), 60, what="alice's services and secrets to go")
+    gone = time.time()
+    # the hub's usage book kept alice's GPU-hours across the restart (nothing counted
+    # while the hub was down): at least her 3 GPUs' time seen while the hub ran, less a
+    # reading at each end of its two runs, at most her server's whole life
+    held = 3 * ((restarting - ready) + (stopping - back) - 2 * READING_LAG_S)
+    booked = usage_seconds(printed_usage(hub), "alice", "gpu")
+    assert held <= booked <= 3 * (gone - spawned), (booked, held, gone - spawned)
     r = hub.spawn("bob", 2)
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("bob", timeout=240)
