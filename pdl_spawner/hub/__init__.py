@@ -7,4 +7,5 @@
 - :mod:`pdl_spawner.hub.usage_book`: worker-hours per person per day, and ``pdl-usage``.
 - :mod:`pdl_spawner.hub.sqlite_file` and :mod:`pdl_spawner.hub.db_thread`: the hub's
   SQLite files, and the one thread that calls them off the event loop.
+- :mod:`pdl_spawner.hub.hub_database`: JupyterHub's own SQLite database in WAL mode.
 """

@@ -26,6 +26,7 @@ from pdl_spawner.host.account_limits import protect_hub
 from pdl_spawner.accounts.authenticator import TEMPLATE_DIR, name_problem
 from pdl_spawner.accounts.credentials import SignupCodes
 from pdl_spawner.accounts.lab_logins import discover
+from pdl_spawner.hub.hub_database import use_write_ahead_log
 from pdl_spawner.hub.public_url import default_public_url, public_url_problem
 from pdl_spawner.hub.request_limits import limit_request_bodies
 from pdl_spawner.kinds import ClusterKind, kind_named, kinds
@@ -105,6 +106,7 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
     if proxy.exists():
         c.ConfigurableHTTPProxy.command = [str(proxy)]
     c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
+    use_write_ahead_log()  # its commits do not wait for the disk on the hub's event loop
     c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(state_dir / "jupyterhub.pid")
     c.ConfigurableHTTPProxy.pid_file = str(state_dir / "proxy.pid")

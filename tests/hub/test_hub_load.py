@@ -10,7 +10,9 @@ printed (run with ``-s``) and recorded in docs/load.md; they are not asserted.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import re
+import sqlite3
 import threading
 import time
 from collections import defaultdict
@@ -175,5 +177,8 @@ def test_twenty_users_spawn_at_once_and_leave_nothing_behind(hub):
         print(report(outcomes))
     print(f"\nall rounds:\n{report(all_outcomes)}")
     print(f"hub RSS (MiB) at start and after each round: {[round(k / 1024, 1) for k in rss]}")
+    # JupyterHub's database commits do not wait for the disk (pdl_spawner/hub/hub_database.py)
+    with contextlib.closing(sqlite3.connect(hub.state_dir / "jupyterhub.sqlite")) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     growth = rss[-1] - rss[1]
     assert growth < RSS_GROWTH_BOUND_KIB, f"hub RSS grew {growth / 1024:.1f} MiB after round 1: {rss} KiB"
