@@ -4,7 +4,7 @@
   origin of its own.
 - :mod:`pdl_spawner.hub.request_limits`: the largest request body the hub reads.
 - :mod:`pdl_spawner.hub.metrics`: PDL's series on JupyterHub's ``/hub/metrics``.
-- :mod:`pdl_spawner.hub.usage_book`: worker-hours per person per day, and ``pdl-usage``.
+- :mod:`pdl_spawner.hub.usage_book`: worker-hours per person per day, as the hub keeps them.
 - :mod:`pdl_spawner.hub.sqlite_file` and :mod:`pdl_spawner.hub.db_thread`: the hub's
   SQLite files, and the one thread that calls them off the event loop.
 - :mod:`pdl_spawner.hub.hub_database`: JupyterHub's own SQLite database in WAL mode.

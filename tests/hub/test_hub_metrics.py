@@ -2,7 +2,7 @@
 the token of ``PDL_PROMETHEUS_TOKEN_FILE``, read back through Prometheus' own query API
 after a refusal, a spawn, a cell on 2 workers and a stop (pdl_spawner/hub/metrics.py);
 and the same hours in the hub's usage book, as ``pdl-usage`` prints them
-(pdl_spawner/hub/usage_book.py) and the admin view shows them."""
+(pdl_spawner/hub/usage_book.py, pdl_spawner/admin/usage_report.py) and the admin view shows them."""
 
 from __future__ import annotations
 

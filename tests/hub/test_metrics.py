@@ -141,6 +141,7 @@ def test_a_servers_gpu_readings_go_when_it_gives_its_gpus_back():
 
 
 def test_the_usage_book_adds_each_readings_seconds_to_the_day_and_pdl_usage_prints_them(kind, tmp_path, capsys):
+    from pdl_spawner.admin import usage_report
     from pdl_spawner.hub import usage_book
 
     book = usage_book.UsageBook(tmp_path / usage_book.FILE_NAME)
@@ -159,19 +160,19 @@ def test_the_usage_book_adds_each_readings_seconds_to_the_day_and_pdl_usage_prin
         usage_book.Usage("2027-01-15", "ann", kind, "gpu", "a100", 3601.0)]
     assert book.report("2027-01-15", "2027-01-15")[0].hours == pytest.approx(1.0003, abs=1e-4)
 
-    assert usage_book.main(["--since", "2027-01-15", "--csv", "--state-dir", str(tmp_path)]) == 0
+    assert usage_report.main(["--since", "2027-01-15", "--csv", "--state-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines() == ["day,user,kind,worker,gpu_type,hours",
                                                     f"2027-01-15,ann,{kind},gpu,a100,1.0003"]
-    assert usage_book.main(["--since", "2027-01-14", "--state-dir", str(tmp_path)]) == 0
+    assert usage_report.main(["--since", "2027-01-14", "--state-dir", str(tmp_path)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert len(table) == 3 and table[1].split() == ["2027-01-14", "ann", kind, "gpu", "a100", "0.50"]
 
 
 def test_pdl_usage_names_what_is_valid_for_a_bad_date(capsys, tmp_path):
-    from pdl_spawner.hub import usage_book
+    from pdl_spawner.admin import usage_report
 
     with pytest.raises(SystemExit) as exited:
-        usage_book.main(["--since", "last week", "--state-dir", str(tmp_path)])
+        usage_report.main(["--since", "last week", "--state-dir", str(tmp_path)])
     assert exited.value.code == 2
     assert "'last week' is not a date: use YYYY-MM-DD" in capsys.readouterr().err
 

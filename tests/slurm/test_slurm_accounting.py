@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 import pytest
 
 from pdl_spawner.admin.view import SETTINGS_FILE, usage_source
-from pdl_spawner.hub.usage_book import Usage, main
+from pdl_spawner.admin.usage_report import main
+from pdl_spawner.hub.usage_book import Usage
 from pdl_spawner.slurm.accounting import SlurmAccounting, day_spans, job_gpus, sacct_argv, usage_rows
 from pdl_spawner.slurm.cli import SlurmCommands, SlurmError
 
