@@ -163,21 +163,17 @@ def test_the_split_stays_while_the_ranks_are_within_noise_or_10_percent(rows):
     assert batches.plan.batches == (16, 16, 16)
 
 
-def test_a_different_rank_slowest_each_check_is_noise_and_keeps_the_split():
-    batches = _batches(960, even_split(48, 3), 0, log=pytest.fail)
-    slow_rank_2 = [[1.0, 0.99, 1.01, 16.0], [1.0, 0.99, 1.01, 16.0], [1.5, 1.49, 1.51, 16.0]]
-    slow_rank_1 = [[1.0, 0.99, 1.01, 16.0], [1.5, 1.49, 1.51, 16.0], [1.0, 0.99, 1.01, 16.0]]
-    for rows in [slow_rank_2, slow_rank_1] * 5:
-        batches.comm = _Gathered(rows)
-        assert batches.rebalance(TIMES) is False
-    assert batches.plan.batches == (16, 16, 16)
+EQUAL = [1.0, 0.99, 1.01, 16.0]
+SLOWER = [1.5, 1.49, 1.51, 16.0]
 
 
-def test_a_check_within_noise_resets_the_count():
+@pytest.mark.parametrize("checks", [
+    [[EQUAL, EQUAL, SLOWER], [EQUAL, SLOWER, EQUAL]],  # a different rank slowest each check
+    [[EQUAL, EQUAL, SLOWER], [EQUAL, EQUAL, [1.02, 1.01, 1.03, 16.0]]],  # a check within noise between
+], ids=["another rank slowest", "a check within noise between"])
+def test_apart_once_then_not_is_noise_and_keeps_the_split(checks):
     batches = _batches(960, even_split(48, 3), 0, log=pytest.fail)
-    apart = [[1.0, 0.99, 1.01, 16.0], [1.0, 0.99, 1.01, 16.0], [1.5, 1.49, 1.51, 16.0]]
-    within = [[1.0, 0.99, 1.01, 16.0], [1.0, 0.99, 1.01, 16.0], [1.02, 1.01, 1.03, 16.0]]
-    for rows in [apart, within] * 5:
+    for rows in checks * 5:
         batches.comm = _Gathered(rows)
         assert batches.rebalance(TIMES) is False
     assert batches.plan.batches == (16, 16, 16)
