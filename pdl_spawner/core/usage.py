@@ -24,6 +24,13 @@ class WorkerUsage:
     def free(self) -> int:
         return max(0, self.total - sum(self.holders.values()))
 
+    def plus(self, more: dict[str, int]) -> "WorkerUsage":
+        """This usage with ``more`` (holder -> workers) held besides."""
+        holders = dict(self.holders)
+        for who, n in more.items():
+            holders[who] = holders.get(who, 0) + n
+        return WorkerUsage(self.total, holders)
+
 
 class NotEnoughWorkers(RuntimeError):
     """A request asked for more workers than are free (``usage`` says what is). Nothing was taken."""

@@ -3,6 +3,8 @@
 - :mod:`pdl_spawner.hub.public_url`: the hub's public URL, each user's server an
   origin of its own.
 - :mod:`pdl_spawner.hub.request_limits`: the largest request body the hub reads.
+- :mod:`pdl_spawner.hub.spawn_routes`: JupyterHub's spawn routes, a PDL spawner answering
+  each request before JupyterHub prepares the spawn.
 - :mod:`pdl_spawner.hub.metrics`: PDL's series on JupyterHub's ``/hub/metrics``.
 - :mod:`pdl_spawner.hub.usage_book`: worker-hours per person per day, as the hub keeps them.
 - :mod:`pdl_spawner.hub.sqlite_file` and :mod:`pdl_spawner.hub.db_thread`: the hub's

@@ -27,6 +27,7 @@ from pdl_spawner.accounts.authenticator import TEMPLATE_DIR, name_problem
 from pdl_spawner.accounts.credentials import SignupCodes
 from pdl_spawner.accounts.lab_logins import discover
 from pdl_spawner.hub.hub_database import use_write_ahead_log
+from pdl_spawner.hub.spawn_routes import fit_spawn_routes
 from pdl_spawner.hub.public_url import default_public_url, public_url_problem
 from pdl_spawner.hub.request_limits import limit_request_bodies
 from pdl_spawner.kinds import ClusterKind, kind_named, kinds
@@ -114,6 +115,7 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
     # the reservations and the spawners' state let the next hub take them back
     c.JupyterHub.cleanup_servers = not found["PDL_KEEP_SERVERS"]
     limit_request_bodies(found["PDL_MAX_REQUEST_BYTES"])
+    fit_spawn_routes()  # a refusal is answered before JupyterHub prepares the spawn
 
 
 def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:

@@ -103,6 +103,13 @@ def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):
     assert "bob" not in hub.reservations().values()
     assert engine_processes(hub.root).keys() == before.keys()
     assert not hub.server_ready("bob")
+    # the same through the spawn form: the form again, with the one line
+    s = hub.login("bob")
+    page = s.post(f"{hub.url}/hub/spawn", data={"_xsrf": s.cookies.get("_xsrf"), "workers": "2"}).text
+    assert "you asked for 2, 1 of 6 are free (5 held by other users)" in page and 'name="workers"' in page
+    assert "bob" not in hub.reservations().values()
+    # PDL answered both before JupyterHub began a spawn: no failed spawn for the admin to read
+    assert "Error starting bob's server" not in hub.log_tail(1000)
 
 
 def wait_for_tree(hub, user: str, engines: int) -> dict[int, str]:

@@ -177,6 +177,9 @@ def test_twenty_users_spawn_at_once_and_leave_nothing_behind(hub):
         print(report(outcomes))
     print(f"\nall rounds:\n{report(all_outcomes)}")
     print(f"hub RSS (MiB) at start and after each round: {[round(k / 1024, 1) for k in rss]}")
+    # every refusal was PDL's answer before JupyterHub began a spawn (pdl_spawner/hub/spawn_routes.py)
+    failed = [line for line in hub.log_path.read_text(errors="replace").splitlines() if "Error starting" in line]
+    assert not failed, failed[:3]
     # JupyterHub's database commits do not wait for the disk (pdl_spawner/hub/hub_database.py)
     with contextlib.closing(sqlite3.connect(hub.state_dir / "jupyterhub.sqlite")) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)

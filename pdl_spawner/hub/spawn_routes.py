@@ -1,0 +1,78 @@
+"""The hub's spawn routes, answered by PDL before JupyterHub prepares a spawn.
+
+Every spawn JupyterHub starts, whatever asked for it (the REST API's ``POST
+/hub/api/users/<name>/server`` and ``.../servers/<server>``, the spawn form, a spawn
+URL's query), goes through its handlers' ``spawn_single_user``. JupyterHub's own spawn
+then does its work on the hub's one event loop before the spawner's ``start()`` runs:
+the server's database row, its API token and OAuth client, several commits; and after a
+refused ``start()`` it undoes them and logs an error. In a burst of 20 requests at once
+a refusal, which needs none of it, waited behind all of that work (0.9 s at p95).
+
+:class:`AdmitBeforeSpawn` asks the spawner first (a PDL spawner's
+:meth:`~pdl_spawner.core.spawner.SpawnerCore.admit_spawn`), after JupyterHub's handler
+has authenticated the request, checked its scope and found the server not running:
+a refusal (400 or 409, one line) is sent at once and JupyterHub's spawn never starts;
+an admitted request goes on to JupyterHub's spawn as before, and its admission ends if
+that fails before ``start()``. :func:`fit_spawn_routes` puts the fitted handlers in
+place of JupyterHub's own, on the same routes, when the hub builds its route table.
+"""
+
+from __future__ import annotations
+
+from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.handlers.pages import SpawnHandler
+
+from pdl_spawner.core.admission import ADMISSIONS
+
+
+class AdmitBeforeSpawn:
+    """Mixin for a JupyterHub handler: a PDL spawner answers a spawn request first."""
+
+    async def spawn_single_user(self, user, server_name="", display_name="", options=None):
+        spawner = user.spawners.get(server_name)
+        admit = getattr(spawner, "admit_spawn", None)
+        if admit is None or spawner.active:  # not PDL's, or running/pending: JupyterHub's answer
+            return await super().spawn_single_user(user, server_name, display_name, options=options)
+        await admit(options)
+        try:
+            return await super().spawn_single_user(user, server_name, display_name, options=options)
+        except BaseException:  # failed before start() took (or after: a no-op)
+            ADMISSIONS.drop(spawner.owner_key)
+            raise
+
+
+class PDLUserServerAPIHandler(AdmitBeforeSpawn, UserServerAPIHandler):
+    """JupyterHub's REST handler of a user's server, a PDL spawner answering spawns first."""
+
+
+class PDLSpawnHandler(AdmitBeforeSpawn, SpawnHandler):
+    """JupyterHub's spawn page, a PDL spawner answering spawns first."""
+
+
+#: JupyterHub's handler -> PDL's on the same routes.
+FITTED = {UserServerAPIHandler: PDLUserServerAPIHandler, SpawnHandler: PDLSpawnHandler}
+
+
+def fitted_routes(routes: list) -> list:
+    """``routes`` (tornado's ``(pattern, handler[, kwargs])``), changed in place and
+    returned: each of JupyterHub's spawn handlers replaced by PDL's (:data:`FITTED`)."""
+    for i, route in enumerate(routes):
+        if len(route) > 1 and route[1] in FITTED:
+            routes[i] = (route[0], FITTED[route[1]], *route[2:])
+    return routes
+
+
+def _fit(change) -> None:
+    fitted_routes(change.new)
+
+
+def fit_spawn_routes() -> bool:
+    """In a running JupyterHub (this process's, while it loads its configuration): fit
+    its spawn routes (:func:`fitted_routes`) when it builds its route table. False where
+    no hub runs in this process (a configuration only read, a test); nothing changes then."""
+    from jupyterhub.app import JupyterHub
+
+    if not JupyterHub.initialized():
+        return False
+    JupyterHub.instance().observe(_fit, names="handlers")
+    return True
