@@ -110,6 +110,9 @@ def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):
     assert "bob" not in hub.reservations().values()
     # PDL answered both before JupyterHub began a spawn: no failed spawn for the admin to read
     assert "Error starting bob's server" not in hub.log_tail(1000)
+    # and only after JupyterHub let the request in: carol asking for bob's server learns nothing
+    r = hub.api("POST", "/users/bob/server", token=hub.user_token("carol"), json={"workers": 2})
+    assert r.status_code in (403, 404) and "free" not in r.text, (r.status_code, r.text)
 
 
 def wait_for_tree(hub, user: str, engines: int) -> dict[int, str]:
