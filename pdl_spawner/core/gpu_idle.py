@@ -94,13 +94,15 @@ class GpuIdleWatch(HasTraits):
         return self._tracker
 
     async def sample_gpu_use(self, now: float | None = None) -> None:
-        """Read the GPU use when a sample is due (at most every ``gpu_sample_s`` seconds)."""
+        """Read the GPU use (and memory, where the kind reads it) when a sample is due (at
+        most every ``gpu_sample_s`` seconds)."""
         now = time.time() if now is None else now
         if not self.gpu_idle_flag_s or now - self._sampled_at < self.gpu_sample_s:
             return
         self._sampled_at = now
         readings = await self.workers.gpu_use()
         metrics.gpu_use(self.owner_key, readings)
+        metrics.gpu_memory(self.owner_key, await self.workers.gpu_memory())
         self.gpu_tracker.observe(readings, now)
 
     def gpu_clock_times(self) -> list[float]:

@@ -181,6 +181,11 @@ class WorkerSource(Protocol):
         the hub cannot read it (the default)."""
         return None
 
+    async def gpu_memory(self) -> list[tuple[float, float]] | None:
+        """Each GPU this server holds: (memory used, memory in all) in bytes, read by the
+        hub; None where the hub cannot read it (the default)."""
+        return None
+
     async def record_gpu_idle(self, since: float | None) -> None:
         """Keep the GPU-idle flag (since when, None: lifted) where the admin view reads it;
         nowhere by default."""

@@ -16,6 +16,9 @@ series                             labels                                   type
 ``pdl_gpu_utilization_ratio``      user (``user/name`` for a named          gauge
                                    server), gpu (its index among the
                                    server's)
+``pdl_gpu_memory_used_bytes``      user, gpu (as above; the embedded        gauge
+                                   default reads it)
+``pdl_gpu_memory_total_bytes``     user, gpu (as above)                     gauge
 ``pdl_spawn_refusals_total``       reason (:data:`REFUSALS`)                counter
 ``pdl_session_extensions_total``   answer (granted|refused)                 counter
 ================================== ======================================== ===========
@@ -33,7 +36,7 @@ while the hub is down. ``pdl_gpu_idle_seconds_total``
 counts, in the same way, the GPUs of a server flagged as held at 0 % use (the hub's GPU
 watch, ``gpu_idle_flag_s``), from when they read 0 %. The events (refusals, waits,
 extensions, GPU readings) are counted where they happen (:func:`refused`,
-:func:`waited`, :func:`extension`, :func:`gpu_use`).
+:func:`waited`, :func:`extension`, :func:`gpu_use`, :func:`gpu_memory`).
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ QUEUE_WAIT = Histogram("pdl_queue_wait_seconds", "Seconds a spawn waited in PDL'
                        ["kind"], buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600))
 GPU_UTILIZATION = Gauge("pdl_gpu_utilization_ratio", "Each held GPU's use at the hub's last reading (0..1).",
                         ["user", "gpu"])
+GPU_MEMORY_USED = Gauge("pdl_gpu_memory_used_bytes", "Each held GPU's memory in use at the hub's last reading.",
+                        ["user", "gpu"])
+GPU_MEMORY_TOTAL = Gauge("pdl_gpu_memory_total_bytes", "Each held GPU's memory in all.", ["user", "gpu"])
 SPAWN_REFUSALS = Counter("pdl_spawn_refusals", "Requests for workers refused, by reason.", ["reason"])
 SESSION_EXTENSIONS = Counter("pdl_session_extensions", "Users' wishes for more time, by the hub's answer.",
                              ["answer"])
@@ -98,19 +104,43 @@ def gpu_use(owner: str, readings: list[float] | None) -> None:
     percent, one per GPU; None: not read, which leaves the last reading)."""
     if readings is None:
         return
-    gpu_use_gone(owner)
+    _remove(_gpus_reported.pop(owner, 0), owner, GPU_UTILIZATION)
     for index, percent in enumerate(readings):
         GPU_UTILIZATION.labels(user=owner, gpu=str(index)).set(percent / 100.0)
     _gpus_reported[owner] = len(readings)
 
 
+#: How many GPUs :func:`gpu_memory` last reported per server (its owner key).
+_memory_reported: dict[str, int] = {}
+
+
+def gpu_memory(owner: str, readings: list[tuple[float, float]] | None) -> None:
+    """The hub's reading of the memory of ``owner``'s GPUs ((used, in all) in bytes, one
+    per GPU; None: not read, which leaves the last reading)."""
+    if readings is None:
+        return
+    _remove(_memory_reported.pop(owner, 0), owner, GPU_MEMORY_USED, GPU_MEMORY_TOTAL)
+    for index, (used, total) in enumerate(readings):
+        GPU_MEMORY_USED.labels(user=owner, gpu=str(index)).set(used)
+        GPU_MEMORY_TOTAL.labels(user=owner, gpu=str(index)).set(total)
+    _memory_reported[owner] = len(readings)
+
+
 def gpu_use_gone(owner: str) -> None:
-    """``owner``'s server holds the GPUs :func:`gpu_use` reported no longer: their series go."""
-    for index in range(_gpus_reported.pop(owner, 0)):
-        try:
-            GPU_UTILIZATION.remove(owner, str(index))
-        except KeyError:
-            pass
+    """``owner``'s server holds the GPUs :func:`gpu_use` and :func:`gpu_memory` reported no
+    longer: their series go."""
+    _remove(_gpus_reported.pop(owner, 0), owner, GPU_UTILIZATION)
+    _remove(_memory_reported.pop(owner, 0), owner, GPU_MEMORY_USED, GPU_MEMORY_TOTAL)
+
+
+def _remove(count: int, owner: str, *gauges: Gauge) -> None:
+    """The series of ``owner``'s GPUs 0 .. ``count`` - 1 in ``gauges``, removed."""
+    for index in range(count):
+        for gauge in gauges:
+            try:
+                gauge.remove(owner, str(index))
+            except KeyError:
+                pass
 
 
 def worker_of(slot: str) -> str:

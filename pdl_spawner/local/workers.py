@@ -23,6 +23,9 @@ from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsag
 from pdl_spawner.host.workers import HostWorkers
 from pdl_spawner.hub.db_thread import off_loop
 
+#: Bytes in one MiB, nvidia-smi's unit of memory.
+MIB = 1024 * 1024
+
 #: nvidia-smi path -> (GPU slot -> its type, MIG slot -> its device), read once per hub process.
 MACHINE_GPUS: dict[str, tuple[dict[str, str], dict[str, MigDevice]]] = {}
 
@@ -180,19 +183,41 @@ class LedgerSlots(HostWorkers):
 
     # -- GPU use --------------------------------------------------------------------------
 
+    def _held_gpu_indexes(self) -> list[str] | None:
+        """nvidia-smi's indexes of the whole GPUs this server holds; None without GPU
+        slots or with a MIG slot."""
+        slots = [parse_slot(slot) for slot in self.spawner.slots]
+        indexes = [str(index) for kind, index in slots if kind == "gpu"]
+        if not indexes or any(kind == "mig" for kind, _ in slots):
+            return None
+        return indexes
+
     async def gpu_use(self) -> list[float] | None:
         """Each held GPU's use in percent (``nvidia-smi`` on this machine, asked by the hub);
         None without GPU slots, with a MIG slot (nvidia-smi reads no use of a MIG device:
         the server's use is unknown), or when a held GPU has no reading."""
-        slots = [parse_slot(slot) for slot in self.spawner.slots]
-        indexes = [str(index) for kind, index in slots if kind == "gpu"]
-        if not indexes or any(kind == "mig" for kind, _ in slots):
+        indexes = self._held_gpu_indexes()
+        if indexes is None:
             return None
         smi = self.spawner.nvidia_smi or None
         rows = await asyncio.to_thread(query_gpus, ("index", "utilization.gpu"), nvidia_smi=smi)
         use = {row["index"]: row["utilization.gpu"] for row in rows}
         try:
             return [float(use[index]) for index in indexes]
+        except (KeyError, ValueError):  # a GPU not listed, or "[N/A]"
+            return None
+
+    async def gpu_memory(self) -> list[tuple[float, float]] | None:
+        """Each held GPU's memory (used, in all) in bytes (``nvidia-smi``'s MiB); None as
+        for :meth:`gpu_use` (a MIG slot's memory is its slice's: not read either)."""
+        indexes = self._held_gpu_indexes()
+        if indexes is None:
+            return None
+        rows = await asyncio.to_thread(query_gpus, ("index", "memory.used", "memory.total"),
+                                       nvidia_smi=self.spawner.nvidia_smi or None)
+        memory = {row["index"]: (row["memory.used"], row["memory.total"]) for row in rows}
+        try:
+            return [(float(memory[i][0]) * MIB, float(memory[i][1]) * MIB) for i in indexes]
         except (KeyError, ValueError):  # a GPU not listed, or "[N/A]"
             return None
 

@@ -125,18 +125,21 @@ def gpu_types_in_browser(hub: Hub, page, user: str) -> list[str]:
     return page.locator("#pdl-gpu-type option").all_inner_texts()
 
 
-def stand_in_gpus(folder: Path, count: int, answer: str) -> str:
+def stand_in_gpus(folder: Path, count: int, answer: str, memory: str = "") -> str:
     """Stand-in GPUs in ``folder`` (character devices ``nvidia<i>`` with no driver behind
     them; root only: mknod) and a fake ``nvidia-smi`` that prints ``folder/readings``
-    (first ``answer``; a test rewrites it to change what nvidia-smi says). Returns the
-    hub config lines that use them (:func:`stand_in_gpu_config`)."""
+    (first ``answer``; a test rewrites it to change what nvidia-smi says), or
+    ``folder/memory`` (``memory``) when asked for memory. Returns the hub config lines
+    that use them (:func:`stand_in_gpu_config`)."""
     for index in range(count):
         node = folder / f"nvidia{index}"
         os.mknod(node, 0o666 | 0o020000, os.makedev(240, index))
         node.chmod(0o666)
     (folder / "readings").write_text(answer)
+    (folder / "memory").write_text(memory)
     smi = folder / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\ncat {folder / 'readings'}\n")
+    smi.write_text(f"#!/bin/sh\ncase \"$1\" in\n  *memory*) cat {folder / 'memory'} ;;\n"
+                   f"  *) cat {folder / 'readings'} ;;\nesac\n")
     smi.chmod(0o755)
     open_path_to(folder)
     return stand_in_gpu_config(folder)
@@ -205,7 +208,8 @@ load_subconfig({str(REPO / 'jupyterhub_config.py')!r})
 c.JupyterHub.services.append({{"name": "pdl-tests", "api_token": {self.token!r}}})
 c.JupyterHub.load_roles.append({{
     "name": "pdl-tests",
-    "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users", "read:users"],
+    "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users", "read:users",
+               "read:metrics"],
     "services": ["pdl-tests"],
 }})
 c.HostServer.home_dir_template = {str(self.root / 'home' / '{username}')!r}
@@ -370,6 +374,17 @@ c.JupyterHub.log_level = "INFO"
         headers = {"Authorization": f"token {token or self.token}"}
         kwargs.setdefault("timeout", 60)
         return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, **kwargs)
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of the series ``name`` with exactly ``labels`` on the hub's
+        ``/hub/metrics`` (read with the tests' token, which has ``read:metrics``); None
+        when the hub has no such series."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        r = requests.get(f"{self.url}/hub/metrics", headers={"Authorization": f"token {self.token}"}, timeout=60)
+        r.raise_for_status()
+        return next((sample.value for family in text_string_to_metric_families(r.text) for sample in family.samples
+                     if sample.name == name and sample.labels == labels), None)
 
     def user_url(self, user: str) -> str:
         """``user``'s server as a browser reaches it: its own origin, ``<name>.<hub's host>``

@@ -58,10 +58,34 @@ def test_a_gpu_without_a_reading_gives_no_verdict(tmp_path, rows):
     assert asyncio.run(spawner.workers.gpu_use()) is None
 
 
+def test_the_hub_reads_the_memory_of_the_gpus_the_server_holds_into_its_metrics(tmp_path):
+    from prometheus_client import REGISTRY
+
+    smi = tmp_path / "nvidia-smi"  # answers what it is asked: the use, or the memory in MiB
+    smi.write_text("#!/bin/sh\ncase \"$1\" in\n  *memory*) printf '0, 1024, 81920\\n1, 5, 81920\\n2, 40960, 81920\\n' ;;\n"
+                   "  *) printf '0, 30\\n1, 0\\n2, 90\\n' ;;\nesac\n")
+    smi.chmod(0o755)
+    spawner = lease_spawner(tmp_path, None, pool=["gpu:0", "gpu:1", "gpu:2"], gpu_idle_flag_s=1800,
+                            nvidia_smi=str(smi))
+    spawner.slots = ["gpu:0", "gpu:2"]
+    mib = 1024 * 1024
+    assert asyncio.run(spawner.workers.gpu_memory()) == [(1024 * mib, 81920 * mib), (40960 * mib, 81920 * mib)]
+    asyncio.run(spawner.sample_gpu_use(now=1000))
+    read = lambda name, gpu: REGISTRY.get_sample_value(name, {"user": spawner.owner_key, "gpu": gpu})  # noqa: E731
+    assert read("pdl_gpu_memory_used_bytes", "1") == 40960 * mib  # the server's second GPU, gpu:2
+    assert read("pdl_gpu_memory_total_bytes", "0") == 81920 * mib
+    assert read("pdl_gpu_utilization_ratio", "1") == 0.9
+    spawner.clear_state()  # its GPUs given back: their series go
+    assert read("pdl_gpu_memory_used_bytes", "0") is None and read("pdl_gpu_utilization_ratio", "0") is None
+    spawner.slots = ["mig:0"]  # a MIG slice: nvidia-smi's memory is the whole GPU's, not read
+    assert asyncio.run(spawner.workers.gpu_memory()) is None
+
+
 def test_cpu_slots_are_not_watched(tmp_path):
     spawner = lease_spawner(tmp_path, None, gpu_idle_flag_s=60)
     spawner.slots = ["cpu:0"]
     assert asyncio.run(spawner.workers.gpu_use()) is None
+    assert asyncio.run(spawner.workers.gpu_memory()) is None
 
 
 def test_the_server_is_told_the_flag_once_and_its_lifting_and_the_gpus_are_taken_back_after_the_release(tmp_path):

@@ -31,7 +31,7 @@ PANEL = "#pdl-cluster-panel"
 def gpus(tmp_path_factory):
     """Stand-in GPU nodes (no driver behind them), and the fake nvidia-smi's readings."""
     folder = tmp_path_factory.mktemp("gpus")
-    stand_in_gpus(folder, len(POOL), "0, 50\n1, 50\n")
+    stand_in_gpus(folder, len(POOL), "0, 50\n1, 50\n", memory="0, 2048, 16384\n1, 4096, 16384\n")
     return folder
 
 
@@ -73,6 +73,12 @@ def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub
         kernel.execute_ok("%load_ext pdl_magics")
         assert "sum 2" in kernel.execute_ok(SUM2, timeout=120)["stdout"]
         assert hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"] is None  # the GPUs read 50 %
+        # what the hub read is on /hub/metrics for Prometheus: each GPU's use and memory
+        mib = 1024 * 1024
+        wait_until(lambda: hub.metric("pdl_gpu_memory_used_bytes", user="alice", gpu="1") == 4096 * mib, 15,
+                   what="alice's second GPU's memory on /hub/metrics")
+        assert hub.metric("pdl_gpu_memory_total_bytes", user="alice", gpu="0") == 16384 * mib
+        assert hub.metric("pdl_gpu_utilization_ratio", user="alice", gpu="0") == 0.5
 
         (gpus / "readings").write_text("0, 0\n1, 0\n")  # nothing runs on them any more
         check_gpu_idle_flag(hub, "alice", kernel, magic("x = 1", 2), flag_s=FLAG_S, timeout=FLAG_S + 15)
@@ -87,6 +93,7 @@ def test_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub
             "'Engines released (GPUs held idle (0 % use) since ') && !p.querySelector('.pdl-gpu-idle'); }",
             timeout=15_000, polling=250)
         hub.wait_for_log("from alice: GPUs held idle (0 % use) for ", 15)
+        assert hub.metric("pdl_gpu_memory_used_bytes", user="alice", gpu="0") is None  # held no longer
         assert admin_status(hub)["gpu_idle"] == []
 
         (gpus / "readings").write_text("0, 50\n1, 50\n")  # in use again once they are back

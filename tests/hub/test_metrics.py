@@ -140,6 +140,22 @@ def test_a_servers_gpu_readings_go_when_it_gives_its_gpus_back():
     assert value("pdl_gpu_utilization_ratio", user=owner, gpu="0") is None
 
 
+def test_a_servers_gpu_memory_is_in_bytes_kept_when_unread_and_goes_with_its_gpus():
+    owner = f"u{secrets.token_hex(3)}"
+    gib = 1024 ** 3
+    metrics.gpu_memory(owner, [(3 * gib, 80 * gib), (0.0, 80 * gib)])
+    metrics.gpu_use(owner, [37.0, 0.0])  # the use's own reading leaves the memory's series
+    assert value("pdl_gpu_memory_used_bytes", user=owner, gpu="0") == 3 * gib
+    assert value("pdl_gpu_memory_total_bytes", user=owner, gpu="1") == 80 * gib
+    metrics.gpu_memory(owner, None)  # not read this time: the last reading stays
+    assert value("pdl_gpu_memory_used_bytes", user=owner, gpu="1") == 0.0
+    metrics.gpu_memory(owner, [(1 * gib, 80 * gib)])  # one GPU left
+    assert value("pdl_gpu_memory_used_bytes", user=owner, gpu="1") is None
+    metrics.gpu_use_gone(owner)
+    assert value("pdl_gpu_memory_used_bytes", user=owner, gpu="0") is None
+    assert value("pdl_gpu_memory_total_bytes", user=owner, gpu="0") is None
+
+
 def test_the_usage_book_adds_each_readings_seconds_to_the_day_and_pdl_usage_prints_them(kind, tmp_path, capsys):
     from pdl_spawner.admin import usage_report
     from pdl_spawner.hub import usage_book
