@@ -47,15 +47,18 @@ class Admissions:
         self._hold_s = hold_s
         self._admitted: dict[str, Admission] = {}
 
-    def admit(self, key: str, user: str, workers: int, gpu_type: str = "") -> None:
+    def admit(self, key: str, user: str, workers: int, gpu_type: str = "") -> Admission:
         """Count ``workers`` (of ``gpu_type``, "" : any) as held by ``user`` for the server
-        ``key``, replacing what it had, for :data:`ADMISSION_HOLD_S` at most."""
-        self._admitted[key] = Admission(user, workers, gpu_type, self._clock() + self._hold_s)
+        ``key``, replacing what it had, for :data:`ADMISSION_HOLD_S` at most; the admission."""
+        admission = self._admitted[key] = Admission(user, workers, gpu_type, self._clock() + self._hold_s)
+        return admission
 
-    def drop(self, key: str) -> None:
+    def drop(self, key: str, admission: Admission | None = None) -> None:
         """The server ``key`` took its workers, or will not: it counts no longer (no-op if
-        it had no admission)."""
-        self._admitted.pop(key, None)
+        it had no admission). With ``admission``: only if that is still the server's (a
+        second request for a running spawn ends its own admission, not the first's)."""
+        if admission is None or self._admitted.get(key) is admission:
+            self._admitted.pop(key, None)
 
     def held_by_others(self, key: str, gpu_type: str = "") -> dict[str, int]:
         """User -> workers admitted to servers other than ``key``, of ``gpu_type`` (every

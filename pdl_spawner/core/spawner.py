@@ -33,7 +33,7 @@ from traitlets.config import LoggingConfigurable
 from pdl.lease import Refusal
 from pdl.limits import holding_line
 from pdl_spawner.core import form
-from pdl_spawner.core.admission import ADMISSIONS
+from pdl_spawner.core.admission import ADMISSIONS, Admission
 from pdl_spawner.core.gpu_idle import GpuIdleWatch
 from pdl_spawner.core.gpu_types import GpuTypeChoice
 from pdl_spawner.core.idle_engines import IdleEngines, idle_reason
@@ -293,32 +293,32 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
             SpawnerCore._take_lock = (loop, asyncio.Lock())
         return SpawnerCore._take_lock[1]
 
-    async def admit_spawn(self, options: dict | None) -> None:
+    async def admit_spawn(self, options: dict | None) -> Admission | None:
         """Answer a spawn request with ``options`` (its user options) before JupyterHub
         prepares the spawn (None: the options of this server's last spawn, as JupyterHub
         reads them): HTTPError 400 (one line) for options outside what is valid,
         409 (one line) when others wait in the queue or not enough workers are free,
         counting those admitted to other requests meanwhile
         (:mod:`pdl_spawner.core.admission`); else the spawn is admitted, its workers
-        counted as held until its ``start()`` takes them. Nothing is taken here; where
-        the scheduler keeps the queue (Slurm), and for a spawn that waits in PDL's queue,
-        ``start()`` answers."""
+        counted as held until its ``start()`` takes them: the admission. Nothing is taken
+        here; where the scheduler keeps the queue (Slurm), and for a spawn that waits in
+        PDL's queue, ``start()`` answers (None)."""
         if self.workers.own_queue:  # the scheduler answers, in start()
-            return
+            return None
         if options is None:  # as JupyterHub does: the options of this server's last spawn
             options = (self.orm_spawner.user_options if self.orm_spawner is not None else None) or {}
         self.user_options = options
         await self.workers.read_capacity()
         n = self.requested_workers()
         if self.wants_queue:
-            return
+            return None
         async with self.take_lock():
             await self.refuse_while_others_wait()
             gpu_type = self.chosen_gpu_type
             usage = (await self.workers.usage()).plus(ADMISSIONS.held_by_others(self.owner_key, gpu_type))
             if n > usage.free:
                 raise self.not_enough(n, usage)
-            ADMISSIONS.admit(self.owner_key, self.workers.holder_name, n, gpu_type)
+            return ADMISSIONS.admit(self.owner_key, self.workers.holder_name, n, gpu_type)
 
     async def reserve_workers(self, n: int | None = None, *, spawning: bool = True) -> Any:
         """Take ``n`` workers (default: what the spawn asked for) at once, or raise

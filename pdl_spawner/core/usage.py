@@ -49,3 +49,38 @@ class SchedulerLimits:
     workers: int | None = None
     note: str = ""
 
+#: Bytes in one MiB, nvidia-smi's unit of memory.
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU at the hub's reading: its use (percent) and, where read, its memory in use
+    and in all (bytes; None: not read)."""
+
+    use_percent: float
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+
+
+def gpu_reading(values: list[str]) -> GpuReading | None:
+    """nvidia-smi's ``utilization.gpu[, memory.used, memory.total]`` (csv, no units: MiB)
+    as one reading; None when the use is no number (``[N/A]``). Memory that is missing or
+    no number is not read."""
+    try:
+        use = float(values[0])
+    except (IndexError, ValueError):
+        return None
+    try:
+        used, total = (float(v) * MIB for v in values[1:3]) if len(values) >= 3 else (None, None)
+    except ValueError:
+        used = total = None
+    return GpuReading(use, used, total)
+
+
+def gpu_memory_of(readings: list[GpuReading] | None) -> list[tuple[float, float]] | None:
+    """(memory in use, in all) in bytes of each reading; None when one has no memory read."""
+    if not readings or any(r.memory_used_bytes is None or r.memory_total_bytes is None for r in readings):
+        return None
+    return [(r.memory_used_bytes, r.memory_total_bytes) for r in readings]
+

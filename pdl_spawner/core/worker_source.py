@@ -183,7 +183,8 @@ class WorkerSource(Protocol):
 
     async def gpu_memory(self) -> list[tuple[float, float]] | None:
         """Each GPU this server holds: (memory used, memory in all) in bytes, read by the
-        hub; None where the hub cannot read it (the default)."""
+        hub right after :meth:`gpu_use` in each sample (a source that reads both at once
+        may answer from that reading); None where the hub cannot read it (the default)."""
         return None
 
     async def record_gpu_idle(self, since: float | None) -> None:

@@ -16,8 +16,7 @@ series                             labels                                   type
 ``pdl_gpu_utilization_ratio``      user (``user/name`` for a named          gauge
                                    server), gpu (its index among the
                                    server's)
-``pdl_gpu_memory_used_bytes``      user, gpu (as above; the embedded        gauge
-                                   default reads it)
+``pdl_gpu_memory_used_bytes``      user, gpu (as above)                     gauge
 ``pdl_gpu_memory_total_bytes``     user, gpu (as above)                     gauge
 ``pdl_spawn_refusals_total``       reason (:data:`REFUSALS`)                counter
 ``pdl_session_extensions_total``   answer (granted|refused)                 counter

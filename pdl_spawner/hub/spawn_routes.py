@@ -33,11 +33,11 @@ class AdmitBeforeSpawn:
         admit = getattr(spawner, "admit_spawn", None)
         if admit is None or spawner.active:  # not PDL's, or running/pending: JupyterHub's answer
             return await super().spawn_single_user(user, server_name, display_name, options=options)
-        await admit(options)
+        admission = await admit(options)
         try:
             return await super().spawn_single_user(user, server_name, display_name, options=options)
         except BaseException:  # failed before start() took (or after: a no-op)
-            ADMISSIONS.drop(spawner.owner_key)
+            ADMISSIONS.drop(spawner.owner_key, admission)
             raise
 
 

@@ -19,12 +19,9 @@ from pdl.lease import Grant
 from pdl.nvidia_smi import MigDevice, query_gpus
 from pdl.slots import holds_gpu, mig_slots, parse_slot, slot_types
 from pdl_spawner.core.reservations import NotEnoughSlots
-from pdl_spawner.core.usage import NotEnoughWorkers, SchedulerLimits, WorkerUsage
+from pdl_spawner.core.usage import MIB, NotEnoughWorkers, SchedulerLimits, WorkerUsage
 from pdl_spawner.host.workers import HostWorkers
 from pdl_spawner.hub.db_thread import off_loop
-
-#: Bytes in one MiB, nvidia-smi's unit of memory.
-MIB = 1024 * 1024
 
 #: nvidia-smi path -> (GPU slot -> its type, MIG slot -> its device), read once per hub process.
 MACHINE_GPUS: dict[str, tuple[dict[str, str], dict[str, MigDevice]]] = {}

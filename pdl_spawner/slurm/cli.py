@@ -16,6 +16,7 @@ import pwd
 
 from pdl_spawner.slurm import jobs as slurm_jobs
 from pdl_spawner.slurm import qos as slurm_qos
+from pdl_spawner.core.usage import GpuReading
 from pdl_spawner.slurm.jobs import SlurmJob, SlurmNode
 
 #: Seconds one Slurm command may take before the hub gives up on it.
@@ -178,17 +179,18 @@ class SlurmCommands:
                                              f"{timeout:g} s after sacctmgr added it")
             await asyncio.sleep(0.2)
 
-    async def gpu_use(self, job: SlurmJob, account: str, nvidia_smi: str = "nvidia-smi") -> list[float] | None:
-        """The use (percent) of each GPU running ``job`` holds, read on its nodes by a
+    async def gpu_readings(self, job: SlurmJob, account: str,
+                           nvidia_smi: str = "nvidia-smi") -> list[GpuReading] | None:
+        """The use and memory of each GPU running ``job`` holds, read on its nodes by a
         step of ``account``'s (its owner: Slurm lets no one else, root included, start
-        a step in a job); None when it cannot be read (:func:`~pdl_spawner.slurm.jobs.parse_gpu_use`)."""
+        a step in a job); None when it cannot be read (:func:`~pdl_spawner.slurm.jobs.parse_gpu_readings`)."""
         if not job.node_gpus:
             return None
         try:
             out = await self.run(slurm_jobs.gpu_use_argv(job, nvidia_smi), account=account, timeout=GPU_USE_TIMEOUT_S)
         except SlurmError:
             return None
-        return slurm_jobs.parse_gpu_use(out, job)
+        return slurm_jobs.parse_gpu_readings(out, job)
 
     async def cancel(self, *job_ids: int) -> None:
         """Cancel these jobs (those already gone are no error)."""

@@ -23,7 +23,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from pdl_spawner.core.usage import WorkerUsage
+from pdl_spawner.core.usage import GpuReading, WorkerUsage, gpu_reading
 
 #: Prefix of the names of PDL's reservation jobs: ``pdl:<hub user>[:<server name>]``.
 JOB_NAME_PREFIX = "pdl:"
@@ -108,26 +108,29 @@ def sbatch_argv(name: str, gpus: int, *, partition: str = "", time_limit_min: in
 
 def gpu_use_argv(job: SlurmJob, nvidia_smi: str = "nvidia-smi") -> list[str]:
     """``srun`` arguments for a step into running ``job`` (beside its engines:
-    ``--overlap``), one task on each of its nodes, each printing the use (percent) of the
-    GPUs the job holds there, one line per GPU: ``nvidia-smi`` (the admin's path, run
+    ``--overlap``), one task on each of its nodes, each printing the use (percent) and
+    memory (in use, in all: MiB) of the GPUs the job holds there, one line per GPU:
+    ``nvidia-smi`` (the admin's path, run
     as the job's user without the user's environment) for the step's
     ``CUDA_VISIBLE_DEVICES``, which names the job's GPUs in ``nvidia-smi``'s numbering
     whether or not Slurm constrains devices."""
     nodes = sorted(job.node_gpus)
     return ["srun", f"--jobid={job.id}", "--overlap", f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}",
             "--ntasks-per-node=1", "--quiet", "--export=NONE", "/bin/sh", "-c",
-            'exec "$0" --id="$CUDA_VISIBLE_DEVICES" --query-gpu=utilization.gpu --format=csv,noheader,nounits',
+            'exec "$0" --id="$CUDA_VISIBLE_DEVICES" --query-gpu=utilization.gpu,memory.used,memory.total '
+            '--format=csv,noheader,nounits',
             nvidia_smi]
 
 
-def parse_gpu_use(output: str, job: SlurmJob) -> list[float] | None:
-    """The percentages :func:`gpu_use_argv`'s step printed, one per GPU of ``job``; None
-    when they are not one number per GPU it holds (a node did not answer, ``[N/A]``)."""
-    try:
-        use = [float(line) for line in output.split()]
-    except ValueError:
+def parse_gpu_readings(output: str, job: SlurmJob) -> list[GpuReading] | None:
+    """The readings :func:`gpu_use_argv`'s step printed, one per GPU of ``job`` (a line of
+    use alone is a reading without memory); None when they are not one reading per GPU it
+    holds (a node did not answer, a use of ``[N/A]``)."""
+    readings = [gpu_reading([v.strip() for v in line.split(",")]) for line in output.splitlines() if line.strip()]
+    wanted = sum(len(indexes) for indexes in job.node_gpus.values())
+    if not readings or len(readings) != wanted or any(r is None for r in readings):
         return None
-    return use if len(use) == sum(len(indexes) for indexes in job.node_gpus.values()) and use else None
+    return readings
 
 
 def parse_job_id(sbatch_stdout: str) -> int:

@@ -19,7 +19,7 @@ from pdl.lease import ExtendAnswer, Extended, Grant, Refusal
 from pdl.limits import duration
 from pdl_spawner.accounts import unix_accounts
 from pdl_spawner.core.reservations import SlotLedger
-from pdl_spawner.core.usage import SchedulerLimits, WorkerUsage
+from pdl_spawner.core.usage import GpuReading, SchedulerLimits, WorkerUsage, gpu_memory_of
 from pdl_spawner.host.workers import HostWorkers
 from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.slurm import form as slurm_form
@@ -384,20 +384,40 @@ class SlurmJobGpus(HostWorkers):
 
     # -- GPUs held idle ---------------------------------------------------------------
 
-    async def gpu_use(self) -> list[float] | None:
-        """Each GPU of the running job's use (percent), read on its nodes by a step the hub
-        starts in it as the user (:meth:`~pdl_spawner.slurm.cli.SlurmCommands.gpu_use`);
-        None without a running job, or when a GPU has no reading."""
+    #: The last reading of the job's GPUs: (monotonic seconds, job id, readings).
+    _last_reading: tuple[float, int, list[GpuReading] | None] | None = None
+
+    async def gpu_readings(self) -> list[GpuReading] | None:
+        """Each GPU of the running job: its use and memory, read on its nodes by a step the
+        hub starts in it as the user (:meth:`~pdl_spawner.slurm.cli.SlurmCommands.gpu_readings`);
+        None without a running job, or when a GPU has no reading. A reading of the same job
+        at most half a sample old (``gpu_sample_s``) is reused: the use and the memory of
+        one sample come from one step."""
         spawner = self.spawner
         if not spawner.job_id:
             return None
+        now = time.monotonic()
+        last = self._last_reading
+        if last is not None and last[1] == spawner.job_id and now - last[0] < spawner.gpu_sample_s / 2:
+            return last[2]
         try:
             job = await spawner.slurm.job(spawner.job_id)
         except SlurmError:
             return None
         if job is None or job.state != "RUNNING":
             return None
-        return await spawner.slurm.gpu_use(job, spawner.account, spawner.nvidia_smi or "nvidia-smi")
+        readings = await spawner.slurm.gpu_readings(job, spawner.account, spawner.nvidia_smi or "nvidia-smi")
+        self._last_reading = (now, job.id, readings)
+        return readings
+
+    async def gpu_use(self) -> list[float] | None:
+        """Each GPU of the running job's use (percent) (:meth:`gpu_readings`)."""
+        readings = await self.gpu_readings()
+        return [r.use_percent for r in readings] if readings else None
+
+    async def gpu_memory(self) -> list[tuple[float, float]] | None:
+        """Each GPU of the running job's memory, in use and in all (bytes) (:meth:`gpu_readings`)."""
+        return gpu_memory_of(await self.gpu_readings())
 
     async def record_gpu_idle(self, since: float | None) -> None:
         """The flag, in the spawner's ``flags_db``, where the admin view reads it."""

@@ -6,8 +6,8 @@ engines hold (:meth:`SwarmGpuUse.gpu_readings`, which the kind's source of worke
 The GPUs are on the swarm's nodes, which the hub reaches only through the manager. So
 the hub runs one global service of its own, :data:`~pdl_spawner.swarm.specs.GPU_READER`
 (:func:`~pdl_spawner.swarm.specs.gpu_reader_service`; made on first need and kept, as
-the network keeper is): on every node ``nvidia-smi`` prints each GPU's UUID and use
-every ``gpu_sample_s`` seconds, and the hub reads the latest lines through the manager
+the network keeper is): on every node ``nvidia-smi`` prints each GPU's UUID, use and
+memory every ``gpu_sample_s`` seconds, and the hub reads the latest lines through the manager
 (``docker service logs``). A line names its GPU by UUID, as a node's
 ``node-generic-resources`` name it (``NVIDIA-GPU=GPU-<uuid>``): that is how a reading
 meets the GPU Swarm assigned to an engine's task (:func:`~pdl_spawner.swarm.gpus.gpu_holdings`).
@@ -25,6 +25,7 @@ import time
 from docker.errors import APIError, NotFound
 from traitlets import HasTraits, List, Unicode
 
+from pdl_spawner.core.usage import GpuReading, gpu_reading
 from pdl_spawner.swarm.gpus import PENDING
 from pdl_spawner.swarm.specs import GPU_READER, gpu_reader_service
 
@@ -32,22 +33,22 @@ from pdl_spawner.swarm.specs import GPU_READER, gpu_reader_service
 FRESH_INTERVALS = 3
 
 
-def parse_readings(text: str) -> dict[str, float]:
-    """GPU UUID -> use (percent) from the reader's output, ``"GPU-<uuid>, 37"`` per line,
-    the last line of each GPU winning; lines that are not that shape (``[N/A]``, a
-    message of nvidia-smi's) are left out."""
-    found: dict[str, float] = {}
+def parse_readings(text: str) -> dict[str, GpuReading]:
+    """GPU UUID -> reading from the reader's output, ``"GPU-<uuid>, 37, 1024, 81920"`` per
+    line (use in percent, memory in use and in all in MiB; a line of use alone is a reading
+    without memory), the last line of each GPU winning; lines that are not that shape
+    (``[N/A]``, a message of nvidia-smi's) are left out."""
+    found: dict[str, GpuReading] = {}
     for line in text.splitlines():
-        uuid, _, value = line.partition(",")
-        try:
-            found[uuid.strip()] = float(value)
-        except ValueError:
-            continue
-    return {uuid: use for uuid, use in found.items() if uuid}
+        uuid, *values = [v.strip() for v in line.split(",")]
+        reading = gpu_reading(values)
+        if uuid and reading is not None:
+            found[uuid] = reading
+    return found
 
 
-def held_use(held: list[str], readings: dict[str, float]) -> list[float] | None:
-    """The use of each GPU of ``held`` (their ids), or None when any has no reading (or
+def held_readings(held: list[str], readings: dict[str, GpuReading]) -> list[GpuReading] | None:
+    """The reading of each GPU of ``held`` (their ids), or None when any has no reading (or
     is not placed yet)."""
     if not held or any(gpu == PENDING or gpu not in readings for gpu in held):
         return None
@@ -71,11 +72,11 @@ class SwarmGpuUse(HasTraits):
         driver folder where the NVIDIA runtime does not provide nvidia-smi); none by default.""",
     )
 
-    #: The hub's last reading, shared by its spawners: (epoch s, UUID -> use).
-    _readings: tuple[float, dict[str, float]] = (0.0, {})
+    #: The hub's last reading, shared by its spawners: (epoch s, UUID -> reading).
+    _readings: tuple[float, dict[str, GpuReading]] = (0.0, {})
 
-    async def gpu_readings(self) -> dict[str, float]:
-        """UUID -> use of every GPU the reader printed lately (a reading at most half a
+    async def gpu_readings(self) -> dict[str, GpuReading]:
+        """UUID -> reading (use, memory) of every GPU the reader printed lately (a reading at most half a
         sample old is reused by every spawner of this hub); makes the reader when it is
         missing, which then has nothing to say for a few seconds."""
         now = time.time()

@@ -369,13 +369,14 @@ def network_keeper_service(*, image: str, networks: list[str], user: str) -> dic
 
 def gpu_reader_service(*, image: str, nvidia_smi: str, every_s: int, user: str, mounts: list[dict] = ()) -> dict:
     """``create_service`` kwargs of the GPU reader (:mod:`pdl_spawner.swarm.gpu_use`): on
-    every node, ``nvidia-smi`` prints each GPU's UUID and use (percent) every ``every_s``
-    seconds, for the hub to read through the manager's logs. The hub's own service, in
+    every node, ``nvidia-smi`` prints each GPU's UUID, use (percent) and memory (in use,
+    in all: MiB) every ``every_s`` seconds, for the hub to read through the manager's logs. The hub's own service, in
     the admin's ``image``: every GPU visible (``NVIDIA_VISIBLE_DEVICES=all``, the NVIDIA
     runtime's own variable), none reserved, no network, read-only, logs capped."""
     labels = {LABEL_PREFIX + "role": "gpu-reader"}
     container = container_spec(
-        image=image, command=[nvidia_smi, "--query-gpu=uuid,utilization.gpu", "--format=csv,noheader,nounits",
+        image=image, command=[nvidia_smi, "--query-gpu=uuid,utilization.gpu,memory.used,memory.total",
+                              "--format=csv,noheader,nounits",
                               "-l", str(every_s)],
         env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility",
              "PDL_NODE": "{{.Node.Hostname}}"},

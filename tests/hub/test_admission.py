@@ -115,6 +115,11 @@ def test_an_admission_counts_for_others_of_its_gpu_type_and_no_longer_than_its_h
     assert admissions.held_by_others("eve/", "a100") == {"ann": 2}  # bob's any-type may land elsewhere
     assert admissions.held_by_others("ann/") == {"bob": 4}  # never its own
     admissions.drop("bob/big")
+    first = admissions.admit("eve/", "eve", 1)
+    second = admissions.admit("eve/", "eve", 1)  # a second request for the same server
+    admissions.drop("eve/", first)  # the first's end leaves the second's admission
+    assert admissions.held_by_others("ann/") == {"bob": 1, "eve": 1}
+    admissions.drop("eve/", second)
     now[0] += 30.0
     assert admissions.held_by_others("eve/") == {} and len(admissions) == 0
 

@@ -1,6 +1,6 @@
 """GPUs held idle on Slurm: the hub reads the use of the GPUs of ann's job on its nodes
 (a step it starts in her job, running a fake nvidia-smi whose readings the test sets per
-node), flags them in her panel, her cells and the admin view after a time at 0 %, and at
+node) into its metrics, flags them in her panel, her cells and the admin view after a time at 0 %, and at
 the release time her server releases the engines, the job is cancelled (Slurm has the
 GPUs back), and the next cell says why and gets a new job."""
 
@@ -24,7 +24,7 @@ def readings(tmp_path_factory):
     """The fake nvidia-smi (one reading per node, the file ``<node>`` beside it) and its folder."""
     folder = tmp_path_factory.mktemp("smi")
     for node in NODES:
-        (folder / node).write_text("50\n")
+        (folder / node).write_text("50, 3000, 16000\n")  # use (%), memory in use and in all (MiB)
         (folder / node).chmod(0o644)
     smi = folder / "nvidia-smi"
     smi.write_text(f'#!/bin/sh\nexec cat "{folder}/$(hostname)"\n')
@@ -43,7 +43,7 @@ def hub(slurm, readings, tmp_path_factory):
 
 def set_use(readings, percent: int) -> None:
     for node in NODES:
-        (readings / node).write_text(f"{percent}\n")
+        (readings / node).write_text(f"{percent}, 3000, 16000\n")
 
 
 def test_a_jobs_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_why(hub, slurm, readings):
@@ -51,6 +51,11 @@ def test_a_jobs_gpus_held_idle_are_flagged_then_released_and_the_next_cell_says_
     try:
         assert hub.server_api("ann", "/pdl/api/cluster")["gpu_idle"] is None  # her GPUs read 50 %
         assert admin_status(hub)["gpu_idle"] == []
+        # what the hub read in her job is on /hub/metrics for Prometheus: each GPU's use and memory
+        wait_until(lambda: hub.metric("pdl_gpu_memory_used_bytes", user="ann", gpu="1") == 3000 * 1024 * 1024, 15,
+                   what="ann's second GPU's memory on /hub/metrics")
+        assert hub.metric("pdl_gpu_memory_total_bytes", user="ann", gpu="0") == 16000 * 1024 * 1024
+        assert hub.metric("pdl_gpu_utilization_ratio", user="ann", gpu="0") == 0.5
 
         set_use(readings, 0)
         check_gpu_idle_flag(hub, "ann", kernel, magic("x = 1", 2), flag_s=FLAG_S, timeout=FLAG_S + 20)

@@ -11,9 +11,10 @@ from datetime import datetime, timezone
 
 import pytest
 
+from pdl_spawner.core.usage import GpuReading
 from pdl_spawner.slurm.jobs import (
     JOB_NAME_PREFIX, SlurmJob, SlurmNode, default_partition, gpu_types, gpu_usage, gpu_use_argv, job_name,
-    parse_gpu_use, partition_gpu_types,
+    parse_gpu_readings, partition_gpu_types,
     parse_job_id, parse_jobs, parse_nodes, pdl_job_owner, pending_message, queue_position, sbatch_argv,
 )
 
@@ -267,17 +268,21 @@ def test_a_job_is_pdls_only_when_its_name_and_its_account_agree():
     assert pdl_job_owner(SlurmJob(**{**mine.__dict__, "name": JOB_NAME_PREFIX}), "t1a2-") is None
 
 
-def test_a_jobs_gpu_use_is_read_by_one_overlapping_step_task_per_node_of_the_admins_nvidia_smi():
+def test_a_jobs_gpu_use_and_memory_are_read_by_one_overlapping_step_task_per_node_of_the_admins_nvidia_smi():
     job = SlurmJob(id=12, name="pdl:ann", user="pdl-ann", state="RUNNING", reason="None", partition="gpu", gpus=3,
                    node_gpus={"n2": [0, 1], "n1": [3]})
     argv = gpu_use_argv(job, "/opt/nvidia/bin/nvidia-smi")
     assert argv[:9] == ["srun", "--jobid=12", "--overlap", "--nodes=2", "--nodelist=n1,n2", "--ntasks-per-node=1",
                         "--quiet", "--export=NONE", "/bin/sh"]
     assert argv[-1] == "/opt/nvidia/bin/nvidia-smi" and '--id="$CUDA_VISIBLE_DEVICES"' in argv[-2]
-    assert parse_gpu_use("0\n37\n100\n", job) == [0.0, 37.0, 100.0]
-    assert parse_gpu_use("0\n37\n", job) is None          # a node did not answer
-    assert parse_gpu_use("0\n[N/A]\n5\n", job) is None    # a GPU without a reading
-    assert parse_gpu_use("", job) is None
+    assert "--query-gpu=utilization.gpu,memory.used,memory.total" in argv[-2]
+    mib = 1024 * 1024
+    assert parse_gpu_readings("0, 10, 80\n37, 20, 80\n100, [N/A], 80\n", job) == [
+        GpuReading(0.0, 10 * mib, 80 * mib), GpuReading(37.0, 20 * mib, 80 * mib), GpuReading(100.0)]
+    assert parse_gpu_readings("0\n37\n100\n", job) == [GpuReading(0.0), GpuReading(37.0), GpuReading(100.0)]
+    assert parse_gpu_readings("0\n37\n", job) is None          # a node did not answer
+    assert parse_gpu_readings("0\n[N/A], 1, 2\n5\n", job) is None    # a GPU without a reading
+    assert parse_gpu_readings("", job) is None
 
 
 def test_gpu_types_are_read_from_every_gres_and_tres_form_slurm_writes():

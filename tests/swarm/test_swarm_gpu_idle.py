@@ -1,6 +1,7 @@
 """GPUs held idle on the simulated 3-node swarm: the hub's GPU reader (a global service
 running a fake nvidia-smi, whose readings the test sets per node, in the nodes'
-containers) gives the use of the GPU Swarm assigned to alice's engine; after a time at
+containers) gives the use and memory of the GPU Swarm assigned to alice's engine (on
+/hub/metrics); after a time at
 0 % her panel, her cells and the admin view flag it, and at the release time her engine
 service is scaled to 0 (its GPU back to the swarm), the next cell says why and gets it
 back."""
@@ -35,7 +36,7 @@ def readings(swarm, tmp_path_factory):
 
 def set_use(swarm, folder, percent: int) -> None:
     for i in swarm.node_ids():
-        (folder / swarm.hostname(i)).write_text(f"{swarm.gpu(i)}, {percent}\n")
+        (folder / swarm.hostname(i)).write_text(f"{swarm.gpu(i)}, {percent}, 3000, 16000\n")  # memory in MiB
         (folder / swarm.hostname(i)).chmod(0o644)
 
 
@@ -65,6 +66,11 @@ def test_a_gpu_held_idle_is_flagged_then_released_and_the_next_cell_says_why(hub
         kernel.execute_ok("%load_ext pdl_magics")
         assert "sum 1" in kernel.execute_ok(SUM1, timeout=120)["stdout"]
         assert hub.server_api("alice", "/pdl/api/cluster")["gpu_idle"] is None  # her GPU reads 50 %
+        # what the reader printed for her GPU is on /hub/metrics for Prometheus: its use and memory
+        wait_until(lambda: hub.metric("pdl_gpu_memory_used_bytes", user="alice", gpu="0") == 3000 * 1024 * 1024, 15,
+                   what="alice's GPU's memory on /hub/metrics")
+        assert hub.metric("pdl_gpu_memory_total_bytes", user="alice", gpu="0") == 16000 * 1024 * 1024
+        assert hub.metric("pdl_gpu_utilization_ratio", user="alice", gpu="0") == 0.5
 
         set_use(swarm, readings, 0)
         check_gpu_idle_flag(hub, "alice", kernel, magic("x = 1", 1), flag_s=FLAG_S, timeout=FLAG_S + 30)

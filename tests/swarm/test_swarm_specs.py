@@ -201,8 +201,8 @@ def test_the_gpu_reader_prints_every_gpus_use_on_every_node_reserving_none_witho
         "task_template": {
             "ContainerSpec": {
                 "Image": "pdl-engine:test",
-                "Command": ["/opt/smi/nvidia-smi", "--query-gpu=uuid,utilization.gpu", "--format=csv,noheader,nounits",
-                            "-l", "30"],
+                "Command": ["/opt/smi/nvidia-smi", "--query-gpu=uuid,utilization.gpu,memory.used,memory.total",
+                            "--format=csv,noheader,nounits", "-l", "30"],
                 "Env": ["NVIDIA_DRIVER_CAPABILITIES=utility", "NVIDIA_VISIBLE_DEVICES=all",
                         "PDL_NODE={{.Node.Hostname}}"],
                 "Labels": labels, "Dir": "/", "Secrets": [], "ReadOnly": True, "Mounts": mounts, **SECURE,
