@@ -16,11 +16,12 @@ epoch seconds. Members with a body here are defaults a source may keep.
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from typing import Any, Protocol, runtime_checkable
 
 from pdl.lease import ExtendAnswer, Grant
-from pdl_spawner.core.usage import SchedulerLimits, WorkerUsage
+from pdl_spawner.core.usage import GpuReading, SchedulerLimits, WorkerUsage, gpu_memory_of
 
 
 @runtime_checkable
@@ -207,3 +208,41 @@ class SpawnerWorkers(WorkerSource):
     def holder_name(self) -> str:
         """The hub user's name."""
         return self.spawner.user.name
+
+
+class GpusReadAtOnce:
+    """Mixin for a source that reads its GPUs' use and memory in one look
+    (:meth:`look_at_gpus`, e.g. one Slurm step, one read of Swarm's GPU reader): the
+    hub's :meth:`WorkerSource.gpu_use` and :meth:`WorkerSource.gpu_memory` of one sample
+    come from one look, which is reused while at most half a sample old
+    (``spawner.gpu_sample_s``) and for the same :meth:`look_key`."""
+
+    spawner: Any
+    #: The last look: (monotonic seconds, its key, the readings).
+    _last_look: tuple[float, Any, list[GpuReading] | None] | None = None
+
+    @abstractmethod
+    async def look_at_gpus(self) -> list[GpuReading] | None:
+        """Each GPU this server holds, read now; None when one has no reading."""
+        ...
+
+    def look_key(self) -> Any:
+        """What a reused look must have been of (Slurm: the job); None by default."""
+        return None
+
+    async def held_gpu_readings(self) -> list[GpuReading] | None:
+        """:meth:`look_at_gpus`, or the last look while fresh (see the class docstring)."""
+        now, key, last = time.monotonic(), self.look_key(), self._last_look
+        if last is not None and last[1] == key and now - last[0] < self.spawner.gpu_sample_s / 2:
+            return last[2]
+        readings = await self.look_at_gpus()
+        self._last_look = (now, key, readings)
+        return readings
+
+    async def gpu_use(self) -> list[float] | None:
+        readings = await self.held_gpu_readings()
+        return [r.use_percent for r in readings] if readings else None
+
+    async def gpu_memory(self) -> list[tuple[float, float]] | None:
+        return gpu_memory_of(await self.held_gpu_readings())
+

@@ -19,7 +19,8 @@ from pdl.lease import ExtendAnswer, Extended, Grant, Refusal
 from pdl.limits import duration
 from pdl_spawner.accounts import unix_accounts
 from pdl_spawner.core.reservations import SlotLedger
-from pdl_spawner.core.usage import GpuReading, SchedulerLimits, WorkerUsage, gpu_memory_of
+from pdl_spawner.core.usage import GpuReading, SchedulerLimits, WorkerUsage
+from pdl_spawner.core.worker_source import GpusReadAtOnce
 from pdl_spawner.host.workers import HostWorkers
 from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.slurm import form as slurm_form
@@ -47,7 +48,7 @@ UNREAD_CAPACITY = 1 << 20
 PARTITION_GPUS: dict[str, int] = {}
 
 
-class SlurmJobGpus(HostWorkers):
+class SlurmJobGpus(GpusReadAtOnce, HostWorkers):
     """A Slurm server's GPUs (see the module docstring); made with its
     :class:`~pdl_spawner.slurm.spawner.PDLSlurmSpawner`, whose job id and settings it uses."""
 
@@ -384,40 +385,24 @@ class SlurmJobGpus(HostWorkers):
 
     # -- GPUs held idle ---------------------------------------------------------------
 
-    #: The last reading of the job's GPUs: (monotonic seconds, job id, readings).
-    _last_reading: tuple[float, int, list[GpuReading] | None] | None = None
+    def look_key(self) -> int:
+        """A look at the GPUs is of one job."""
+        return self.spawner.job_id
 
-    async def gpu_readings(self) -> list[GpuReading] | None:
+    async def look_at_gpus(self) -> list[GpuReading] | None:
         """Each GPU of the running job: its use and memory, read on its nodes by a step the
         hub starts in it as the user (:meth:`~pdl_spawner.slurm.cli.SlurmCommands.gpu_readings`);
-        None without a running job, or when a GPU has no reading. A reading of the same job
-        at most half a sample old (``gpu_sample_s``) is reused: the use and the memory of
-        one sample come from one step."""
+        None without a running job, or when a GPU has no reading."""
         spawner = self.spawner
         if not spawner.job_id:
             return None
-        now = time.monotonic()
-        last = self._last_reading
-        if last is not None and last[1] == spawner.job_id and now - last[0] < spawner.gpu_sample_s / 2:
-            return last[2]
         try:
             job = await spawner.slurm.job(spawner.job_id)
         except SlurmError:
             return None
         if job is None or job.state != "RUNNING":
             return None
-        readings = await spawner.slurm.gpu_readings(job, spawner.account, spawner.nvidia_smi or "nvidia-smi")
-        self._last_reading = (now, job.id, readings)
-        return readings
-
-    async def gpu_use(self) -> list[float] | None:
-        """Each GPU of the running job's use (percent) (:meth:`gpu_readings`)."""
-        readings = await self.gpu_readings()
-        return [r.use_percent for r in readings] if readings else None
-
-    async def gpu_memory(self) -> list[tuple[float, float]] | None:
-        """Each GPU of the running job's memory, in use and in all (bytes) (:meth:`gpu_readings`)."""
-        return gpu_memory_of(await self.gpu_readings())
+        return await spawner.slurm.gpu_readings(job, spawner.account, spawner.nvidia_smi or "nvidia-smi")
 
     async def record_gpu_idle(self, since: float | None) -> None:
         """The flag, in the spawner's ``flags_db``, where the admin view reads it."""

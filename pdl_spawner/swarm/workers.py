@@ -11,14 +11,13 @@ are promised in this hub process until Swarm counts them
 
 from __future__ import annotations
 
-import time
 
 from jupyterhub.utils import url_path_join
 
 from pdl.lease import Grant
 from pdl_spawner.core.reservations import SlotLedger
-from pdl_spawner.core.usage import GpuReading, NotEnoughWorkers, WorkerUsage, gpu_memory_of
-from pdl_spawner.core.worker_source import SpawnerWorkers
+from pdl_spawner.core.usage import GpuReading, NotEnoughWorkers, WorkerUsage
+from pdl_spawner.core.worker_source import GpusReadAtOnce, SpawnerWorkers
 from pdl_spawner.hub.db_thread import off_loop
 from pdl_spawner.swarm.gpu_use import held_readings
 from pdl_spawner.swarm.gpus import Promise, gpu_usage
@@ -29,7 +28,7 @@ from pdl_spawner.swarm.state import service_replicas
 GPU_REQUEST_CAP = 1024
 
 
-class SwarmGpus(SpawnerWorkers):
+class SwarmGpus(GpusReadAtOnce, SpawnerWorkers):
     """A Swarm server's GPUs (see the module docstring)."""
 
     kind = "gpu"
@@ -120,34 +119,15 @@ class SwarmGpus(SpawnerWorkers):
 
     # -- GPU use --------------------------------------------------------------------------
 
-    #: The last reading of this server's GPUs: (monotonic seconds, readings).
-    _last_reading: tuple[float, list[GpuReading] | None] | None = None
-
-    async def _held_readings(self) -> list[GpuReading] | None:
+    async def look_at_gpus(self) -> list[GpuReading] | None:
         """Each GPU this server's engines hold: its reading from the reader; None while an
-        engine has no GPU placed or a GPU has no recent reading. A reading at most half a
-        sample old (``gpu_sample_s``) is reused: the use and the memory of one sample come
-        from one look at the engines."""
+        engine has no GPU placed or a GPU has no recent reading."""
         spawner = self.spawner
-        now = time.monotonic()
-        if self._last_reading is not None and now - self._last_reading[0] < spawner.gpu_sample_s / 2:
-            return self._last_reading[1]
         running = [s for s in await spawner.engine_services_now() if service_replicas(s)]
-        readings = None
-        if running:
-            held = [h.gpu for h in await spawner.engine_holdings(running)]
-            readings = held_readings(held, await spawner.gpu_readings())
-        self._last_reading = (now, readings)
-        return readings
-
-    async def gpu_use(self) -> list[float] | None:
-        """Each GPU this server's engines hold: its use (percent) from the reader."""
-        readings = await self._held_readings()
-        return [r.use_percent for r in readings] if readings else None
-
-    async def gpu_memory(self) -> list[tuple[float, float]] | None:
-        """Each GPU this server's engines hold: its memory, in use and in all (bytes)."""
-        return gpu_memory_of(await self._held_readings())
+        if not running:
+            return None
+        held = [h.gpu for h in await spawner.engine_holdings(running)]
+        return held_readings(held, await spawner.gpu_readings())
 
     async def record_gpu_idle(self, since: float | None) -> None:
         """The flag, in the spawner's ``state_db``, where the admin view reads it."""
