@@ -49,6 +49,7 @@ class SchedulerLimits:
     workers: int | None = None
     note: str = ""
 
+
 #: Bytes in one MiB, nvidia-smi's unit of memory.
 MIB = 1024 * 1024
 
@@ -83,4 +84,3 @@ def gpu_memory_of(readings: list[GpuReading] | None) -> list[tuple[float, float]
     if not readings or any(r.memory_used_bytes is None or r.memory_total_bytes is None for r in readings):
         return None
     return [(r.memory_used_bytes, r.memory_total_bytes) for r in readings]
-

@@ -245,4 +245,3 @@ class GpusReadAtOnce:
 
     async def gpu_memory(self) -> list[tuple[float, float]] | None:
         return gpu_memory_of(await self.held_gpu_readings())
-

@@ -1,9 +1,10 @@
 """The hub's spawn routes, answered by PDL before JupyterHub prepares a spawn.
 
-Every spawn JupyterHub starts, whatever asked for it (the REST API's ``POST
-/hub/api/users/<name>/server`` and ``.../servers/<server>``, the spawn form, a spawn
-URL's query), goes through its handlers' ``spawn_single_user``. JupyterHub's own spawn
-then does its work on the hub's one event loop before the spawner's ``start()`` runs:
+A spawn JupyterHub starts comes from its REST handler (``POST
+/hub/api/users/<name>/server`` and ``.../servers/<server>``, through its
+``spawn_single_user``) or its spawn page (the form, a spawn URL's query, through its
+``_wrap_spawn_single_user``, which gives the spawn a second and then sends the browser
+to the pending page). JupyterHub's own spawn then does its work on the hub's one event loop before the spawner's ``start()`` runs:
 the server's database row, its API token and OAuth client, several commits; and after a
 refused ``start()`` it undoes them and logs an error. In a burst of 20 requests at once
 a refusal, which needs none of it, waited behind all of that work (0.9 s at p95).
@@ -22,31 +23,55 @@ from __future__ import annotations
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.handlers.pages import SpawnHandler
 
-from pdl_spawner.core.admission import ADMISSIONS
+from pdl_spawner.core.admission import ADMISSIONS, Admission
 
 
 class AdmitBeforeSpawn:
     """Mixin for a JupyterHub handler: a PDL spawner answers a spawn request first."""
 
-    async def spawn_single_user(self, user, server_name="", display_name="", options=None):
+    async def admit_first(self, user, server_name: str, options: dict | None) -> Admission | None:
+        """The spawner's answer (:meth:`~pdl_spawner.core.spawner.SpawnerCore.admit_spawn`):
+        HTTPError for a refusal, else its admission; None where the spawner is not PDL's or
+        its server runs or is pending (JupyterHub answers)."""
         spawner = user.spawners.get(server_name)
         admit = getattr(spawner, "admit_spawn", None)
-        if admit is None or spawner.active:  # not PDL's, or running/pending: JupyterHub's answer
-            return await super().spawn_single_user(user, server_name, display_name, options=options)
-        admission = await admit(options)
-        try:
-            return await super().spawn_single_user(user, server_name, display_name, options=options)
-        except BaseException:  # failed before start() took (or after: a no-op)
-            ADMISSIONS.drop(spawner.owner_key, admission)
-            raise
+        if admit is None or spawner.active:
+            return None
+        return await admit(options)
+
+    @staticmethod
+    def end_admission(user, server_name: str, admission: Admission | None) -> None:
+        """A request admitted failed before its ``start()`` took (or after: a no-op)."""
+        if admission is not None:
+            ADMISSIONS.drop(user.spawners[server_name].owner_key, admission)
 
 
 class PDLUserServerAPIHandler(AdmitBeforeSpawn, UserServerAPIHandler):
     """JupyterHub's REST handler of a user's server, a PDL spawner answering spawns first."""
 
+    async def spawn_single_user(self, user, server_name="", display_name="", options=None):
+        admission = await self.admit_first(user, server_name, options)
+        try:
+            return await super().spawn_single_user(user, server_name, display_name, options=options)
+        except BaseException:
+            self.end_admission(user, server_name, admission)
+            raise
+
 
 class PDLSpawnHandler(AdmitBeforeSpawn, SpawnHandler):
-    """JupyterHub's spawn page, a PDL spawner answering spawns first."""
+    """JupyterHub's spawn page, a PDL spawner answering spawns first: before JupyterHub
+    starts the spawn and gives it a second before it sends the browser to the pending
+    page, so that a refusal, however long the answer takes, is the form again with its
+    line (what JupyterHub's page does with a spawn's error)."""
+
+    async def _wrap_spawn_single_user(self, user, server_name, display_name, spawner, pending_url, options=None):
+        admission = await self.admit_first(user, server_name, options)
+        try:
+            return await super()._wrap_spawn_single_user(user, server_name, display_name, spawner, pending_url,
+                                                         options)
+        except BaseException:
+            self.end_admission(user, server_name, admission)
+            raise
 
 
 #: JupyterHub's handler -> PDL's on the same routes.
