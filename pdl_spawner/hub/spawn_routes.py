@@ -20,10 +20,17 @@ place of JupyterHub's own, on the same routes, when the hub builds its route tab
 
 from __future__ import annotations
 
+import asyncio
+
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.handlers.pages import SpawnHandler
 
 from pdl_spawner.core.admission import ADMISSIONS, Admission
+
+
+#: Seconds PDL's answer may take before a spawn request goes on to JupyterHub's spawn
+#: without it (within JupyterHub's slow_spawn_timeout, 10 s, after which it answers 202).
+ANSWER_WITHIN_S = 5.0
 
 
 class AdmitBeforeSpawn:
@@ -32,12 +39,17 @@ class AdmitBeforeSpawn:
     async def admit_first(self, user, server_name: str, options: dict | None) -> Admission | None:
         """The spawner's answer (:meth:`~pdl_spawner.core.spawner.SpawnerCore.admit_spawn`):
         HTTPError for a refusal, else its admission; None where the spawner is not PDL's or
-        its server runs or is pending (JupyterHub answers)."""
+        its server runs or is pending, and where the answer takes longer than
+        :data:`ANSWER_WITHIN_S` (a cluster slow to say what is free): JupyterHub's spawn
+        goes on, and ``start()`` answers, as it would without this."""
         spawner = user.spawners.get(server_name)
         admit = getattr(spawner, "admit_spawn", None)
         if admit is None or spawner.active:
             return None
-        return await admit(options)
+        try:
+            return await asyncio.wait_for(admit(options), ANSWER_WITHIN_S)
+        except asyncio.TimeoutError:
+            return None
 
     @staticmethod
     def end_admission(user, server_name: str, admission: Admission | None) -> None:

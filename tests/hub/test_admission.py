@@ -138,3 +138,25 @@ def test_jupyterhubs_spawn_routes_get_pdls_handlers_and_nothing_else_changes():
 
 def test_no_route_changes_where_no_hub_runs():
     assert spawn_routes.fit_spawn_routes() is False
+
+
+def test_an_answer_that_takes_too_long_leaves_the_spawn_to_jupyterhub_and_start(monkeypatch):
+    """A cluster slow to say what is free (a Swarm manager under load) must not hold the
+    request: past ANSWER_WITHIN_S the spawn goes on as it would without PDL's answer."""
+    from types import SimpleNamespace
+
+    async def slow_answer(options):
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(spawn_routes, "ANSWER_WITHIN_S", 0.2)
+    spawner = SimpleNamespace(active=False, admit_spawn=slow_answer)
+    user = SimpleNamespace(spawners={"": spawner})
+
+    async def ask():
+        started = asyncio.get_running_loop().time()
+        answer = await spawn_routes.AdmitBeforeSpawn().admit_first(user, "", {"workers": 1})
+        return answer, asyncio.get_running_loop().time() - started
+
+    answer, took_s = asyncio.run(ask())
+    assert answer is None and took_s < 5
+
