@@ -39,6 +39,9 @@ from .errors import DistributedUsageError, RanksStuck
 
 #: Seconds to wait for engines to confirm a signal (interrupt, stack request).
 SIGNAL_REPLY_S = 2.0
+#: Seconds between a wait's looks at the engines the controller has registered
+#: (:meth:`Engines._wait_for_registrations`).
+NOTICE_LOOK_S = 5.0
 #: Seconds a cell waits for the hub to grant slots again after an idle release.
 LEASE_WAIT_S = 120.0
 #: Seconds the server may take to record a release it is due to make (its supervision period, twice).
@@ -167,7 +170,7 @@ class Engines:
 
     def _grow(self, n: int, available: int) -> None:
         """Make sure at least ``n`` engines are up (under the hub: all ``available``)."""
-        client = self.connect()
+        self.connect()
         if self.is_hub:
             self._bring_back()
             target = available
@@ -182,12 +185,49 @@ class Engines:
         # ipyparallel's wait shows engines starting (a progress bar); ours then waits until the
         # registered engines are live ones (not killed but still listed)
         try:
-            client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=True)
+            self._wait_for_registrations(target)
         except ipp.error.EngineError:
             # an engine that died since the last cell (its set stopped, or its unregistration
             # arrived now) while its replacement starts: not a failure of this wait
             pass
         self._wait_until_live(target)
+
+    def _wait_for_registrations(self, target: int) -> None:
+        """Wait until the client knows ``target`` engines, within
+        :data:`~pdl_server.clusters.ENGINE_TIMEOUT_S` (TimeoutError past it).
+
+        ipyparallel's client learns of engines only from the controller's notices, and one
+        sent just after the client connected can be lost (a subscription takes a moment to
+        start): the engine runs, the controller lists it, and the client waited for it in
+        vain (seen in a run: the engine's registration finished 11 ms after the kernel's
+        client connected). So every :data:`NOTICE_LOOK_S` the wait asks the controller which
+        engines it has; for one the client does not know, a new client (whose connection
+        reply lists every engine) takes over."""
+        deadline = time.monotonic() + clusters.ENGINE_TIMEOUT_S
+        waiting = self._client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=False)
+        while True:
+            try:
+                return waiting.result(timeout=NOTICE_LOOK_S)
+            except TimeoutError:
+                if waiting.done():  # the wait's own end: not all registered in time
+                    raise
+            if self.registered_ids() - set(self._client.ids):
+                self._reconnect()
+                waiting = self._client.wait_for_engines(target, timeout=max(0.0, deadline - time.monotonic()),
+                                                        block=False)
+
+    def registered_ids(self) -> set[int]:
+        """The engines the controller has registered now (asked of it, not of the notices)."""
+        return {eid for eid in self._client.queue_status() if isinstance(eid, int)}
+
+    def _reconnect(self) -> None:
+        """A new client of the same controller in place of this one (which missed a notice)."""
+        old = self._client
+        with quiet_empty_location_lookup():
+            self._client = self._cluster.connect_client_sync()
+        self._client.block = False
+        self._views.clear()
+        old.close()
 
     def _bring_back(self) -> None:
         """Under the hub: note the cell's start with the lease's owner (the server keeps

@@ -1,0 +1,53 @@
+"""A client that missed the controller's notice of an engine (pdl_magics/engines.py,
+``Engines._wait_for_registrations``): ipyparallel's client learns of engines only from
+those notices, and one sent just after it connected can be lost. The cell must still
+run, on a client that asked the controller again, instead of waiting in vain and
+failing with "1 engines not ready in 60 seconds" (seen in a run on the simulated swarm).
+
+The fault is injected at one seam: the first client the session connects drops every
+registration notice; the controller, the engines and every later client are real."""
+
+from __future__ import annotations
+
+import io
+
+import ipyparallel as ipp
+import pytest
+
+from pdl_magics import DistributedSession
+from pdl_server import clusters
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def deaf_first_client(monkeypatch):
+    """The first client connected drops the controller's registration notices."""
+    connect = ipp.Cluster.connect_client
+    made = []
+
+    async def connect_once_deaf(cluster, *args, **kwargs):
+        client = await connect(cluster, *args, **kwargs)
+        if not made:
+            client._notification_handlers["registration_notification"] = lambda msg: None
+        made.append(client)
+        return client
+
+    monkeypatch.setattr(ipp.Cluster, "connect_client", connect_once_deaf)
+    return made
+
+
+def test_a_cell_runs_although_its_client_missed_the_engines_registration(tmp_path, monkeypatch, deaf_first_client):
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.delenv("PDL_CLUSTER_FILE", raising=False)
+    monkeypatch.delenv("PDL_SLOTS", raising=False)
+    monkeypatch.setenv("PDL_STATUS_DIR", str(tmp_path / "status"))
+    monkeypatch.setattr(clusters, "ENGINE_TIMEOUT_S", 30)  # the failure, were the notice awaited, in 30 s
+    session = DistributedSession(local_slots=["cpu:0"])
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        session.run("import torch.distributed as dist\nprint('rank', dist.get_rank())", 1, out=out, err=err)
+    finally:
+        session.close()
+    assert "rank 0" in out.getvalue(), (out.getvalue(), err.getvalue())
+    assert len(deaf_first_client) == 2  # the deaf client was replaced by one that asked the controller
