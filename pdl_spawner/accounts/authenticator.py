@@ -14,9 +14,10 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   (bcrypt's limit). A name listed at hub start (``PDL_USERS``) has a one-time sign-up
   code (:class:`~pdl_spawner.accounts.credentials.SignupCodes`, in the folder of
   ``first_admin_password_file``; ``scripts/serve`` prints a link with it for each):
-  with it, as ``/hub/signup?code=...``, the name is approved at once; without it the
-  sign-up is refused (HTTP 403, one line), so a stranger cannot claim a listed name
-  first. Any other name, a name added at ``/hub/admin`` later included, waits until an
+  with it, as ``/hub/signup?code=...``, the name is approved at once; without it (or
+  with another code) the sign-up makes nothing and is answered as an unlisted name's
+  (below), so a stranger can neither claim a listed name first nor tell that it is
+  listed. Any other name, a name added at ``/hub/admin`` later included, waits until an
   admin authorizes it at ``/hub/authorize``. ``enable_signup`` (default: the hub runs as root) turns the
   page off (404): without root every server would run as the hub's own Unix user.
 - **Logging in** takes an authorized account and its password, nothing else:
@@ -33,10 +34,21 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   a pool of their own, a bounded number at once hub-wide; beyond, HTTP 429. These rules
   are :class:`~pdl_spawner.accounts.login_guard.LoginGuard`'s, which any password login
   of PDL's uses.
-- **Names are not told.** A name without an account gets the answer of a wrong password,
-  after as long (a bcrypt check against a decoy hash of the same cost), and is counted
-  and locked the same way: before, a missing name answered in 53 ms and an account's
-  wrong password in 719 ms, and only existing names were ever locked.
+- **Names are not told.** At login, a name without an account gets the answer of a
+  wrong password, after as long (a bcrypt check against a decoy hash of the same cost),
+  and is counted and locked the same way: before, a missing name answered in 53 ms and
+  an account's wrong password in 719 ms, and only existing names were ever locked. At
+  sign-up, the checks that do not depend on the name's account come first (the
+  fields' bounds, the caps below, the name's form, the password's strength, its
+  confirmation); then a name that has an account (approved or waiting) or waits for
+  its listed person's code gets, after the same bcrypt hash in the same pool, counted
+  per address and checked against the waiting list's cap as any other, the answer of a
+  new unlisted name ("Signed up: you can log in once an admin approves <name>."), and
+  nothing is made (:meth:`~PDLAuthenticator.sign_up`): before, a taken name was
+  "already in use" and a free one was told about its password. Only the number of
+  names waiting differs (a free name adds one): someone who fills the waiting list to
+  one below its cap can tell from the next sign-up's 429 whether one name was free, and
+  each such try leaves a name waiting for the admin.
 - **A lock a stranger cannot keep closed.** A browser that logged in as a name keeps a
   signed cookie saying so (the guard's ``KNOWN_BROWSER_COOKIE``, HttpOnly,
   SameSite=Strict, the hub's path). Counts, locks and the one check at a time are kept
@@ -44,12 +56,22 @@ accounts (the ``users_info`` table of the hub's database, bcrypt hashes) and its
   for browsers that never logged in as it, while its owner's browser still gets in (one
   wrong guess each time the lock ended kept its owner out for good before this).
 - **Sign-ups are bounded.** At most ``pending_signups_at_most`` (20) names wait for the
-  admin's approval, and one client address signs up at most ``signups_per_address`` (10)
-  unlisted names in ``signup_window_seconds`` (600); beyond either, HTTP 429 with one
-  line, before the password is hashed. The hash is made in the password checks' own
-  pool and counts against their cap (429 beyond), never on the hub's event loop (32
-  anonymous sign-ups, each hashed there, stalled the hub for seconds). Listed names
-  and admins can always sign up.
+  admin's approval, and one client address makes at most ``signups_per_address`` (10)
+  sign-ups without a one-time code in ``signup_window_seconds`` (600), whatever the
+  name; beyond either, HTTP 429 with one line, before the password is hashed. The hash
+  is made in the password checks' own pool and counts against their cap (429 beyond),
+  never on the hub's event loop (32 anonymous sign-ups, each hashed there, stalled the
+  hub for seconds). A sign-up with its one-time code is never held by either cap. The
+  counts per address keep at most :data:`SIGNUP_ADDRESSES_KEPT` addresses, the one
+  whose last sign-up is oldest forgotten first.
+- **What a visitor makes the hub keep is bounded.** Each field of the login and sign-up
+  forms is bounded before anything reads it (:mod:`~pdl_spawner.accounts.form_limits`:
+  a name of at most 256 characters, a password of at most 1,024, an e-mail address of
+  at most 128; past its bound, HTTP 400 with one line that quotes none of it; a login's
+  over-long password is a wrong one). The lockout keeps counts for names that can log
+  in only (at most 20 characters), at most ``login_guard.NAMES_KEPT`` (10,000) of them,
+  each for at most an hour (:mod:`~pdl_spawner.accounts.login_guard`); refusals quote
+  at most 40 characters of a name.
 - **Names** are normalised (Unicode NFKC, then JupyterHub's lowercasing) before anything
   else, and must be :data:`~pdl_spawner.accounts.unix_accounts.NAME_PATTERN`, as each becomes a
   Unix account (``pdl-<name>``). A sign-up must type the name in ASCII (``\u212Aate``, with
@@ -71,7 +93,7 @@ import os
 import re
 import time
 import unicodedata
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 
 import bcrypt
@@ -81,13 +103,20 @@ from nativeauthenticator.orm import UserInfo
 from tornado import web
 from traitlets import Bool, Integer, Unicode, default
 
+from pdl_spawner.accounts import form_limits
 from pdl_spawner.accounts.pages import DiscardHandler, LoginHandler, SignUpHandler, ToggleAuthorizationHandler
 from pdl_spawner.accounts.credentials import ADMIN_PASSWORD_BYTES, SignupCodes, secret_file
 from pdl_spawner.accounts.login_guard import LoginGuard, remember_browser
 from pdl_spawner.accounts.unix_accounts import NAME_PATTERN
+from pdl_spawner.core.form import echo
 
 #: The most bytes of a password that bcrypt takes (bcrypt 5 raises ValueError beyond).
 BCRYPT_MAX_BYTES = 72
+#: Client addresses whose sign-ups are counted at most (``signups_per_address``); beyond,
+#: the one whose last sign-up is oldest is forgotten (about 1 KiB each, 4 MiB in all).
+SIGNUP_ADDRESSES_KEPT = 4096
+#: Characters of a client address kept (an IPv6 address has at most 45).
+ADDRESS_CHARS = 64
 #: NativeAuthenticator's templates; its page.html adds "Change Password" and, for admins,
 #: "Authorize Users" to every page's bar when it comes first in ``JupyterHub.template_paths``.
 TEMPLATE_DIR = native.TEMPLATE_DIR
@@ -95,18 +124,22 @@ TEMPLATE_DIR = native.TEMPLATE_DIR
 
 def name_problem(name: str) -> str | None:
     """One line saying why ``name``, as it is (JupyterHub lowercases names first), cannot be a
-    hub user's name; None if it can."""
+    hub user's name (quoting at most its first 40 characters); None if it can."""
     if re.fullmatch(NAME_PATTERN, name):
         return None
-    return (f"{name!r} is not a valid name: use a lowercase letter followed by at most 19 lowercase letters, "
+    return (f"{echo(name)} is not a valid name: use a lowercase letter followed by at most 19 lowercase letters, "
             "digits, '_' or '-'.")
 
 
 def password_matches(hashed: bytes, password: str) -> bool:
-    """Whether ``password`` is the one the bcrypt hash ``hashed`` was made from (False for
-    one that bcrypt cannot take)."""
-    encoded = password.encode()
-    return len(encoded) <= BCRYPT_MAX_BYTES and bcrypt.checkpw(encoded, hashed)
+    """Whether ``password`` is the one the bcrypt hash ``hashed`` was made from. One that
+    bcrypt cannot take (over :data:`BCRYPT_MAX_BYTES`), or past the form's bound, is
+    never right: False after a check of a stand-in, as long as any wrong password takes
+    (so that such guesses cost what others do)."""
+    if not form_limits.checkable_password(password) or len(password.encode()) > BCRYPT_MAX_BYTES:
+        bcrypt.checkpw(b"a stand-in, never the answer", hashed)
+        return False
+    return bcrypt.checkpw(password.encode(), hashed)
 
 
 class PDLAuthenticator(NativeAuthenticator):
@@ -130,7 +163,8 @@ class PDLAuthenticator(NativeAuthenticator):
     pending_signups_at_most = Integer(
         20, config=True, help="Sign-ups of unlisted names that may wait for the admin's approval at once.")
     signups_per_address = Integer(
-        10, config=True, help="Sign-ups of unlisted names one client address may make in signup_window_seconds.")
+        10, config=True, help="Sign-ups without a one-time code one client address may make in "
+                              "signup_window_seconds.")
     signup_window_seconds = Integer(600, config=True, help="The window of signups_per_address, seconds.")
     allowed_failed_logins = Integer(
         5, config=True, help="Wrong passwords in a row after which a name is locked (0: never).")
@@ -146,9 +180,12 @@ class PDLAuthenticator(NativeAuthenticator):
         #: counts, locks and checks in flight (pdl_spawner/accounts/login_guard.py); bcrypt
         #: runs in its pool: a flood of logins cannot take the hub's default pool, which
         #: resolves addresses and prepares accounts
-        self.guard = LoginGuard(self.login_attempts, self)
-        #: client address -> monotonic times of its sign-ups of unlisted names in the window
-        self._signups: dict[str, deque[float]] = {}
+        self.guard = LoginGuard(self)
+        #: counts of wrong passwords, by (name, known browser): the guard's
+        self.login_attempts = self.guard.attempts
+        #: client address -> monotonic times of its last sign-ups without a code, the
+        #: address whose last one is oldest first
+        self._signups: OrderedDict[str, deque[float]] = OrderedDict()
         #: the hash a login for a name without an account is checked against (made now, off the loop)
         self._decoy_hash: bytes | None = None
         self.guard.pool.submit(self.decoy_hash)
@@ -159,15 +196,12 @@ class PDLAuthenticator(NativeAuthenticator):
         """The listed users' one-time sign-up codes, beside the first admin's password file."""
         return SignupCodes(Path(self.first_admin_password_file).parent)
 
-    def listed_claim_problem(self, username: str, code: str) -> str | None:
-        """One line saying why signing up as ``username`` with sign-up ``code`` is refused:
-        the name waits for its listed person, and ``code`` is not their one-time code.
-        None for a name without a waiting code, and for the right code."""
-        name = self.normalize_username(username)
-        if self.signup_codes.state(name) != "open" or self.signup_codes.matches(name, code):
-            return None
-        return (f"{name} is on this hub's list: sign up with the link the admin gave you "
-                "(scripts/serve prints one for each listed user).")
+    def has_signup_code(self, username: str, code: str) -> bool:
+        """Whether ``code`` is the one-time sign-up code waiting for ``username`` (a listed
+        name, as typed: in ASCII and valid once normalised)."""
+        if not code or self.signup_name_problem(username):
+            return False
+        return self.signup_codes.matches(self.normalize_username(username), code)
 
     def ensure_first_admin(self) -> None:
         """Give ``first_admin`` an authorized account with the password file's password,
@@ -216,30 +250,20 @@ class PDLAuthenticator(NativeAuthenticator):
         """One line saying why signing up as ``username`` with ``password`` is refused; None if it is not."""
         return self.signup_name_problem(username) or self.password_problem(password)
 
-    def pending_signups_full(self, username: str) -> str | None:
-        """One line saying why a sign-up as ``username`` must wait (HTTP 429): too many
-        unlisted names already wait for the admin's approval. None for a listed name or
-        an admin, and while there is room."""
-        if self.is_listed(username):
-            return None
+    def pending_signups_full(self) -> str | None:
+        """One line saying why a sign-up without a one-time code must wait (HTTP 429): too
+        many names already wait for the admin's approval. None while there is room."""
         pending = self.db.query(UserInfo).filter(UserInfo.is_authorized.is_(False)).count()
         if pending < self.pending_signups_at_most:
             return None
         return (f"{pending} sign-ups already wait for the admin's approval, the most this hub keeps: "
                 "try again once the admin has answered them.")
 
-    def is_listed(self, username: str) -> bool:
-        """Whether ``username`` is an admin's or in ``allowed_users`` (approved at sign-up)."""
-        return self.normalize_username(username) in self.get_authed_users()
-
-    def signup_rate_full(self, address: str, username: str) -> str | None:
-        """One line saying why ``address`` may not sign up ``username`` now (HTTP 429): it
-        signed up ``signups_per_address`` unlisted names in the window. None for a listed
-        name or an admin, and while there is room. Nothing is counted here: see
-        :meth:`count_signup`."""
-        if self.is_listed(username):
-            return None
-        times = self._signups.get(address)
+    def signup_rate_full(self, address: str) -> str | None:
+        """One line saying why ``address`` may not sign up now without a one-time code
+        (HTTP 429): it made ``signups_per_address`` such sign-ups in the window. None while
+        there is room. Nothing is counted here: see :meth:`count_signup`."""
+        times = self._signups.get(address[:ADDRESS_CHARS])
         now = time.monotonic()
         while times and now - times[0] >= self.signup_window_seconds:
             times.popleft()
@@ -249,24 +273,38 @@ class PDLAuthenticator(NativeAuthenticator):
         return (f"{len(times)} sign-ups from your address in the last {self.signup_window_seconds // 60} minutes, "
                 f"the most this hub takes: try again in {wait:.0f} s.")
 
-    def count_signup(self, address: str, username: str) -> None:
-        """Count one sign-up of ``username`` from ``address`` (listed names are not counted)."""
-        if not self.is_listed(username):
-            self._signups.setdefault(address, deque()).append(time.monotonic())
-            for stale in [a for a, t in self._signups.items() if not t]:
-                del self._signups[stale]
+    def count_signup(self, address: str) -> None:
+        """Count one sign-up without a one-time code from ``address`` (its first
+        :data:`ADDRESS_CHARS` characters); forget the addresses whose last sign-up left
+        the window, and the oldest beyond :data:`SIGNUP_ADDRESSES_KEPT`. Each address
+        keeps its last ``signups_per_address`` times only: all that its limit reads."""
+        address, now = address[:ADDRESS_CHARS], time.monotonic()
+        while self._signups and now - next(iter(self._signups.values()))[-1] >= self.signup_window_seconds:
+            self._signups.popitem(last=False)
+        times = self._signups.pop(address, None) or deque(maxlen=max(1, self.signups_per_address))
+        times.append(now)
+        self._signups[address] = times  # the newest, last
+        while len(self._signups) > SIGNUP_ADDRESSES_KEPT:
+            self._signups.popitem(last=False)
 
     async def hash_password(self, password: str) -> bytes:
         """``password``'s bcrypt hash, made in the password checks' pool; HTTP 429 while
         ``LOGIN_CHECKS_AT_MOST`` checks and hashes are in flight."""
-        if self.guard.full():
-            raise web.HTTPError(429, "The hub is checking many logins now: try again in a moment.")
-        self.guard.busy += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.guard.pool, bcrypt.hashpw, password.encode(), bcrypt.gensalt())
-        finally:
-            self.guard.busy -= 1
+        return await self.guard.run(bcrypt.hashpw, password.encode(), bcrypt.gensalt())
+
+    def sign_up(self, username: str, password: str, password_hash: bytes, approved: bool, **kwargs) -> UserInfo | None:
+        """The account a sign-up that passed every check makes (``approved``: with its
+        one-time code), or, for a name that has an account or waits for its listed
+        person's code (``approved`` false), the same account unsaved: the sign-up is
+        answered as a new name that waits for approval, and nothing is made. None where
+        NativeAuthenticator refuses the sign-up (an invalid e-mail address)."""
+        name = self.normalize_username(username)
+        if self.user_exists(name) or (not approved and self.signup_codes.state(name) == "open"):
+            try:
+                return UserInfo(username=name, password=password_hash, is_authorized=False, **kwargs)
+            except AssertionError:  # an invalid e-mail address, as create_user
+                return None
+        return self.create_user(name, password, password_hash=password_hash, approved=approved, **kwargs)
 
     def create_user(self, username, password, password_hash: bytes | None = None, approved: bool | None = None,
                     **kwargs):
@@ -319,11 +357,16 @@ class PDLAuthenticator(NativeAuthenticator):
         is being checked. A browser that logged in as the name before counts apart.
         A name without an account is answered as one with a wrong password, in as long
         (checked against :meth:`decoy_hash`), counted and locked the same way: nothing
-        tells which names have accounts."""
+        tells which names have accounts. 400 for a field past its bound
+        (:func:`~pdl_spawner.accounts.form_limits.login_problem`); a name that can never
+        log in (not ``NAME_PATTERN``) is checked against the decoy and kept nowhere."""
+        problem = form_limits.login_problem(data)
+        if problem:
+            raise web.HTTPError(400, problem)
         username = self.normalize_username(data.get("username", ""))
         password = data.get("password", "")
-        info = self.get_user(username)
-        key = self.guard.key(handler, username)
+        key = self.guard.key(handler, username)  # None: a name that can never log in, nothing kept
+        info = self.get_user(username) if key is not None else None
         if info is not None:
             hashed = info.password
         else:  # the decoy, made once (in the pool: it is slow on purpose)

@@ -5,9 +5,17 @@ hardening around them.
 sends its password check through a :class:`~pdl_spawner.accounts.login_guard.LoginGuard`:
 wrong passwords lock a name as PDL's own login does, one check runs at a time per name,
 a bounded number hub-wide (HTTP 429 beyond), in the guard's pool, never on the hub's
-event loop. A name is normalised (Unicode NFKC, then JupyterHub's lowercasing) and must
-be :data:`~pdl_spawner.accounts.unix_accounts.NAME_PATTERN` before the authenticator
-hears of it; another is refused as a wrong password is, after being counted.
+event loop. The login form's fields are bounded first
+(:mod:`~pdl_spawner.accounts.form_limits`; the login page,
+:class:`~pdl_spawner.accounts.pages.LabLoginHandler`, refuses them before the
+authenticator hears of them, and fills a refused name back only within its bound): a
+name of over 256 characters gets HTTP 400 in one line; a password of over 1,024 is a
+wrong one, counted, that the lab's check never hears of (it checks a random stand-in
+instead, so that the answer takes as long). A name is normalised (Unicode NFKC, then
+JupyterHub's lowercasing) and must be
+:data:`~pdl_spawner.accounts.unix_accounts.NAME_PATTERN` before the authenticator hears
+of it; another is refused as a wrong password is, and nothing of it is kept (the guard
+keeps counts for names that can log in only).
 
 - :class:`PDLPAMAuthenticator`: JupyterHub's :class:`~jupyterhub.auth.PAMAuthenticator`
   (the machine's own passwords: ``/etc/shadow``, or LDAP through ``pam_sss`` or
@@ -28,18 +36,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import secrets
 import unicodedata
 
 import requests
 from jupyterhub.auth import Authenticator, PAMAuthenticator
+from jupyterhub.handlers.login import LoginHandler as HubLoginHandler
 from ldap3.core.exceptions import LDAPException, LDAPSocketOpenError
 from ldapauthenticator import LDAPAuthenticator
 from oauthenticator.generic import GenericOAuthenticator
 from tornado import web
 from traitlets import Integer, Unicode, default
 
-from pdl_spawner.accounts import unix_accounts
+from pdl_spawner.accounts import form_limits, unix_accounts
 from pdl_spawner.accounts.login_guard import LoginGuard, remember_browser
+from pdl_spawner.accounts.pages import LabLoginHandler
 from pdl_spawner.accounts.unix_accounts import NAME_PATTERN
 
 
@@ -54,9 +65,9 @@ class GuardedLogin(Authenticator):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        #: counts of wrong passwords, by (name, known browser)
-        self.login_attempts: dict = {}
-        self.guard = LoginGuard(self.login_attempts, self)
+        self.guard = LoginGuard(self)
+        #: counts of wrong passwords, by (name, known browser): the guard's
+        self.login_attempts = self.guard.attempts
 
     def normalize_username(self, username: str) -> str:
         """Unicode NFKC, then JupyterHub's (lowercase, ``username_map``)."""
@@ -74,17 +85,29 @@ class GuardedLogin(Authenticator):
     async def authenticate(self, handler, data):
         """What the check returns for the right password; None for a wrong one or a name
         that cannot be a hub user's; HTTP 403 while the name is locked, 429 while its last
-        guess (from the same kind of browser) is checked or the hub checks too many logins."""
+        guess (from the same kind of browser) is checked or the hub checks too many logins;
+        400 for a field past its bound (:func:`~pdl_spawner.accounts.form_limits.login_problem`)."""
+        problem = form_limits.login_problem(data)
+        if problem:
+            raise web.HTTPError(400, problem)
         username = self.normalize_username(data.get("username", ""))
         key = self.guard.key(handler, username)
-        valid = re.fullmatch(NAME_PATTERN, username) is not None
+        if key is None:  # never a hub user's name: nothing to check, count or keep
+            return None
         checked = {**data, "username": username}
-        found = await self.guard.check(key, lambda: self.check_password(handler, checked) if valid else None)
+        if not form_limits.checkable_password(data.get("password", "")):  # a wrong one, as long as any
+            checked["password"] = secrets.token_urlsafe(16)  # a stand-in, never the answer
+        found = await self.guard.check(key, lambda: self.check_password(handler, checked))
         if found is None:
             return None
         self.guard.passed(key)
         remember_browser(handler, username)
         return found
+
+    def get_handlers(self, app):
+        """JupyterHub's, with its login page bounding the form's fields (LabLoginHandler)."""
+        return [(route, LabLoginHandler if handler is HubLoginHandler else handler)
+                for route, handler in super().get_handlers(app)]
 
 
 class PDLPAMAuthenticator(GuardedLogin, PAMAuthenticator):

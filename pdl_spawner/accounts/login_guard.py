@@ -5,7 +5,15 @@ PAM, ...): one :class:`LoginGuard` per authenticator.
   password, the right one too, is refused (HTTP 403, one line saying for how long) until
   ``seconds_before_next_try`` seconds after the last failure. A password is counted
   before it is checked; a right one clears the count, and so does
-  :data:`FAILED_LOGINS_KEPT_S` without one (so made-up names cannot fill memory).
+  :data:`FAILED_LOGINS_KEPT_S` without one.
+- **Bounded counts.** Only names that can be a hub user's (``NAME_PATTERN``: at most 20
+  characters) are counted: the caller answers any other as a wrong password with key
+  None, which keeps nothing. At most :data:`NAMES_KEPT` counts are kept, the one whose
+  last wrong password is oldest forgotten first (about 400 bytes each, 4 MiB in all),
+  so made-up names cannot fill the hub's memory. To make the guard forget a name's
+  count, a stranger must send wrong passwords for :data:`NAMES_KEPT` other names after
+  its last one: at PDL's own login, where each costs a bcrypt check (about 0.2 s, in
+  :data:`LOGIN_CHECK_THREADS` threads), about 15 minutes, longer than the lock.
 - **One check at a time** per name: guesses sent at once get HTTP 429 instead of a check
   each. At most :data:`LOGIN_CHECKS_AT_MOST` checks (and sign-up hashes) are in flight
   hub-wide, in a pool of :data:`LOGIN_CHECK_THREADS` threads of their own; beyond, 429.
@@ -19,12 +27,16 @@ Counts live in the hub's memory: a restart clears them. Times are monotonic seco
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tornado import web
+
+from pdl_spawner.accounts.unix_accounts import NAME_PATTERN
 
 #: Threads that check passwords (bcrypt or PAM, slow on purpose), a pool of their own.
 LOGIN_CHECK_THREADS = 2
@@ -33,13 +45,17 @@ LOGIN_CHECK_THREADS = 2
 LOGIN_CHECKS_AT_MOST = 16
 #: Seconds a name's count of wrong passwords is kept after its last one.
 FAILED_LOGINS_KEPT_S = 3600
+#: Counts of wrong passwords kept at most, hub-wide; beyond, the one whose last wrong
+#: password is oldest is forgotten.
+NAMES_KEPT = 10_000
 #: The cookie (``{name}``: the hub user's name) by which a browser that logged in as that
 #: name keeps its own login count; signed with the hub's cookie secret.
 KNOWN_BROWSER_COOKIE = "pdl-known-{name}"
 #: Days a browser stays known after its last login.
 KNOWN_BROWSER_DAYS = 90
 
-#: What counts are kept by: (the hub user's name, whether the browser logged in as it before).
+#: What counts are kept by: (the hub user's name, whether the browser logged in as it
+#: before); None for a name that can never log in (nothing counted, locked or kept).
 Key = tuple[str, bool]
 
 
@@ -65,12 +81,13 @@ def remember_browser(handler: web.RequestHandler | None, username: str) -> None:
 class LoginGuard:
     """Counts, locks and the checks in flight of one authenticator (see the module docstring).
 
-    ``attempts``: the authenticator's dict of counts (key -> {"count", "time"}), kept
-    there; ``settings``: the authenticator, whose ``allowed_failed_logins`` (0: never
-    locked) and ``seconds_before_next_try`` are read at each login."""
+    ``settings``: the authenticator, whose ``allowed_failed_logins`` (0: never locked)
+    and ``seconds_before_next_try`` are read at each login."""
 
-    def __init__(self, attempts: dict, settings: Any) -> None:
-        self.attempts = attempts
+    def __init__(self, settings: Any) -> None:
+        #: key -> {"count", "time"}, the oldest last wrong password first (the
+        #: authenticator's ``login_attempts``)
+        self.attempts: OrderedDict[Key, dict] = OrderedDict()
         self.settings = settings
         #: keys whose password is being checked now: one check at a time each
         self.checking: set[Key] = set()
@@ -78,17 +95,24 @@ class LoginGuard:
         self.busy = 0
         self.pool = ThreadPoolExecutor(LOGIN_CHECK_THREADS, thread_name_prefix="pdl-login-check")
 
-    def key(self, handler: web.RequestHandler | None, username: str) -> Key:
+    def key(self, handler: web.RequestHandler | None, username: str) -> Key | None:
+        """What ``username``'s (normalised) counts are kept by for ``handler``'s browser;
+        None for a name that can never log in (not :data:`NAME_PATTERN`)."""
+        if re.fullmatch(NAME_PATTERN, username) is None:
+            return None
         return username, is_known_browser(handler, username)
 
     def count(self, key) -> None:
         """Count one password for ``key`` (a name, or a :data:`Key`); forget the counts
-        whose last password is over :data:`FAILED_LOGINS_KEPT_S` old."""
+        whose last password is over :data:`FAILED_LOGINS_KEPT_S` old, and the oldest
+        beyond :data:`NAMES_KEPT`."""
         now = time.monotonic()
-        for stale in [k for k, a in self.attempts.items() if now - a["time"] >= FAILED_LOGINS_KEPT_S]:
-            del self.attempts[stale]
-        count = self.attempts.get(key, {}).get("count", 0)
-        self.attempts[key] = {"count": count + 1, "time": now}
+        while self.attempts and now - next(iter(self.attempts.values()))["time"] >= FAILED_LOGINS_KEPT_S:
+            self.attempts.popitem(last=False)
+        count = self.attempts.pop(key, {}).get("count", 0)
+        self.attempts[key] = {"count": count + 1, "time": now}  # the newest, last
+        while len(self.attempts) > NAMES_KEPT:
+            self.attempts.popitem(last=False)
 
     def seconds_locked(self, key) -> float:
         """Seconds until ``key`` may try a password again (0: now)."""
@@ -102,11 +126,25 @@ class LoginGuard:
         """Whether :data:`LOGIN_CHECKS_AT_MOST` checks and hashes are in flight."""
         return len(self.checking) + self.busy >= LOGIN_CHECKS_AT_MOST
 
-    async def check(self, key: Key, password_check: Callable[[], Any]) -> Any:
+    async def run(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` (blocking) in the guard's pool, counted against its cap: HTTP
+        429 while :data:`LOGIN_CHECKS_AT_MOST` checks and hashes are in flight."""
+        if self.full():
+            raise web.HTTPError(429, "The hub is checking many logins now: try again in a moment.")
+        self.busy += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, work, *args)
+        finally:
+            self.busy -= 1
+
+    async def check(self, key: Key | None, password_check: Callable[[], Any]) -> Any:
         """Run ``password_check`` (blocking: in the guard's pool) for ``key``, counted
         first: HTTP 403 while ``key`` is locked, 429 while its last check runs or the
         hub-wide cap is reached. Returns what the check returned; the caller clears the
-        count of a right password (:meth:`passed`)."""
+        count of a right password (:meth:`passed`). Key None (a name that can never log
+        in): only the cap applies, and nothing is counted."""
+        if key is None:
+            return await self.run(password_check)
         username = key[0]
         wait = self.seconds_locked(key)
         if wait:

@@ -1,12 +1,20 @@
 """The hub's account pages: NativeAuthenticator's login, sign-up and approval handlers,
 fitted to PDL (:class:`~pdl_spawner.accounts.authenticator.PDLAuthenticator` routes to them).
 
-- Login: JupyterHub 6's own form handling (a lockout or an expired form renders as an
-  error, never an HTTP 500).
-- Sign-up: says why one was refused and that a listed name was approved at once; 429
-  when too many sign-ups wait already, come from the client's address
-  (:func:`client_address`), or are being hashed; the password is hashed off the event
-  loop.
+- Login: a field past its bound gets HTTP 400, the page with one line, before the
+  authenticator hears of it (:func:`refused_past_bounds`); then JupyterHub 6's own form
+  handling (a lockout or an expired form renders as an error, never an HTTP 500); a
+  refusal fills the name field back only within its bound
+  (:func:`~pdl_spawner.accounts.form_limits.shown_name`), here and on the lab's logins'
+  page (:class:`LabLoginHandler`).
+- Login and sign-up let go of the request's body once they answered (:class:`ForgetsItsBody`).
+- Sign-up: a field past its bound gets HTTP 400 with one line
+  (:mod:`~pdl_spawner.accounts.form_limits`); then it says why the name's form, the
+  password or its confirmation is refused; 429 when too many sign-ups wait already,
+  come from the client's address (:func:`client_address`), or are being hashed; the
+  password is hashed off the event loop. A sign-up answers the same, in words and in
+  time, whether its name has an account or not (see
+  :class:`~pdl_spawner.accounts.authenticator.PDLAuthenticator`'s contract).
 - Approving or discarding a name: from the hub's own pages only
   (:func:`refuse_cross_site`), and 404 for a name without an account.
 """
@@ -22,6 +30,9 @@ from nativeauthenticator.orm import UserInfo
 from tornado import web
 from tornado.escape import url_escape
 from tornado.httputil import url_concat
+
+from pdl_spawner.accounts import form_limits
+from pdl_spawner.core.form import echo
 
 
 def client_address(request) -> str:
@@ -46,7 +57,20 @@ def refuse_cross_site(handler: web.RequestHandler) -> None:
         raise web.HTTPError(403, "Open this from the hub's /hub/authorize page.")
 
 
-class LoginHandler(native.LoginHandler):
+class ForgetsItsBody:
+    """Mixin for the handler of a form anyone may post: once the answer is sent, the
+    request lets go of its body and arguments. A rendered page leaves a reference cycle
+    that holds its handler, and so the request (Jinja's context and macros), until
+    Python's cycle collector runs: 300 refused logins of 768 KiB and 300 refused sign-ups
+    of 512 KiB grew the hub by 34 MiB before this, under 1 MiB since."""
+
+    def on_finish(self):
+        super().on_finish()
+        request = self.request
+        request.body, request.body_arguments, request.arguments, request.files = b"", {}, {}, {}
+
+
+class LoginHandler(ForgetsItsBody, native.LoginHandler):
     """NativeAuthenticator's login page, with JupyterHub 6's form handling."""
 
     def _render(self, login_error=None, username=None, **kwargs):
@@ -55,7 +79,7 @@ class LoginHandler(native.LoginHandler):
         return self.render_template(
             "native-login.html",
             next=url_escape(self.get_argument("next", default="")),
-            username=username,
+            username=form_limits.shown_name(username),
             login_error=login_error,
             custom_html=self.authenticator.custom_html,
             login_url=self.settings["login_url"],
@@ -69,44 +93,78 @@ class LoginHandler(native.LoginHandler):
     async def post(self):
         # JupyterHub's own: NativeAuthenticator's checks the password a second time to
         # word its refusal, and fails with HTTP 500 on a missing or over-long one
-        await HubLoginHandler.post(self)
+        if not await refused_past_bounds(self):
+            await HubLoginHandler.post(self)
 
 
-class SignUpHandler(native.SignUpHandler):
+class LabLoginHandler(ForgetsItsBody, HubLoginHandler):
+    """JupyterHub's login page, for the lab's logins (:mod:`~pdl_spawner.accounts.lab_logins`):
+    a field past its bound refused first, and a refusal filling the name field back
+    only within its bound."""
+
+    def _render(self, login_error=None, username=None, **kwargs):
+        return super()._render(login_error=login_error, username=form_limits.shown_name(username), **kwargs)
+
+    async def post(self):
+        if not await refused_past_bounds(self):
+            await super().post()
+
+
+async def refused_past_bounds(handler: HubLoginHandler) -> bool:
+    """Whether ``handler``'s login was refused for a field past its bound
+    (:func:`~pdl_spawner.accounts.form_limits.login_problem`): HTTP 400, the login page
+    with that line, the name field empty; the authenticator never hears of it (and
+    refuses it too, for whoever calls it otherwise). A refusal raised as an error would
+    hold the request's fields until Python's cycle collector runs."""
+    problem = form_limits.login_problem({field: handler.get_body_argument(field, "", strip=False)
+                                         for field in form_limits.LOGIN_FIELDS})
+    if problem is None:
+        return False
+    handler.set_status(400)
+    handler.finish(await handler._render(login_error=problem, username=""))
+    return True
+
+
+class SignUpHandler(ForgetsItsBody, native.SignUpHandler):
     """NativeAuthenticator's sign-up page, saying why a sign-up was refused and that a
-    listed name was approved at once; 429 when too many sign-ups wait already, come from
-    the client's address, or are being hashed. The password is hashed off the event loop.
-    NativeAuthenticator's reCAPTCHA and e-mail approval are not part of PDL's page."""
+    name was approved at once with its one-time code; 429 when too many sign-ups wait
+    already, come from the client's address, or are being hashed. The password is
+    hashed off the event loop. NativeAuthenticator's reCAPTCHA and e-mail approval are
+    not part of PDL's page."""
 
     async def post(self):
         auth = self.authenticator
         if not auth.enable_signup:
             raise web.HTTPError(404)
-        username = self.get_body_argument("username", "", strip=False)
-        password = self.get_body_argument("signup_password", "", strip=False)
-        matches = password == self.get_body_argument("signup_password_confirmation", "", strip=False)
-        address = client_address(self.request)
-        refusal = auth.pending_signups_full(username) or auth.signup_rate_full(address, username)
-        if refusal:
-            raise web.HTTPError(429, refusal)
+        fields = {name: self.get_body_argument(name, "", strip=False) for name in form_limits.SIGNUP_FIELDS
+                  if name != "code"}
         code = self.get_query_argument("code", "")
-        name_ok = auth.signup_name_problem(username) is None
-        taken = name_ok and auth.user_exists(username)
-        claim = auth.listed_claim_problem(username, code) if name_ok and not taken else None
-        if claim:
-            self.set_status(403)
-            return self.finish(await self._page("alert-danger", claim))
-        user = None
-        if not taken and matches and auth.signup_problem(username, password) is None:
-            auth.count_signup(address, username)
-            hashed = await auth.hash_password(password)
-            with_code = bool(code) and auth.signup_codes.matches(auth.normalize_username(username), code)
-            user = auth.create_user(username, password, password_hash=hashed, approved=with_code,
-                                    email=self.get_body_argument("email", "", strip=False),
-                                    has_2fa=bool(self.get_body_argument("2fa", "", strip=False)))
-            if user is not None and with_code:
-                auth.signup_codes.use(user.username, code)
-        alert, message = self.get_result_message(user, True, taken, matches, username in auth.admin_users)
+        too_long = form_limits.signup_problem({**fields, "code": code})
+        if too_long:  # before anything reads a field
+            self.set_status(400)
+            return self.finish(await self._page("alert-danger", too_long))
+        username, password = fields["username"], fields["signup_password"]
+        # nothing below depends on whether the name has an account, until the answer
+        # (PDLAuthenticator.sign_up), which does not tell
+        with_code = auth.has_signup_code(username, code)
+        address = client_address(self.request)
+        if not with_code:
+            refusal = auth.pending_signups_full() or auth.signup_rate_full(address)
+            if refusal:
+                raise web.HTTPError(429, refusal)
+        problem = auth.signup_problem(username, password)
+        if problem is None and password != fields["signup_password_confirmation"]:
+            problem = "Your password did not match the confirmation. Please try again."
+        if problem:
+            return self.finish(await self._page("alert-danger", problem))
+        if not with_code:
+            auth.count_signup(address)
+        hashed = await auth.hash_password(password)
+        user = auth.sign_up(username, password, hashed, approved=with_code, email=fields["email"],
+                            has_2fa=bool(fields["2fa"]))
+        if user is not None and user.is_authorized and with_code:
+            auth.signup_codes.use(user.username, code)
+        alert, message = self.result_message(user)
         self.finish(await self._page(alert, message, user))
 
     async def _page(self, alert: str, message: str, user: UserInfo | None = None) -> str:
@@ -117,20 +175,14 @@ class SignUpHandler(native.SignUpHandler):
             two_factor_auth=auth.allow_2fa, two_factor_auth_user=user.has_2fa if user else "",
             two_factor_auth_value=user.otp_secret if user else "", recaptcha_key=auth.recaptcha_key, tos=auth.tos)
 
-    def get_result_message(self, user, assume_user_is_human, username_already_taken, confirmation_matches,
-                           user_is_admin):
+    def result_message(self, user: UserInfo | None) -> tuple[str, str]:
+        """The alert and its line for a sign-up that passed every check: approved, waiting
+        (or answered as if it were), or None (an e-mail address NativeAuthenticator refuses)."""
+        if user is not None and user.is_authorized:
+            return "alert-success", "Signed up and approved: you can log in now."
         if user is not None:
-            if user.is_authorized:
-                return "alert-success", "Signed up and approved: you can log in now."
-            if not user.login_email_sent:
-                return "alert-info", f"Signed up: you can log in once an admin approves {user.username}."
-        if user is None and assume_user_is_human and not username_already_taken and confirmation_matches:
-            problem = self.authenticator.signup_problem(self.get_body_argument("username", ""),
-                                                        self.get_body_argument("signup_password", ""))
-            if problem:
-                return "alert-danger", problem
-        return super().get_result_message(user, assume_user_is_human, username_already_taken,
-                                          confirmation_matches, user_is_admin)
+            return "alert-info", f"Signed up: you can log in once an admin approves {user.username}."
+        return super().get_result_message(None, True, False, True, False)
 
 
 class ToggleAuthorizationHandler(native.ToggleAuthorizationHandler):
@@ -140,7 +192,7 @@ class ToggleAuthorizationHandler(native.ToggleAuthorizationHandler):
     async def get(self, slug):
         refuse_cross_site(self)
         if UserInfo.find(self.db, slug) is None:
-            raise web.HTTPError(404, f"No account {slug!r}.")
+            raise web.HTTPError(404, f"No account {echo(slug)}.")
         await super().get(slug)
 
 

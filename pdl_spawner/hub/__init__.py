@@ -2,7 +2,8 @@
 
 - :mod:`pdl_spawner.hub.public_url`: the hub's public URL, each user's server an
   origin of its own.
-- :mod:`pdl_spawner.hub.request_limits`: the largest request body the hub reads.
+- :mod:`pdl_spawner.hub.request_limits`: the largest request body, line and headers the hub reads.
+- :mod:`pdl_spawner.hub.log_lines`: log lines that quote at most 2,000 characters.
 - :mod:`pdl_spawner.hub.spawn_routes`: JupyterHub's spawn routes, a PDL spawner answering
   each request before JupyterHub prepares the spawn.
 - :mod:`pdl_spawner.hub.metrics`: PDL's series on JupyterHub's ``/hub/metrics``.

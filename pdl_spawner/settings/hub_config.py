@@ -29,6 +29,7 @@ from pdl_spawner.accounts.lab_logins import discover
 from pdl_spawner.hub.hub_database import use_write_ahead_log
 from pdl_spawner.hub.spawn_routes import fit_spawn_routes
 from pdl_spawner.hub.public_url import default_public_url, public_url_problem
+from pdl_spawner.hub.log_lines import bound_log_lines
 from pdl_spawner.hub.request_limits import limit_request_bodies
 from pdl_spawner.kinds import ClusterKind, kind_named, kinds
 from pdl_spawner.settings.checks import unknown_setting
@@ -114,7 +115,8 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
     # servers and their engines keep running across hub restarts unless PDL_KEEP_SERVERS=0:
     # the reservations and the spawners' state let the next hub take them back
     c.JupyterHub.cleanup_servers = not found["PDL_KEEP_SERVERS"]
-    limit_request_bodies(found["PDL_MAX_REQUEST_BYTES"])
+    limit_request_bodies(found["PDL_MAX_REQUEST_BYTES"])  # and the request line and headers
+    bound_log_lines()  # a log line quotes at most 2,000 characters of what a visitor sent
     fit_spawn_routes()  # a refusal is answered before JupyterHub prepares the spawn
 
 

@@ -124,7 +124,7 @@ VARIABLES: tuple[Variable, ...] = (
              trait="PDLAuthenticator.seconds_before_next_try"),
     Variable("PDL_PENDING_SIGNUPS", "Sign-ups of unlisted names that may wait for approval at once.",
              values.whole_number, trait="PDLAuthenticator.pending_signups_at_most"),
-    Variable("PDL_SIGNUPS_PER_ADDRESS", "Sign-ups of unlisted names one client address may make in 10 minutes.",
+    Variable("PDL_SIGNUPS_PER_ADDRESS", "Sign-ups without a one-time code one client address may make in 10 minutes.",
              values.whole_number, trait="PDLAuthenticator.signups_per_address"),
     Variable("PDL_SPAWNER", "The cluster kind: `local` (this machine), `swarm` (\"A GPU cluster: Docker Swarm\") "
              "or `slurm` (\"A Slurm cluster\").", default="local"),

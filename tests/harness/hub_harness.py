@@ -494,19 +494,27 @@ c.JupyterHub.log_level = "INFO"
     def signup(self, user: str, password: str, confirmation: str | None = None, code: str = "") -> str:
         """Sign up through ``/hub/signup`` (``?code=`` with ``code``, as a sign-up link
         opens it), as a browser does; the page's one-line answer (a refusal's too)."""
-        s = requests.Session()
+        r = self.signup_response(user, password, confirmation, code)
+        if r.status_code != 400:  # a field past its bound: the page says why
+            r.raise_for_status()
+        return page_alert(r.text)
+
+    def signup_response(self, user: str, password: str, confirmation: str | None = None, code: str = "",
+                        browser: requests.Session | None = None, **fields: str) -> requests.Response:
+        """:meth:`signup`'s answer, whole (status and page), with ``fields`` added to the
+        form; in ``browser`` (one that opened the sign-up page before) when given."""
+        s = browser if browser is not None else requests.Session()
         page = f"{self.url}/hub/signup" + (f"?code={code}" if code else "")
-        s.get(page, timeout=10).raise_for_status()
+        if browser is None:
+            s.get(page, timeout=10).raise_for_status()
         form = {
             "_xsrf": s.cookies.get("_xsrf", ""),
             "username": user,
             "signup_password": password,
             "signup_password_confirmation": password if confirmation is None else confirmation,
+            **fields,
         }
-        r = s.post(page, data=form, timeout=30)  # the form posts back to the page's own address
-        if r.status_code != 403:  # a refused claim of a listed name: the page says why
-            r.raise_for_status()
-        return page_alert(r.text)
+        return s.post(page, data=form, timeout=30)  # the form posts back to the page's own address
 
     def login(self, user: str, password: str | None = None) -> requests.Session:
         """Log in through the login form, as a browser does; returns the cookie session."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import sqlite3
 import stat
 import statistics
@@ -16,15 +17,20 @@ import bcrypt
 import pytest
 import requests
 
-from hub_harness import hub_fixture, runs_as_root
+from hub_harness import hub_fixture, page_alert, runs_as_root
 from pdl_spawner.accounts.credentials import ADMIN_PASSWORD_BYTES, secret_file
 
 #: The harness signs ann, ben, cal and dee up. A test that locks a name out uses one
 #: no other test locks, so that no test waits for what another left of a lock.
 SIGNED_UP = ["admin", "ann", "ben", "cal", "dee"]
-USERS = [*SIGNED_UP, "kate"]  # kate signs up in a test, with her one-time code
+#: kate signs up in a test, with her one-time code; lou never does (a listed name whose
+#: code waits)
+USERS = [*SIGNED_UP, "kate", "lou"]
 ATTEMPTS, LOCKOUT_S = 3, 5  # the hub's PDL_LOGIN_ATTEMPTS and PDL_LOGIN_LOCKOUT_S
 PENDING = 2  # the hub's PDL_PENDING_SIGNUPS
+#: The hub's PDL_SIGNUPS_PER_ADDRESS: every sign-up here comes from 127.0.0.1, and one
+#: without a code counts, whatever its name (the limit itself: a unit test below)
+SIGNUPS_PER_ADDRESS = 100
 LOGIN_COOKIE = "jupyterhub-hub-login"
 NAME_RULE = "is not a valid name: use a lowercase letter followed by at most 19 lowercase letters"
 
@@ -37,7 +43,9 @@ def hub(tmp_path_factory):
         pytest.skip("signup is open only when the hub runs as root (without root, one user logs in)")
     yield from hub_fixture(tmp_path_factory.mktemp("hub-accounts"), USERS, ["cpu:0"],
                            hub_env={"PDL_LOGIN_ATTEMPTS": str(ATTEMPTS), "PDL_LOGIN_LOCKOUT_S": str(LOCKOUT_S),
-                                    "PDL_PENDING_SIGNUPS": str(PENDING)}, signs_up_later=("kate",))
+                                    "PDL_PENDING_SIGNUPS": str(PENDING),
+                                    "PDL_SIGNUPS_PER_ADDRESS": str(SIGNUPS_PER_ADDRESS)},
+                           signs_up_later=("kate", "lou"))
 
 
 def stored_passwords(hub) -> dict[str, bytes]:
@@ -74,11 +82,12 @@ def test_the_admin_logs_in_with_the_password_scripts_serve_prints(hub):
 @pytest.mark.hub
 def test_a_listed_user_signs_up_with_her_own_password_and_logs_in_at_once(hub):
     """Guards README "To add a user": listed names sign up at /hub/signup with a password
-    of their own and can log in at once; nobody can take an existing name over."""
+    of their own and can log in at once; nobody can take an existing name over (the
+    sign-up is answered as a new name's, and changes nothing)."""
     ann, refused = hub.try_login("ann", hub.password("ann"))  # the harness signed her up through the form
     assert refused == "" and logged_in(ann)
     assert "ann" in ann.get(f"{hub.url}/hub/home").text
-    assert "already in use" in hub.signup("ann", "a-takeover-password")
+    assert hub.signup("ann", "a-takeover-password") == "Signed up: you can log in once an admin approves ann."
     assert not logged_in(hub.login("ann", "a-takeover-password"))
     assert logged_in(hub.login("ann"))  # clears her failure count for the tests below
 
@@ -242,14 +251,14 @@ def test_a_strangers_check_in_flight_does_not_turn_the_owners_browser_away(authe
 def test_a_listed_name_is_claimed_only_with_its_one_time_code(hub):
     """The attack (issue 27, 8): anyone could sign up first as a name in PDL_USERS and was
     approved at once with their own password. Guards ``SignUpHandler.post``
-    (``listed_claim_problem``) and ``credentials.SignupCodes``: without kate's code, or
-    with another's or a made-up one, the sign-up is refused in one line and makes no
-    account; with hers (the link scripts/serve prints) she is approved at once, once."""
+    (``has_signup_code``, ``sign_up``) and ``credentials.SignupCodes``: without kate's
+    code, or with another's or a made-up one, the sign-up makes no account (and is
+    answered as an unlisted name's: it does not tell that kate is listed); with hers
+    (the link scripts/serve prints) she is approved at once, once."""
     codes = hub.signup_codes()
-    assert set(codes) == {"kate"}  # ann's and ben's were used when the harness signed them up
-    refusal = ("kate is on this hub's list: sign up with the link the admin gave you "
-               "(scripts/serve prints one for each listed user).")
-    for code in ("", "made-up-code", codes["kate"][:-1]):
+    assert set(codes) == {"kate", "lou"}  # ann's and ben's were used when the harness signed them up
+    refusal = "Signed up: you can log in once an admin approves kate."
+    for code in ("", "made-up-code", codes["kate"][:-1], codes["lou"]):
         assert hub.signup("kate", "a-strangers-passphrase", code=code) == refusal
     assert hub.signup("\u212Aate", "a-strangers-passphrase", code="") != "Signed up and approved: you can log in now."
     assert "kate" not in stored_passwords(hub)
@@ -257,8 +266,9 @@ def test_a_listed_name_is_claimed_only_with_its_one_time_code(hub):
 
     assert hub.signup("kate", "kates-own-passphrase", code=codes["kate"]) == "Signed up and approved: you can log in now."
     assert logged_in(hub.login("kate", "kates-own-passphrase"))
-    assert hub.signup_codes() == {}
-    assert "already in use" in hub.signup("kate", "a-strangers-passphrase", code=codes["kate"])
+    assert set(hub.signup_codes()) == {"lou"}
+    assert hub.signup("kate", "a-strangers-passphrase", code=codes["kate"]) == refusal
+    assert logged_in(hub.login("kate", "kates-own-passphrase"))  # her password is still hers
 
 
 @pytest.mark.hub
@@ -345,6 +355,174 @@ def test_strangers_cannot_pile_up_sign_ups_beyond_the_cap(hub):
     for name in names[1:]:  # leave no pending sign-up to the tests below
         admin.get(f"{hub.url}/hub/discard/{name}", headers=from_the_authorize_page(hub))
     assert not set(names) & set(stored_passwords(hub))
+
+
+#: What a sign-up for a new name that waits for approval answers, the name aside.
+WAITS = "Signed up: you can log in once an admin approves {}."
+
+
+def signup_page(hub, name: str, password: str, browser: requests.Session | None = None) -> tuple[int, str]:
+    """A sign-up's status and page, the name and the form's token masked: all that could
+    tell one sign-up from another."""
+    r = hub.signup_response(name, password, browser=browser)
+    page = re.sub(r'(name="_xsrf"[^>]*value=")[^"]*"', r"\1", r.text)
+    page = re.sub(r"(xsrf_token:\s*)\"[^\"]*\"", r"\1", page)
+    return r.status_code, re.sub(rf"\b{re.escape(name)}\b", "NAME", page)
+
+
+def discard(hub, *names: str) -> None:
+    """The admin discards the sign-ups of ``names`` (waiting for approval) at /hub/authorize."""
+    admin = hub.login("admin")
+    for name in names:
+        r = admin.get(f"{hub.url}/hub/discard/{name}", headers=from_the_authorize_page(hub))
+        assert r.status_code == 200, (name, r.status_code)
+
+
+@pytest.mark.hub
+def test_a_sign_up_answers_the_same_for_a_taken_a_waiting_a_listed_and_a_free_name(hub):
+    """The attack (issue 60, 2): the sign-up page said "this username is already in use"
+    for a name with an account and complained about the password's confirmation for a
+    free one, so it told which names exist. Now an approved name, one that waits for
+    approval, a listed one without its code and a free one get the same status and
+    page, their names aside; only the free one makes an account."""
+    before = stored_passwords(hub)
+    assert hub.signup("wait-a", "wait-as-passphrase") == WAITS.format("wait-a")
+    answers = {name: signup_page(hub, name, "a-strangers-passphrase") for name in ("ann", "wait-a", "lou", "free-a")}
+    try:
+        assert page_alert(answers["free-a"][1]) == WAITS.format("NAME"), answers["free-a"]
+        for name, answer in answers.items():
+            assert answer == answers["free-a"], name
+        # the sign-up checks that need no account come first, and answer alike too
+        for password, confirmation in (("short", None), ("a-fine-passphrase", "another-passphrase")):
+            refusals = {name: page_alert(hub.signup_response(name, password, confirmation).text)
+                        for name in ("ann", "lou", "free-b")}
+            assert len(set(refusals.values())) == 1 and "Signed up" not in refusals["ann"], refusals
+        stored = stored_passwords(hub)
+        assert stored["ann"] == before["ann"] and "lou" not in stored and {"wait-a", "free-a"} <= set(stored)
+        assert not logged_in(hub.login("ann", "a-strangers-passphrase"))
+    finally:
+        discard(hub, "wait-a", "free-a")
+
+
+@pytest.mark.hub
+@pytest.mark.timing
+def test_a_sign_up_takes_as_long_for_a_taken_a_waiting_a_listed_and_a_free_name(hub):
+    """The attack (issue 60, 2), by the clock: a free name's sign-up hashes its password
+    (bcrypt, about 0.2 s) and a taken one did not. Now each hashes it, in the same pool:
+    the medians agree within the ratio the login's timing test takes."""
+    assert hub.signup("wait-t", "wait-ts-passphrase") == WAITS.format("wait-t")
+    seconds: dict[str, list[float]] = {"ann": [], "wait-t": [], "lou": [], "free": []}
+    answers = set()
+    try:
+        for round_ in range(3):
+            for kind in seconds:  # taken in turns: a slower moment of the machine hits all
+                name = f"free-t{round_}" if kind == "free" else kind
+                browser = requests.Session()
+                browser.get(f"{hub.url}/hub/signup", timeout=10).raise_for_status()
+                started = time.monotonic()
+                status, page = signup_page(hub, name, "a-strangers-passphrase", browser=browser)
+                seconds[kind].append(time.monotonic() - started)
+                answers.add((status, page_alert(page)))
+            discard(hub, f"free-t{round_}")
+    finally:
+        discard(hub, "wait-t")
+    free = statistics.median(seconds["free"])
+    for kind in ("ann", "wait-t", "lou"):
+        assert 1 / 1.3 <= statistics.median(seconds[kind]) / free <= 1.3, seconds
+    assert answers == {(200, WAITS.format("NAME"))}, answers
+
+
+@pytest.mark.hub
+def test_anonymous_logins_and_sign_ups_with_huge_fields_cannot_grow_the_hubs_memory(hub):
+    """The attack (issue 60, 1): 120 failed logins with 1 MB names raised the hub's
+    resident memory from 137 to 268 MiB, still 268 MiB a minute later (the lockout kept
+    each name for an hour). Now every field is bounded before anything keeps, logs or
+    hashes it: logins and sign-ups with 512 KiB fields get 400 in one line, and logins
+    for distinct names of the longest lengths keep at most NAMES_KEPT small counts.
+    The hub's resident memory after them stays within 16 MiB of what it was after a
+    warm-up (it grew by about 1 MiB a login before; by under 1 MiB in all now)."""
+    import concurrent.futures
+    import threading
+
+    from pdl_spawner.accounts import form_limits
+
+    huge = 512 * 1024
+    login, signup = requests.Session(), requests.Session()
+    login.get(f"{hub.url}/hub/login", timeout=10).raise_for_status()
+    signup.get(f"{hub.url}/hub/signup", timeout=10).raise_for_status()
+
+    def huge_login(i: int) -> tuple[int, bool, str]:
+        r = login.post(f"{hub.url}/hub/login", timeout=30, allow_redirects=False, data={
+            "_xsrf": login.cookies.get("_xsrf", ""), "username": f"{i:06d}".ljust(huge, "n"),
+            "password": "x" * (huge // 2)})  # both within PDL_MAX_REQUEST_BYTES (1 MiB)
+        return r.status_code, len(r.text) < 64 * 1024, page_alert(r.text).replace(f"{i:06d}", "")
+
+    fields = ("username", "signup_password", "signup_password_confirmation", "email", "2fa")
+
+    def huge_signup(i: int) -> tuple[int, bool, str]:
+        form = {"username": f"big-{i}", "signup_password": "a-fine-passphrase",
+                "signup_password_confirmation": "a-fine-passphrase"}
+        form[fields[i % len(fields)]] = f"{i:06d}".ljust(huge, "s")
+        r = signup.post(f"{hub.url}/hub/signup", timeout=30, data={"_xsrf": signup.cookies.get("_xsrf", ""), **form})
+        return r.status_code, len(r.text) < 64 * 1024, page_alert(r.text)[:80]
+
+    browsers = threading.local()
+
+    def distinct_login(i: int) -> str:
+        if not hasattr(browsers, "session"):
+            browsers.session = requests.Session()
+            browsers.session.get(f"{hub.url}/hub/login", timeout=10).raise_for_status()
+        # the longest of each: a name that can be a hub user's (20), and any (NAME_CHARS)
+        name = f"m{i:019d}" if i % 2 else f"{i:06d}".ljust(form_limits.NAME_CHARS, "N")
+        r = browsers.session.post(f"{hub.url}/hub/login", timeout=60, allow_redirects=False, data={
+            "_xsrf": browsers.session.cookies.get("_xsrf", ""), "username": name,
+            "password": "p" * form_limits.PASSWORD_CHARS})
+        return page_alert(r.text)
+
+    def load(first: int, count: int, names: int) -> tuple[set, set, set]:
+        logins = {huge_login(i) for i in range(first, first + count)}
+        signups = {huge_signup(i) for i in range(first, first + count)}
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            return logins, signups, set(pool.map(distinct_login, range(first, first + names)))
+
+    load(0, 20, 8)  # the warm-up: the hub's pools and caches at their working size
+    warm = hub.rss_kib()
+    logins, signups, distinct = load(1000, 300, 40)  # each name a bcrypt check
+    grown_mib = (hub.rss_kib() - warm) / 1024
+    assert grown_mib < 16, f"the hub's resident memory grew by {grown_mib:.0f} MiB"
+    assert logins == {(400, True, "The user name may have at most 256 characters; this one has 524288.")}, logins
+    assert {(status, short) for status, short, _ in signups} == {(400, True)}, signups
+    assert all("may have at most" in alert for _, _, alert in signups), signups
+    assert distinct == {"Invalid username or password"}, distinct
+
+
+@pytest.mark.hub
+def test_the_hub_reads_at_most_32_kib_of_headers_and_logs_at_most_2000_characters_of_a_line(hub):
+    """The attack (issue 60, 1): every request line and header the hub process reads, and
+    every log line that quotes one, was bounded by tornado's 64 KiB at most. Now a
+    request whose headers pass MAX_HEADER_BYTES is closed unanswered (a browser's
+    cookies, 12 KiB here, still pass, through the proxy and at the hub's own port), and
+    a log line quotes at most LOGGED_CHARS characters of a long URI."""
+    from pdl_spawner.hub.log_lines import LOGGED_CHARS
+    from pdl_spawner.hub.request_limits import MAX_HEADER_BYTES
+
+    own = f"http://127.0.0.1:{hub.internal_port}/hub/login"
+    cookies = {"Cookie": "pdl-test=" + "c" * 12 * 1024}
+    assert requests.get(own, headers=cookies, timeout=10).status_code == 200
+    assert requests.get(f"{hub.url}/hub/login", headers=cookies, timeout=10).status_code == 200
+    with pytest.raises(requests.ConnectionError):
+        requests.get(own, headers={"X-Padding": "p" * (MAX_HEADER_BYTES + 1024)}, timeout=10)
+    assert requests.get(own, timeout=10).status_code == 200  # and the hub answers the next one
+
+    marker = f"long-uri-{time.monotonic_ns()}"
+    r = requests.get(f"{hub.url}/hub/login", params={"next": "/hub/", marker: "u" * 12_000}, timeout=10)
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    while not (logged := [line for line in hub.log_path.read_text(errors="replace").splitlines() if marker in line]):
+        assert time.monotonic() < deadline, "the request was not logged"
+        time.sleep(0.1)
+    assert all(len(line) <= LOGGED_CHARS + 200 for line in logged), [len(line) for line in logged]
+    assert logged[0].endswith(" characters)"), logged[0][-80:]
 
 
 # -- the authenticator alone ---------------------------------------------------------
@@ -473,29 +651,35 @@ def test_the_admins_account_is_made_once_and_never_overwritten(authenticator_db,
 
 
 @pytest.mark.unit
-def test_the_sign_up_cap_counts_unlisted_pending_names_and_never_turns_a_listed_one_away(authenticator_db,
-                                                                                         tmp_path):
-    """Strangers who fill the waiting list must not keep the admin's listed users out."""
+def test_the_sign_up_cap_counts_pending_names_and_only_a_one_time_code_passes_it(authenticator_db, tmp_path):
+    """Strangers who fill the waiting list must not keep the admin's listed users out:
+    a listed name's sign-up with its own code is never held (SignUpHandler.post asks
+    ``has_signup_code`` first); without it, a listed name is held as any other, so that
+    the cap does not tell which names are listed."""
     from nativeauthenticator.orm import UserInfo
 
+    from pdl_spawner.accounts.credentials import SignupCodes
+
     auth = make_authenticator(authenticator_db, tmp_path, allowed_users={"kate"}, pending_signups_at_most=2)
+    code = SignupCodes(tmp_path / "state").ensure(["kate"])["kate"]
     authenticator_db.add(UserInfo(username="zed", password=b"x", is_authorized=False))
     authenticator_db.commit()
-    assert auth.pending_signups_full("mallory") is None  # 1 waits (the admin is approved)
+    assert auth.pending_signups_full() is None  # 1 waits (the admin is approved)
     authenticator_db.add(UserInfo(username="yan", password=b"x", is_authorized=False))
     authenticator_db.commit()
-    assert auth.pending_signups_full("mallory").startswith("2 sign-ups already wait for the admin's approval")
-    assert auth.pending_signups_full("kate") is None and auth.pending_signups_full("KATE") is None
-    assert auth.pending_signups_full("admin") is None
+    assert auth.pending_signups_full().startswith("2 sign-ups already wait for the admin's approval")
+    assert auth.has_signup_code("kate", code) and auth.has_signup_code("KATE", code)
+    assert not auth.has_signup_code("kate", "") and not auth.has_signup_code("kate", code[:-1])
+    assert not auth.has_signup_code("\u212Aate", code) and not auth.has_signup_code("mallory", code)
 
 
 @pytest.mark.unit
 def test_sign_ups_are_limited_per_client_address_whatever_headers_the_client_sends(authenticator_db, tmp_path,
                                                                                    monkeypatch):
-    """The attack (issue 27, 4): anonymous sign-ups without limit. One address signs up at
-    most ``signups_per_address`` unlisted names in the window, counted at the address the
-    proxy saw (the last ``X-Forwarded-For`` entry: a client's own ``X-Real-Ip`` or
-    ``X-Forwarded-For`` entries do not move it); listed names and admins are never counted."""
+    """The attack (issue 27, 4): anonymous sign-ups without limit. One address makes at
+    most ``signups_per_address`` sign-ups without a one-time code in the window, counted
+    at the address the proxy saw (the last ``X-Forwarded-For`` entry: a client's own
+    ``X-Real-Ip`` or ``X-Forwarded-For`` entries do not move it); the name plays no part."""
     from types import SimpleNamespace
 
     from tornado.httputil import HTTPHeaders, HTTPServerRequest
@@ -507,15 +691,14 @@ def test_sign_ups_are_limited_per_client_address_whatever_headers_the_client_sen
     monkeypatch.setattr(accounts, "time", SimpleNamespace(monotonic=lambda: now[0]))
     auth = make_authenticator(authenticator_db, tmp_path, allowed_users={"kate"}, signups_per_address=2,
                               signup_window_seconds=600)
-    for name in ("mal-1", "mal-2", "kate", "admin"):
-        assert auth.signup_rate_full("203.0.113.9", name) is None
-        auth.count_signup("203.0.113.9", name)
-    assert auth.signup_rate_full("203.0.113.9", "mal-3") == (
+    for _ in range(2):
+        assert auth.signup_rate_full("203.0.113.9") is None
+        auth.count_signup("203.0.113.9")
+    assert auth.signup_rate_full("203.0.113.9") == (
         "2 sign-ups from your address in the last 10 minutes, the most this hub takes: try again in 600 s.")
-    assert auth.signup_rate_full("198.51.100.7", "mal-3") is None  # another address
-    assert auth.signup_rate_full("203.0.113.9", "KATE") is None  # a listed name
+    assert auth.signup_rate_full("198.51.100.7") is None  # another address
     now[0] += 601
-    assert auth.signup_rate_full("203.0.113.9", "mal-3") is None  # the window has passed
+    assert auth.signup_rate_full("203.0.113.9") is None  # the window has passed
 
     spoofed = HTTPServerRequest(method="POST", uri="/hub/signup", headers=HTTPHeaders(
         {"X-Forwarded-For": "10.9.9.9, 203.0.113.9", "X-Real-Ip": "10.8.8.8"}))
@@ -613,3 +796,97 @@ def test_wrong_password_counts_are_forgotten_an_hour_after_the_last_for_every_na
         attempts["time"] -= FAILED_LOGINS_KEPT_S
     asyncio.run(wrong("made-up-2"))
     assert list(auth.login_attempts) == [("made-up-2", False)]
+
+
+@pytest.mark.unit
+def test_a_login_field_past_its_bound_gets_400_in_one_line_and_an_over_long_password_is_a_wrong_one(
+        authenticator_db, tmp_path, monkeypatch):
+    """The attack (issue 60, 1): 120 failed logins with 1 MB names grew the hub by 131 MiB,
+    for an hour: the lockout kept each name. Now a name past NAME_CHARS (or a one-time
+    code past TOKEN_CHARS) is refused with 400 before anything reads it, saying the bound
+    and quoting none of it; a password past PASSWORD_CHARS is a wrong password, counted,
+    never hashed (a stand-in is checked, so that it takes as long as any); and a name
+    that can never log in is kept nowhere."""
+    import asyncio
+
+    from tornado import web
+
+    import pdl_spawner.accounts.authenticator as accounts
+    from pdl_spawner.accounts import form_limits
+
+    auth = make_authenticator(authenticator_db, tmp_path)
+    checked = []
+    real_check = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda password, hashed: checked.append(len(password))
+                        or real_check(password, hashed))
+
+    def login(**data):
+        return asyncio.run(auth.authenticate(None, {"username": "admin", "password": "not-it", **data}))
+
+    for field, most in (("username", form_limits.NAME_CHARS), ("2fa", form_limits.TOKEN_CHARS)):
+        with pytest.raises(web.HTTPError) as refused:
+            login(**{field: "x" * (most + 1) + "-the-tail"})
+        line = refused.value.log_message
+        assert refused.value.status_code == 400 and f"at most {most} characters" in line, line
+        assert "\n" not in line and "xxxxxxxxxx" not in line and "the-tail" not in line, line
+    assert not auth.login_attempts and not checked  # nothing counted, nothing checked
+
+    assert login(password="p" * (form_limits.PASSWORD_CHARS + 1)) is None
+    assert auth.login_attempts[("admin", False)]["count"] == 1  # a wrong one, counted
+    assert len(checked) == 1 and checked[0] < 72  # a stand-in checked (as long as any), never the password
+    assert login(username="Not A Name " + "x" * 200) is None  # the decoy's check: as long as any
+    assert list(auth.login_attempts) == [("admin", False)] and len(checked) == 2
+    assert accounts.name_problem("x" * 200 + "!").startswith("'xxxxxxxxx") and len(accounts.name_problem(
+        "x" * 200 + "!")) < 200  # a refusal quotes at most 40 characters of a name
+
+    problem = form_limits.signup_problem({"username": "ann", "signup_password": "a-fine-passphrase",
+                                          "email": "a" * 120 + "@lab.example.org"})
+    assert problem == "The e-mail address may have at most 128 characters; this one has 136."
+    assert form_limits.signup_problem({"username": "ann", "signup_password": "p" * 1025}) == (
+        "The password may have at most 1024 characters; this one has 1025.")
+
+
+@pytest.mark.unit
+def test_the_lockout_keeps_at_most_names_kept_counts_the_oldest_forgotten_first(authenticator_db, tmp_path):
+    """The attack (issue 60, 1): the lockout's dict had no bound in all. Now it keeps at
+    most NAMES_KEPT counts; beyond, the one whose last wrong password is oldest goes, and
+    a name counted again is the newest."""
+    from pdl_spawner.accounts.login_guard import NAMES_KEPT
+
+    auth = make_authenticator(authenticator_db, tmp_path)
+    for i in range(NAMES_KEPT):
+        auth.add_login_attempt((f"n{i}", False))
+    auth.add_login_attempt(("n0", False))  # n0 again: now the newest, n1 the oldest
+    for i in range(3):
+        auth.add_login_attempt((f"more-{i}", False))
+    kept = list(auth.login_attempts)
+    assert len(kept) == NAMES_KEPT
+    assert ("n1", False) not in kept and ("n3", False) not in kept and ("n4", False) in kept
+    assert kept[-4:] == [("n0", False), ("more-0", False), ("more-1", False), ("more-2", False)]
+    assert auth.login_attempts[("n0", False)]["count"] == 2
+
+
+@pytest.mark.unit
+def test_sign_up_counts_keep_at_most_their_addresses_the_oldest_forgotten_first(authenticator_db, tmp_path):
+    """The attack (issue 60, 1): the sign-up counts kept every client address that ever
+    signed up. Now at most SIGNUP_ADDRESSES_KEPT addresses (the one whose last sign-up
+    is oldest goes first), each kept by its first ADDRESS_CHARS characters."""
+    from pdl_spawner.accounts.authenticator import ADDRESS_CHARS, SIGNUP_ADDRESSES_KEPT
+
+    auth = make_authenticator(authenticator_db, tmp_path, signups_per_address=3)
+    for _ in range(50):
+        auth.count_signup("203.0.113.9")
+    assert auth.signup_rate_full("203.0.113.9").startswith("3 sign-ups from your address")
+    for tail in "abc":  # a made-up address of 10,000 characters is kept by its first ADDRESS_CHARS
+        auth.count_signup("x" * 10_000 + tail)
+    assert auth.signup_rate_full("x" * ADDRESS_CHARS).startswith("3 sign-ups from your address")
+    for i in range(SIGNUP_ADDRESSES_KEPT - 1):
+        auth.count_signup(f"2001:db8::{i:x}")
+    assert auth.signup_rate_full("203.0.113.9") is None  # the oldest, forgotten
+    assert auth.signup_rate_full("x" * ADDRESS_CHARS).startswith("3 sign-ups")  # kept: SIGNUP_ADDRESSES_KEPT in all
+    auth.count_signup("2001:db8::0")
+    auth.count_signup("2001:db8::0")
+    assert auth.signup_rate_full("2001:db8::0").startswith("3 sign-ups")
+    auth.count_signup("198.51.100.7")
+    assert auth.signup_rate_full("x" * ADDRESS_CHARS) is None  # now the oldest, forgotten
+    assert auth.signup_rate_full("2001:db8::0").startswith("3 sign-ups")  # counted again last: kept

@@ -159,6 +159,24 @@ def test_a_name_that_could_be_a_filter_or_a_dn_never_logs_in(lab, name):
     assert said and "Too many" not in said, said
 
 
+def test_a_huge_name_at_the_labs_login_gets_400_in_one_line_and_is_not_filled_back(lab):
+    """The attack (issue 60, 1): a failed login's name, of any length, stayed in the hub
+    (the lockout's counts) and came back whole in the page. The lab's login page
+    (pdl_spawner/accounts/pages.py LabLoginHandler) refuses a name past 256 characters
+    before the lab's check hears of it, and quotes none of it."""
+    import requests
+
+    from hub_harness import page_alert
+
+    hub, _ = lab
+    browser = requests.Session()
+    browser.get(f"{hub.url}/hub/login", timeout=10).raise_for_status()
+    r = browser.post(f"{hub.url}/hub/login", timeout=30, allow_redirects=False, data={
+        "_xsrf": browser.cookies.get("_xsrf", ""), "username": "n" * 300_000, "password": "a-guess"})
+    assert r.status_code == 400 and "n" * 300 not in r.text, (r.status_code, len(r.text))
+    assert page_alert(r.text) == "The user name may have at most 256 characters; this one has 300000."
+
+
 def test_wrong_passwords_lock_the_name_at_the_hubs_login(lab):
     """PDL's lockout around the lab's check, set as for PDL's own login (PDL_LOGIN_ATTEMPTS=2 here)."""
     hub, names = lab

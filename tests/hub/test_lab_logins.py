@@ -81,7 +81,27 @@ def test_a_name_that_cannot_be_a_hub_users_never_reaches_pam(lab, monkeypatch):
     auth = PDLPAMAuthenticator()
     monkeypatch.setattr(auth, "check_password", lambda handler, data: pytest.fail(f"PAM asked for {data}"))
     assert login(auth, "../" + lab["member"], lab["passwords"][lab["member"]]) is None
-    assert auth.login_attempts  # counted as a wrong password is
+    assert not auth.login_attempts  # refused as a wrong password is, and kept nowhere (issue 60, 1)
+
+
+def test_a_lab_logins_fields_past_their_bounds_never_reach_pam_nor_stay_in_the_hub(lab, monkeypatch):
+    """The attack (issue 60, 1): each failed login's name, of any length, stayed in the
+    lockout's counts for an hour (1 MB names grew the hub by 131 MiB). A name past
+    NAME_CHARS gets 400 in one line quoting none of it; a password past PASSWORD_CHARS
+    is a wrong one, counted, that PAM never hears of (it checks a stand-in instead, so
+    that the answer takes as long as any)."""
+    from pdl_spawner.accounts import form_limits
+
+    auth = PDLPAMAuthenticator()
+    asked = []
+    monkeypatch.setattr(auth, "check_password", lambda handler, data: asked.append(data["password"]))
+    with pytest.raises(web.HTTPError) as refused:
+        login(auth, "a" * (form_limits.NAME_CHARS + 1), "a-guess")
+    assert refused.value.status_code == 400 and "at most 256 characters" in refused.value.log_message
+    assert "aaaaaaaaaa" not in refused.value.log_message and not auth.login_attempts and not asked
+    assert login(auth, lab["member"], "p" * (form_limits.PASSWORD_CHARS + 1)) is None
+    assert auth.login_attempts[(lab["member"], False)]["count"] == 1
+    assert len(asked) == 1 and len(asked[0]) < 64 and "ppp" not in asked[0]
 
 
 def test_a_hub_user_runs_only_as_an_ordinary_lab_account_of_the_allowed_group(lab):
