@@ -18,7 +18,8 @@ count, and cannot leave (the cgroups' files are root's).
   past either is met by the OOM killer inside the cgroup that is full, which ends one of
   that cgroup's processes; the hub's own processes are outside, and are the last the
   machine-wide OOM killer picks (:func:`protect_hub`; the users' processes are marked to
-  be picked first, :func:`mark_user_process`).
+  be picked first, :func:`mark_user_process`, and cannot lower their score: their
+  ``/proc`` is read-only, :func:`hold_oom_score`).
 
 Where it works (:func:`support`): the cgroup v1 controllers, as root. A host with cgroup
 v2 only gets the same limits from :mod:`~pdl_spawner.host.cgroup_v2`.
@@ -26,6 +27,7 @@ v2 only gets the same limits from :mod:`~pdl_spawner.host.cgroup_v2`.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 from dataclasses import dataclass, field
@@ -181,10 +183,37 @@ def hub_protection() -> str:
 
 def mark_user_process() -> None:
     """In a user's forked child, as root, before it gives root up: picked by the OOM
-    killer before the hub (:data:`USER_OOM_SCORE_ADJ`). Written as root with
-    CAP_SYS_RESOURCE, it is also the lowest the user's processes can set it back to."""
+    killer before the hub (:data:`USER_OOM_SCORE_ADJ`); :func:`hold_oom_score` then keeps
+    it from going lower. The kernel's own floor (the
+    score a CAP_SYS_RESOURCE writer set) does not hold across ``exec``: a user's kernel
+    lowered its score to 0, below every neighbour's, before this."""
     fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
     try:
         os.write(fd, str(USER_OOM_SCORE_ADJ).encode())
     finally:
         os.close(fd)
+
+
+def mount_namespace() -> int:
+    """The calling process's mount namespace (its inode number)."""
+    return os.stat("/proc/self/ns/mnt").st_ino
+
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
+
+
+def hold_oom_score(hubs_namespace: int) -> None:
+    """In a forked child, as root, inside a mount namespace of its own
+    (:meth:`~pdl_spawner.host.private_tmp.PrivateTmp.enter`): ``/proc`` read-only for it
+    and all it starts, so that no process of the user can write an OOM score (or any other
+    ``/proc`` file: systemd's ``ProtectProc``-like hardening). The mount is locked for the
+    user: a user namespace made later gets it read-only too. OSError where the kernel refuses,
+    RuntimeError in the hub's own mount namespace (``hubs_namespace``: :func:`mount_namespace`
+    read in the hub), whose /proc must stay writable."""
+    if mount_namespace() == hubs_namespace:
+        raise RuntimeError("hold_oom_score needs a mount namespace of its own: the hub's /proc stays writable")
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    if libc.mount(None, b"/proc", None, ctypes.c_ulong(flags), None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount /proc read-only: {os.strerror(code)}")

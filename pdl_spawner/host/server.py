@@ -16,6 +16,7 @@ from is its :class:`~pdl_spawner.host.workers.HostWorkers` (``self.workers``).
   server) and in a cgroup v2 whose bind filter lets them take, of ``port_range``, only
   their own server's ports (:mod:`~pdl_spawner.host.port_filter`), in a mount namespace
   with a /tmp, /var/tmp and /dev/shm of the server's own (:mod:`~pdl_spawner.host.private_tmp`),
+  with System V IPC and abstract Unix sockets of its own (:mod:`~pdl_spawner.host.private_ipc`),
   in cgroups of their account that bound their processes and memory
   (:mod:`~pdl_spawner.host.account_limits`), and in a cgroup of the server that bounds its
   CPU (JupyterHub's ``cpu_limit``) while each engine is kept on its slot's cores
@@ -55,7 +56,8 @@ from traitlets.config import LoggingConfigurable
 from pdl.connection import CONTROLLER_PORTS
 from pdl.contract import ServerContract, cluster_dir_in
 from pdl_spawner.accounts import unix_accounts
-from pdl_spawner.host import account_limits, cgroup_v2, cpu_limits, device_cgroup, port_filter, private_tmp
+from pdl_spawner.host import (account_limits, cgroup_v2, cpu_limits, device_cgroup, port_filter, private_ipc,
+                              private_tmp)
 from pdl_spawner.hub import metrics
 from pdl_spawner.hub.db_thread import submit
 
@@ -232,6 +234,19 @@ class HostServer(LoggingConfigurable):
         if not self.system_users:
             return None
         return private_tmp.PrivateTmp(self.cgroup_owner, self.private_tmp_root)
+
+    #: private_ipc.support()'s answer, looked up (and logged) once per hub process
+    _ipc_support: private_ipc.Support | None = None
+
+    @property
+    def abstract_sockets_scoped(self) -> bool:
+        """Whether this kernel keeps each server's abstract Unix sockets to itself
+        (:func:`~pdl_spawner.host.private_ipc.support`; the first call of a hub process logs
+        what servers get)."""
+        if HostServer._ipc_support is None:
+            HostServer._ipc_support = found = private_ipc.support()
+            (self.log.info if found else self.log.warning)("%s", found.reason)
+        return HostServer._ipc_support.scoped
 
     #: cgroup_v2.support()'s answer, looked up (and the users' memory limited) once per hub process
     _tree_support: tuple[Path | None, str] | None = None
@@ -445,6 +460,8 @@ class HostServer(LoggingConfigurable):
                 cpu = self.cpu_limits
                 joined += cpu.server_procs_files(self.owner) if cpu is not None else []
             own_tmp = self.private_tmp
+            scoped = self.abstract_sockets_scoped
+            hubs_namespace = account_limits.mount_namespace()
             become_user = set_user_setuid(self.account)
 
             def preexec():
@@ -452,6 +469,8 @@ class HostServer(LoggingConfigurable):
                     device_cgroup.join(procs)
                 own_tmp.enter()
                 account_limits.mark_user_process()  # the OOM killer picks it before the hub
+                account_limits.hold_oom_score(hubs_namespace)  # and never lower: its /proc is read-only
+                private_ipc.enter(scoped)  # its own System V IPC and abstract Unix sockets
                 become_user()
 
             return preexec

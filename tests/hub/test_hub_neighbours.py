@@ -602,6 +602,118 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers(hub, ben):
         wait_until(lambda: "admin" not in hub.running_servers(), 60, what="the admin's server to stop")
 
 
+def test_ben_cannot_see_or_attach_to_anns_system_v_ipc(hub, ann, ben):
+    """Guards ``pdl_spawner/host/private_ipc.py`` (an IPC namespace per server). The attack
+    (issue 60, 3): System V IPC was one namespace for all users; ``ipcs`` listed ann's
+    segments and one made with mode 0666 was open to ben. Now ann's segment is hers: ben's
+    ``ipcs`` lists nothing of hers, her key gets him a new segment of his own, her id none."""
+    made = json.loads(ann.execute_ok(SHM_HELPERS + """
+key = 0x5D1_0060
+shmid = libc.shmget(key, 4096, IPC_CREAT | 0o666)
+assert shmid >= 0, ctypes.get_errno()
+print(json.dumps({"shmid": shmid, "listed": str(shmid) in ipcs()}))
+""")["stdout"].strip().splitlines()[-1])
+    assert made["listed"], made  # ann sees her own
+    found = run_as_ben(ben, SHM_HELPERS + f"""
+key = 0x5D1_0060
+attached = libc.shmat({made['shmid']}, None, 0)
+mine = libc.shmget(key, 4096, 0)  # without IPC_CREAT: only an existing segment of that key
+print(json.dumps({{"listed": "{made['shmid']}" in ipcs() or hex(key) in ipcs(), "attached": attached != -1,
+                  "by_key": mine >= 0}}))
+""")
+    assert found == {"listed": False, "attached": False, "by_key": False}, found
+
+
+#: What the IPC tests run in a kernel: libc's shmget/shmat and ``ipcs -m``'s list.
+SHM_HELPERS = """
+import ctypes, json, subprocess
+IPC_CREAT = 0o1000
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_ssize_t
+def ipcs():
+    return subprocess.run(["ipcs", "-m"], capture_output=True, text=True).stdout
+"""
+
+#: What the abstract-socket tests run in a kernel: a listener on an abstract name, kept
+#: in the kernel, and a connection to one.
+ABSTRACT_HELPERS = """
+import json, socket
+def listen(name):
+    s = socket.socket(socket.AF_UNIX)
+    s.bind("\\0" + name)
+    s.listen()
+    return s
+def reach(name):
+    c = socket.socket(socket.AF_UNIX)
+    try:
+        c.connect("\\0" + name)
+        c.sendall(b"hello")
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        c.close()
+"""
+
+
+def test_ben_and_ann_cannot_reach_each_others_abstract_unix_sockets(hub, ann, ben):
+    """Guards ``pdl_spawner/host/private_ipc.py`` (a Landlock domain per server, scoped to
+    abstract Unix sockets). The attack (issue 60, 3): ann's process connected to an
+    abstract socket that ben's process listened on, and delivered bytes to it (abstract
+    sockets have no file permissions; the network namespace is the machine's). Now
+    neither reaches the other's, while a user's own processes still reach each other's,
+    as the collectives between a user's engines do."""
+    from pdl_spawner.host import private_ipc
+
+    if not private_ipc.support() and not os.environ.get("CI"):
+        pytest.skip(private_ipc.support().reason)
+    name = f"pdl-bens-{secrets.token_hex(4)}"
+    ben.execute_ok(ABSTRACT_HELPERS + f"bens_listener = listen({name!r})")
+    try:
+        found = json.loads(ann.execute_ok(ABSTRACT_HELPERS + f"""
+anns_listener = listen("anns-{name}")
+import subprocess, sys
+child = subprocess.run([sys.executable, "-c", {ABSTRACT_HELPERS!r} + "print(reach('anns-{name}'))"],
+                       capture_output=True, text=True).stdout.strip()
+print(json.dumps({{"bens": reach({name!r}), "own_child": child}}))
+""")["stdout"].strip().splitlines()[-1])
+        bens = run_as_ben(ben, ABSTRACT_HELPERS + f"print(json.dumps({{'anns': reach('anns-{name}')}}))")
+    finally:
+        ben.execute_ok("bens_listener.close()")
+        ann.execute_ok("anns_listener.close()")
+    assert found == {"bens": "PermissionError", "own_child": "connected"}, found
+    assert bens == {"anns": "PermissionError"}, bens
+
+
+def test_ben_cannot_lower_his_oom_score_below_his_neighbours(hub, ann, ben):
+    """Guards ``pdl_spawner/host/account_limits.py`` (hold_oom_score: the server's /proc
+    read-only). The attack (issue 60, 4): PDL gave every user's process an OOM score
+    adjustment of 500 and ben's kernel lowered its own to 0, below every neighbour's, so
+    that in a machine-wide shortage the OOM killer picked ann first (the kernel's floor,
+    set by root before ``exec``, does not hold across it). Now neither his kernel nor a
+    process it starts, nor one in a user namespace of his own, gets below 500."""
+    from pdl_spawner.host.account_limits import USER_OOM_SCORE_ADJ
+
+    found = run_as_ben(ben, """
+import json, subprocess
+def lower(path="/proc/self/oom_score_adj"):
+    try:
+        with open(path, "w") as f:
+            f.write("0")
+        return "lowered"
+    except OSError as e:
+        return type(e).__name__
+shell = subprocess.run(["sh", "-c", "echo 0 > /proc/self/oom_score_adj && echo lowered; "
+                        "unshare -Urm sh -c 'echo 0 > /proc/self/oom_score_adj && echo lowered-in-userns'"],
+                       capture_output=True, text=True).stdout.strip()
+print(json.dumps({"kernel": lower(), "shell": shell, "now": int(open("/proc/self/oom_score_adj").read())}))
+""")
+    assert found == {"kernel": "OSError", "shell": "", "now": USER_OOM_SCORE_ADJ}, found
+    scores = {role: int(open(f"/proc/{pid}/oom_score_adj").read())
+              for user in ("ann", "ben") for pid, role in hub.lasting_processes_of(user).items()}
+    assert min(scores.values()) >= USER_OOM_SCORE_ADJ, scores
+
+
 def test_bens_terminal_runs_as_ben_and_cannot_read_the_hubs_password(hub):
     """Guards the terminal's process, a child of ben's server, running as his account."""
     token = hub.user_token("ben")
