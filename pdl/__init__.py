@@ -22,6 +22,9 @@ Shared by the hub side, the notebook side and the engines:
 - :mod:`pdl.connection`: the keys, ports and files of a controller whose engines run
   on other machines (Docker Swarm).
 - :mod:`pdl.process`: whether a local process is alive.
+- :mod:`pdl.entry_ticket` and :mod:`pdl.hub_relay`: the hub's word that a browser may
+  begin a login at a user's server, and the one path by which a stranger's request at a
+  user's origin gets the hub's answer (the hub and the user's server both take it).
 - :mod:`pdl.atomic_file`: write a file that readers see whole or not at all.
 - :mod:`pdl.line_fit`: the least-squares line through measured points (a rank's
   speed, a link's).

@@ -58,6 +58,11 @@ variable                    field                  meaning
 ``PDL_SLOT_CGROUPS``        ``slot_cgroups``       folders (``:``-separated) holding a
                                                    cgroup per slot, which each engine
                                                    joins (local spawner, as root)
+``PDL_ENTRY_KEY``           ``entry_key``          the hub's public key for entry
+                                                   tickets (:mod:`pdl.entry_ticket`):
+                                                   who may begin a login at the server
+``PDL_RELAY_MARK``          ``relay_mark``         the hub's mark of a request relayed
+                                                   to it (:mod:`pdl.hub_relay`)
 =========================== ====================== =====================================
 
 The hub writes these into the server's environment; nothing a user writes reaches
@@ -102,6 +107,8 @@ VARIABLES = {
     "nvidia_smi": "PDL_NVIDIA_SMI",
     "pool": "PDL_POOL",
     "slot_cgroups": "PDL_SLOT_CGROUPS",
+    "entry_key": "PDL_ENTRY_KEY",
+    "relay_mark": "PDL_RELAY_MARK",
 }
 
 
@@ -157,6 +164,10 @@ class ServerContract:
     #: folders holding a cgroup per slot (:mod:`pdl_spawner.host.cpu_limits`), which each
     #: engine joins (:func:`pdl.slots.engine_env`); (): none
     slot_cgroups: tuple[str, ...] = field(default=())
+    #: the hub's public key for entry tickets (:mod:`pdl.entry_ticket`); "": not told
+    entry_key: str = ""
+    #: the hub's mark of a request relayed to it (:mod:`pdl.hub_relay`); "": not told
+    relay_mark: str = ""
 
     def env(self) -> dict[str, str]:
         """The environment variables that carry this contract (empty fields left out)."""
@@ -181,6 +192,8 @@ class ServerContract:
             "nvidia_smi": self.nvidia_smi,
             "pool": ",".join(self.pool),
             "slot_cgroups": os.pathsep.join(self.slot_cgroups),
+            "entry_key": self.entry_key,
+            "relay_mark": self.relay_mark,
         }
         return {VARIABLES[name]: value for name, value in values.items() if value}
 
@@ -223,6 +236,8 @@ class ServerContract:
             nvidia_smi=env.get(VARIABLES["nvidia_smi"], ""),
             pool=tuple(parse_slot_list(env.get(VARIABLES["pool"], ""))),
             slot_cgroups=tuple(f for f in env.get(VARIABLES["slot_cgroups"], "").split(os.pathsep) if f),
+            entry_key=env.get(VARIABLES["entry_key"], ""),
+            relay_mark=env.get(VARIABLES["relay_mark"], ""),
         )
 
     @property

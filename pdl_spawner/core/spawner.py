@@ -30,6 +30,7 @@ from tornado import web
 from traitlets import Float, Integer, Tuple, default, validate
 from traitlets.config import LoggingConfigurable
 
+from pdl import entry_ticket, hub_relay
 from pdl.lease import Refusal
 from pdl.limits import holding_line
 from pdl_spawner.core import form
@@ -182,13 +183,25 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
         caps = [self.workers_limit, usage.total] + ([] if limits.workers is None else [limits.workers])
         return min(caps), limits.note
 
+    @property
+    def entry_contract(self) -> dict[str, str]:
+        """The contract's fields for the server's gate: the hub's public key for entry
+        tickets (:mod:`pdl.entry_ticket`) and its relay mark (:mod:`pdl.hub_relay`), both
+        derived from its cookie secret; none where this spawner has no hub's settings (a
+        spawner made alone): its server then answers strangers as JupyterHub's does."""
+        secret = (getattr(self.user, "settings", None) or {}).get("cookie_secret")
+        if not (isinstance(secret, bytes) and secret):
+            return {}
+        return dict(entry_key=entry_ticket.public_key(secret), relay_mark=hub_relay.relay_mark(secret))
+
     def told_contract(self) -> dict[str, Any]:
         """The :class:`~pdl.contract.ServerContract` fields every kind tells its server: its
         kind, the idle timeout, the user's limits (:attr:`told_limits`), the session's warning,
         limit and end (the limit only with an end: Slurm's session is its job's), and the
-        spawn's GPU type."""
+        spawn's GPU type, and what the server's gate needs (:attr:`entry_contract`)."""
         workers_limit, limits_note = self.told_limits
-        return dict(kind=self.kind_name, idle_timeout_s=self.engine_idle_timeout, workers_limit=workers_limit,
+        return dict(kind=self.kind_name, **self.entry_contract, idle_timeout_s=self.engine_idle_timeout,
+                    workers_limit=workers_limit,
                     limits_note=limits_note,
                     session_warn_s=self.session_warning_s, session_ends_at=self.session_ends_at,
                     session_limit_s=self.session_limit_s if self.session_ends_at else 0.0,

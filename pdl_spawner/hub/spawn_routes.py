@@ -15,7 +15,9 @@ has authenticated the request, checked its scope and found the server not runnin
 a refusal (400 or 409, one line) is sent at once and JupyterHub's spawn never starts;
 an admitted request goes on to JupyterHub's spawn as before, and its admission ends if
 that fails before ``start()``. :func:`fit_spawn_routes` puts the fitted handlers in
-place of JupyterHub's own, on the same routes, when the hub builds its route table.
+place of JupyterHub's own, on the same routes, when the hub builds its route table,
+with the way on to a running server, which carries an entry ticket, and the stranger's
+answer at a user's origin where no server runs (:mod:`pdl_spawner.hub.server_entry`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from __future__ import annotations
 import asyncio
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler
+from jupyterhub.handlers.base import UserUrlHandler
 from jupyterhub.handlers.pages import SpawnHandler
 
 from pdl_spawner.core.admission import ADMISSIONS, Admission
+from pdl_spawner.hub.server_entry import PDLUserUrlHandler, fit_outside_prefix
 
 
 #: Seconds PDL's answer may take before a spawn request goes on to JupyterHub's spawn
@@ -87,7 +91,8 @@ class PDLSpawnHandler(AdmitBeforeSpawn, SpawnHandler):
 
 
 #: JupyterHub's handler -> PDL's on the same routes.
-FITTED = {UserServerAPIHandler: PDLUserServerAPIHandler, SpawnHandler: PDLSpawnHandler}
+FITTED = {UserServerAPIHandler: PDLUserServerAPIHandler, SpawnHandler: PDLSpawnHandler,
+          UserUrlHandler: PDLUserUrlHandler}
 
 
 def fitted_routes(routes: list) -> list:
@@ -105,11 +110,13 @@ def _fit(change) -> None:
 
 def fit_spawn_routes() -> bool:
     """In a running JupyterHub (this process's, while it loads its configuration): fit
-    its spawn routes (:func:`fitted_routes`) when it builds its route table. False where
+    its spawn routes (:func:`fitted_routes`) when it builds its route table, and the routes
+    outside ``/hub/`` (:func:`~pdl_spawner.hub.server_entry.fit_outside_prefix`). False where
     no hub runs in this process (a configuration only read, a test); nothing changes then."""
     from jupyterhub.app import JupyterHub
 
     if not JupyterHub.initialized():
         return False
     JupyterHub.instance().observe(_fit, names="handlers")
+    fit_outside_prefix()
     return True
