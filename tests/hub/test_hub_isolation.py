@@ -90,13 +90,31 @@ def as_user(token: str, method: str, url: str) -> requests.Response:
                             allow_redirects=False)
 
 
+def answer_of(r: requests.Response) -> tuple[int, str]:
+    """An answer's status and where it redirects to ("" for none)."""
+    return r.status_code, r.headers.get("Location", "")
+
+
+def refused(hub, answer: tuple[int, str]) -> bool:
+    """Whether ``answer`` (:func:`answer_of`) opens nothing: 403 or 404, or the hub's
+    redirect into ``/hub/`` that a stranger gets at a server (the hub then decides)."""
+    status, location = answer
+    return status in (403, 404) or (status == 302 and location.startswith(f"{hub.url}/hub/"))
+
+
 def test_a_users_token_is_refused_on_another_users_server_and_api(both, tokens):
     hub = both
     ben_before = hub.lasting_processes_of("ben")
     ben_tokens = len(hub.api("GET", "/users/ben/tokens").json()["api_tokens"])
 
-    answers = {f"{m} {url}": as_user(tokens["ann"], m, url).status_code for m, url in server_calls(hub, "ben")}
-    answers |= {f"{m} {p}": hub.api(m, p, token=tokens["ann"], json={}).status_code for m, p in hub_calls("ben")}
+    # at ben's server ann's token counts for nothing: she gets a stranger's answer, the
+    # hub's for a server that does not run (pdl_server/entry_gate.py), which opens nothing
+    with_hers = {f"{m} {url}": answer_of(as_user(tokens["ann"], m, url)) for m, url in server_calls(hub, "ben")}
+    strangers = {f"{m} {url}": answer_of(requests.request(m, url, timeout=60, allow_redirects=False))
+                 for m, url in server_calls(hub, "ben")}
+    assert with_hers == strangers, (with_hers, strangers)
+    assert all(refused(hub, answer) for answer in with_hers.values()), with_hers
+    answers = {f"{m} {p}": hub.api(m, p, token=tokens["ann"], json={}).status_code for m, p in hub_calls("ben")}
     assert {call: code for call, code in answers.items() if code not in (403, 404)} == {}, answers
 
     # nothing happened to ben: same processes (no kernel started, no engine restarted), no new token
@@ -137,7 +155,7 @@ def test_a_users_login_cookie_cannot_open_another_users_server(both):
     assert not other.url.startswith(f"{hub.user_url('ben')}/")
     for path in ("api/contents", "api/kernels", "pdl/api/cluster"):
         r = ann.get(f"{hub.user_url('ben')}/{path}", timeout=60, allow_redirects=False)
-        assert r.status_code in (403, 404), (path, r.status_code)
+        assert refused(hub, answer_of(r)), (path, answer_of(r))
 
 
 def test_engines_see_only_their_users_slots(both):

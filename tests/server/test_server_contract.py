@@ -41,6 +41,7 @@ def test_a_swarm_servers_contract_is_exactly_these_variables():
     ServerContract(kind="slurm", workers=2, job=42, gpu_type="a100"),
     ServerContract(slots=("cpu:0",), controller_ports=tuple(range(20001, 20019))),
     ServerContract(slots=("mig:1",), nvidia_smi="/opt/nvidia/bin/nvidia-smi", pool=("gpu:1", "mig:0", "mig:1")),
+    ServerContract(slots=("cpu:0",), entry_key="bm90LWEta2V5", relay_mark="0f" * 32),
 ])
 def test_what_the_builder_writes_the_parser_reads_back(contract):
     assert ServerContract.from_env(contract.env()) == contract
