@@ -131,11 +131,15 @@ def test_each_package_docstring_names_every_module_it_holds(package):
     assert held and [name for name in held if name not in doc] == [], f"{package}/__init__.py does not say what these hold"
 
 
+#: The tests of the whole repository, beside tests/<side>/: this one, and the docs' references.
+REPOSITORY_TESTS = (Path("test_layout.py"), Path("test_doc_references.py"))
+
+
 def test_every_test_file_lives_in_the_folder_of_its_side():
     tests = ROOT / "tests"
     files = sorted(path.relative_to(tests) for path in tests.rglob("test_*.py"))
     astray = [str(path) for path in files
-              if path != Path(__file__).relative_to(tests) and (len(path.parts) != 2 or path.parts[0] not in TEST_SIDES)]
+              if path not in REPOSITORY_TESTS and (len(path.parts) != 2 or path.parts[0] not in TEST_SIDES)]
     assert astray == [], f"test files outside tests/<side>/ ({', '.join(TEST_SIDES)})"
     # pytest imports them by basename (no __init__.py, its default import mode): one name, one file
     names = [path.name for path in files]
