@@ -248,7 +248,12 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers_on_the_login_node(hub,
     """The attack of issue 27, 5, on Slurm: servers run on the login node (as on the
     embedded default), where ben's kernel tried to bind every port of port_range. Guards
     ``PDLLocalSpawner.restrict_ports``, which PDLSlurmSpawner's start keeps: of the range,
-    ben's processes may bind only his own server's ports (its own and its controller's)."""
+    ben's processes may bind only his own server's ports (its own and its controller's).
+    And issue 60's shared channels there too (the attacks between two users are
+    tests/hub/test_hub_neighbours.py's): his server has a System V IPC namespace of its
+    own, not the login node's, and cannot lower its OOM score."""
+    from pdl_spawner.host.account_limits import USER_OOM_SCORE_ADJ
+
     low, high = hub.port_range
     assert hub.spawn("ben", 1).status_code in (201, 202)
     hub.wait_ready("ben", timeout=120)
@@ -256,6 +261,17 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers_on_the_login_node(hub,
     try:
         found = squat_ports(kernel, low, high)
         release_ports(kernel)
+        channels = json.loads(kernel.execute_ok("""
+import json, os
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("0")
+    lowered = "lowered"
+except OSError as e:
+    lowered = type(e).__name__
+print(json.dumps({"ipc": os.stat("/proc/self/ns/ipc").st_ino, "lowered": lowered,
+                  "score": int(open("/proc/self/oom_score_adj").read())}))
+""")["stdout"].strip().splitlines()[-1])
     finally:
         kernel.close()
         hub.api("DELETE", "/users/ben/server")
@@ -263,6 +279,8 @@ def test_ben_cannot_squat_the_ports_the_hub_gives_servers_on_the_login_node(hub,
     assert set(found["squatted"]) <= set(found["own"]) and len(found["own"]) == PORTS_A_SERVER, found
     assert found["refused"] == high - low + 1 - PORTS_A_SERVER, found
     assert not low <= found["outside"] <= high
+    assert channels["ipc"] != os.stat(f"/proc/{hub.proc.pid}/ns/ipc").st_ino, channels  # not the hub's
+    assert channels["lowered"] == "OSError" and channels["score"] == USER_OOM_SCORE_ADJ, channels
 
 
 def test_the_form_offers_the_admins_partitions_and_time_limits_and_refuses_others(hub, slurm):
