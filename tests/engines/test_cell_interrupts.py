@@ -22,12 +22,15 @@ def run_main(code: str) -> str:
 
 
 PRELUDE = """
-import os, signal, time
+import signal, threading, time
 from pdl.runtime.interrupts import CellInterrupts
 
 def interrupt_me():
-    os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(0.2)  # Python runs the handler here
+    # to this thread itself: its C handler has run when pthread_kill returns, so Python runs
+    # its handler right after (os.kill to the process may reach another thread of it, whose
+    # handler a loaded machine ran after the sleep: the cell went on past its interrupt)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+    time.sleep(0.2)
 """
 
 
