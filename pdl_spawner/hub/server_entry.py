@@ -64,20 +64,21 @@ class StandsInForAServer:
             return f"{hub.proto}://127.0.0.1:{hub.port}"
         return hub.host
 
-    def _stands_in_for_a_server(self) -> bool:
+    def _stands_in_for_a_server(self, mark: str) -> bool:
         hub_host = urlsplit(self.subdomain_host).netloc.lower() if self.subdomain_host else ""
         return (bool(hub_host) and self.request.host.lower() != hub_host
                 and self.request.path.startswith(f"{self.base_url}user/")
-                and not hub_relay.is_marked(self.request, hub_relay.relay_mark(self.settings["cookie_secret"])))
+                and not hub_relay.is_marked(self.request, mark))
 
     async def prepare(self):
-        if not self._stands_in_for_a_server():
+        mark = hub_relay.relay_mark(self.settings["cookie_secret"])
+        if not self._stands_in_for_a_server(mark):
             return await super().prepare()
         if StandsInForAServer._servers_check is None:
             StandsInForAServer._servers_check = HubAuth(api_url=f"{self._own_origin()}{self.hub.base_url}api",
                                                         api_token="", cache_max_age=300)
         await self._servers_check.get_user(self, sync=False)  # as a server's gate does: any token checked
-        await hub_relay.answer_from_hub(self, self._own_origin(), hub_relay.relay_mark(self.settings["cookie_secret"]))
+        await hub_relay.answer_from_hub(self, self._own_origin(), mark)
         raise web.Finish()
 
 
