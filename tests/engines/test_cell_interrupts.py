@@ -25,6 +25,11 @@ PRELUDE = """
 import signal, threading, time
 from pdl.runtime.interrupts import CellInterrupts
 
+# what an engine's kernel sets around each execute request (ipykernel's pre_handler_hook),
+# whatever the interpreter inherited: a shell's background job (`cmd &`) starts with SIGINT
+# ignored, and an interpreter that inherits SIG_IGN keeps it
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def interrupt_me():
     # to this thread itself: its C handler has run when pthread_kill returns, so Python runs
     # its handler right after (os.kill to the process may reach another thread of it, whose
