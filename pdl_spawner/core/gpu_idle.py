@@ -105,12 +105,20 @@ class GpuIdleWatch(HasTraits):
         metrics.gpu_memory(self.owner_key, await self.workers.gpu_memory())
         self.gpu_tracker.observe(readings, now)
 
+    def gpu_sample_due_in_s(self, now: float) -> float | None:
+        """Seconds (0 when overdue: the last look took longer than ``gpu_sample_s``) until
+        the next reading is due; None without a watch."""
+        if not self.gpu_idle_flag_s:
+            return None
+        return max(0.0, self._sampled_at + self.gpu_sample_s - now)
+
     def gpu_clock_times(self) -> list[float]:
-        """When (epoch seconds) the watch needs the hub to look again: the next reading,
-        the flag's start, and the time to take the GPUs back; none without a watch."""
+        """When (epoch seconds) the flag's clocks need the hub to look again: the flag's
+        start and the time to take the GPUs back (one past is done with); none without a
+        watch. The next reading is :meth:`gpu_sample_due_in_s`'s."""
         if not self.gpu_idle_flag_s:
             return []
-        times = [self._sampled_at + self.gpu_sample_s]
+        times = []
         if self.gpu_tracker.idle_since is not None:
             times.append(self.gpu_tracker.idle_since + self.gpu_idle_flag_s)
         release_at = self.gpu_idle_notice().release_at

@@ -413,6 +413,9 @@ class SpawnerCore(GpuTypeChoice, QueueingSpawner, IdleEngines, SessionLimit, Gpu
         where none is due sooner."""
         now = time.time()
         coming = [t - now for t in self.gpu_clock_times() + self.session_clock_times() if t > now]
+        sample_in = self.gpu_sample_due_in_s(now)
+        if sample_in is not None:  # overdue (a slow look) is now, not the long poll's longest
+            coming.append(sample_in)
         if self._reclaim_kept:  # a release the spawner kept (a GPU still open): looked at again soon
             coming.append(KEPT_RECHECK_S)
         return min([t + CLOCK_SLACK_S for t in coming] + [super().lease_due_in_s()])

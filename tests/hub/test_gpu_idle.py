@@ -146,3 +146,18 @@ def test_the_admin_view_lists_gpus_held_idle_until_the_flag_lifts_or_the_slots_g
     ledger.release("bob<script>")  # the slots go: so does the flag
     status = read_status(db, node="box", pool=["gpu:0", "gpu:1"])
     assert status["gpu_idle"] == [] and "No GPU is held idle." in render_page(status, PAGE)
+
+
+def test_a_reading_overdue_after_a_slow_look_is_taken_at_once_not_after_the_long_poll(tmp_path):
+    """A look that took longer than ``gpu_sample_s`` (a slow ``srun`` step on a loaded
+    machine) left the next reading in the past; the watch waited the long poll's 30 s for
+    it, and a flag due 4 s after the GPUs went idle came 30 s late."""
+    from pdl_spawner.core.spawner import CLOCK_SLACK_S
+
+    spawner = lease_spawner(tmp_path, None, pool=["gpu:0"], gpu_idle_flag_s=4, gpu_sample_s=1,
+                            nvidia_smi=fake_smi(tmp_path, "0, 0\\n"))
+    spawner.slots = ["gpu:0"]
+    asyncio.run(spawner.sample_gpu_use(now=time.time() - 1.5))  # the look began 1.5 s ago
+    assert spawner.lease_due_in_s() <= CLOCK_SLACK_S
+    asyncio.run(spawner.sample_gpu_use())
+    assert 0.9 < spawner.lease_due_in_s() <= 1 + CLOCK_SLACK_S
