@@ -21,6 +21,7 @@ fitted to PDL (:class:`~pdl_spawner.accounts.authenticator.PDLAuthenticator` rou
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from urllib.parse import urlparse
 
 from jupyterhub.handlers.login import LoginHandler as HubLoginHandler
@@ -35,11 +36,15 @@ from pdl_spawner.accounts import form_limits
 from pdl_spawner.core.form import echo
 
 
-def client_address(request) -> str:
+def client_address(request, trusted: Collection[str] = ()) -> str:
     """The address of the client of ``request`` as the hub's proxy saw it: the last entry
     of ``X-Forwarded-For``, which the proxy appends to whatever the client sent (tornado's
-    ``remote_ip`` would take a client's own ``X-Real-Ip``); the peer's address without one."""
+    ``remote_ip`` would take a client's own ``X-Real-Ip``); the peer's address without one.
+    Behind a reverse proxy of the lab's (``trusted``: its addresses, JupyterHub's
+    ``trusted_downstream_ips``), the entry before the proxy's own, which it wrote."""
     forwarded = [a.strip() for a in ",".join(request.headers.get_list("X-Forwarded-For")).split(",") if a.strip()]
+    while len(forwarded) > 1 and forwarded[-1] in trusted:
+        forwarded.pop()
     return forwarded[-1] if forwarded else request.remote_ip
 
 
@@ -147,7 +152,7 @@ class SignUpHandler(ForgetsItsBody, native.SignUpHandler):
         # nothing below depends on whether the name has an account, until the answer
         # (PDLAuthenticator.sign_up), which does not tell
         with_code = auth.has_signup_code(username, code)
-        address = client_address(self.request)
+        address = client_address(self.request, self.settings["config"].JupyterHub.get("trusted_downstream_ips", ()))
         if not with_code:
             refusal = auth.pending_signups_full() or auth.signup_rate_full(address)
             if refusal:

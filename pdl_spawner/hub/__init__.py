@@ -1,7 +1,8 @@
 """The hub process's own parts, which every other part of the hub side may use.
 
 - :mod:`pdl_spawner.hub.public_url`: the hub's public URL, each user's server an
-  origin of its own.
+  origin of its own; :mod:`pdl_spawner.hub.tls`: how the lab reaches it over HTTPS
+  (the hub's certificate, or the lab's reverse proxy in front), checked at start.
 - :mod:`pdl_spawner.hub.request_limits`: the largest request body, line and headers the hub reads.
 - :mod:`pdl_spawner.hub.log_lines`: log lines that quote at most 2,000 characters.
 - :mod:`pdl_spawner.hub.spawn_routes`: JupyterHub's spawn routes, a PDL spawner answering

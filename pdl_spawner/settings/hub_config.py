@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pdl_spawner.host.account_limits import protect_hub
 from pdl_spawner.accounts.authenticator import TEMPLATE_DIR, name_problem
@@ -30,6 +31,7 @@ from pdl_spawner.hub.hub_database import use_write_ahead_log
 from pdl_spawner.hub.spawn_routes import fit_spawn_routes
 from pdl_spawner.hub.public_url import default_public_url, public_url_problem
 from pdl_spawner.hub.log_lines import bound_log_lines
+from pdl_spawner.hub.tls import HTTPS_PORT, Access, access_problem, certificate_problem
 from pdl_spawner.hub.request_limits import limit_request_bodies
 from pdl_spawner.kinds import ClusterKind, kind_named, kinds
 from pdl_spawner.settings.checks import unknown_setting
@@ -94,7 +96,7 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
     # users' processes (marked by the spawner) and their memory limits go first.
     if os.geteuid() == 0:
         protect_hub()
-    c.JupyterHub.ip = "127.0.0.1"
+    c.JupyterHub.ip = found["PDL_HUB_IP"] or "127.0.0.1"  # a kind may choose another (Swarm: every interface)
     port = found["PDL_HUB_PORT"] or 8000
     # Each user's server is a web origin of its own, <name>.<host> beside the hub at <host>
     # (pdl_spawner/hub/public_url.py): a page a user serves cannot act as whoever opens it.
@@ -102,11 +104,13 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
     if public_url_problem(public_url):
         raise SystemExit(public_url_problem(public_url))
     c.JupyterHub.subdomain_host = public_url.rstrip("/")
+    # the hub's API and the proxy's stay on loopback, whatever the public port's address
     c.JupyterHub.hub_ip = "127.0.0.1"
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{found['PDL_PROXY_API_PORT']}"
     proxy = repo / ".pdl/node/node_modules/.bin/configurable-http-proxy"  # as scripts/setup installs it
     if proxy.exists():
         c.ConfigurableHTTPProxy.command = [str(proxy)]
+    _lab_access(c, found, public_url)
     c.JupyterHub.db_url = f"sqlite:///{state_dir / 'jupyterhub.sqlite'}"
     use_write_ahead_log()  # its commits do not wait for the disk on the hub's event loop
     c.JupyterHub.cookie_secret_file = str(state_dir / "jupyterhub_cookie_secret")
@@ -118,6 +122,46 @@ def _hub(c, found: Mapping[str, Any], state_dir: Path, repo: Path) -> None:
     limit_request_bodies(found["PDL_MAX_REQUEST_BYTES"])  # and the request line and headers
     bound_log_lines()  # a log line quotes at most 2,000 characters of what a visitor sent
     fit_spawn_routes()  # a refusal is answered before JupyterHub prepares the spawn
+
+
+def _lab_access(c, found: Mapping[str, Any], public_url: str) -> None:
+    """HTTPS (pdl_spawner/hub/tls.py): served by the hub's proxy with ``PDL_TLS_CERT`` and
+    ``PDL_TLS_KEY`` (on the public URL's port unless ``PDL_HUB_PORT`` says otherwise, plain
+    HTTP redirected from ``PDL_HTTP_PORT``), or by the lab's reverse proxy at
+    ``PDL_TLS_PROXY``; over https every cookie is Secure (the hub's from its https public
+    URL and its cookie options, the servers' from the same options), and with
+    ``PDL_HSTS_S`` browsers keep to https."""
+    url = urlsplit(public_url)
+    access = Access(scheme=url.scheme, cert=found["PDL_TLS_CERT"] or "", key=found["PDL_TLS_KEY"] or "",
+                    proxies=found["PDL_TLS_PROXY"] or (), http_port=found["PDL_HTTP_PORT"], hsts_s=found["PDL_HSTS_S"])
+    problem = access_problem(access)
+    if not problem and access.serves_tls:
+        problem = certificate_problem(access.cert, access.key, url.hostname)
+    if problem:
+        raise SystemExit(problem)
+    if access.serves_tls:
+        c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key = os.path.abspath(access.cert), os.path.abspath(access.key)
+        if found["PDL_HUB_PORT"] is None:
+            c.JupyterHub.port = url.port or HTTPS_PORT
+        redirect = access.redirect_port()
+        if redirect:  # configurable-http-proxy's own redirect, to the port browsers open
+            command = [*c.ConfigurableHTTPProxy.get("command", ["configurable-http-proxy"]), "--redirect-port",
+                       str(redirect)]
+            opened = url.port or HTTPS_PORT
+            if opened != c.JupyterHub.port:  # (else the proxy's own port, with no ":443" in the address)
+                command += ["--redirect-to", str(opened)]
+            c.ConfigurableHTTPProxy.command = command
+    if access.proxies:
+        c.JupyterHub.trusted_downstream_ips = list(access.proxies)
+    if access.scheme != "https":
+        return
+    # JupyterHub hands its cookie options on to every server (JUPYTERHUB_COOKIE_OPTIONS)
+    settings = dict(c.JupyterHub.get("tornado_settings", {}))
+    settings["cookie_options"] = {**settings.get("cookie_options", {}), "secure": True}
+    if access.hsts_s:
+        settings["headers"] = {**settings.get("headers", {}),
+                               "Strict-Transport-Security": f"max-age={int(access.hsts_s)}; includeSubDomains"}
+    c.JupyterHub.tornado_settings = settings
 
 
 def _login(c, found: Mapping[str, Any], state_dir: Path) -> None:

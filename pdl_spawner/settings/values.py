@@ -165,6 +165,28 @@ def oidc_issuer(value: str, name: str) -> str:
     return value
 
 
+def address(value: str, name: str) -> str:
+    """An IP address this machine listens on (``127.0.0.1``, ``10.0.0.5``, ``0.0.0.0``: every interface)."""
+    value = str(value).strip()
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"{name} must be an IP address of this machine (127.0.0.1: this machine only; 0.0.0.0: "
+                         f"every interface), got {_shown(value)}") from None
+
+
+def addresses(value: str, name: str) -> list[str]:
+    """Comma-separated IP addresses (``127.0.0.1,10.0.0.2``); none: empty."""
+    found = []
+    for part in (p.strip() for p in str(value).split(",") if p.strip()):
+        try:
+            found.append(str(ipaddress.ip_address(part)))
+        except ValueError:
+            raise ValueError(f"{name} must be comma-separated IP addresses (e.g. 127.0.0.1), got {_shown(part)}") \
+                from None
+    return found
+
+
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback

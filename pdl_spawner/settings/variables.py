@@ -102,8 +102,22 @@ VARIABLES: tuple[Variable, ...] = (
              "Named explicitly, it must exist.", default="/etc/pdl/hub_config.py"),
     Variable("PDL_PUBLIC_URL", "The URL browsers open; each user's server is at `<name>.<host>` (\"One origin "
              "per user\").", shown="`http://localhost:<PDL_HUB_PORT>`"),
-    Variable("PDL_HUB_PORT", "The hub's public port (the proxy's), on 127.0.0.1 (every interface on Swarm).",
-             values.port, trait="JupyterHub.port"),
+    Variable("PDL_HUB_IP", "Where the hub's public port listens: an address of this machine, `0.0.0.0` for every "
+             "interface (\"Opening the hub to the lab\").", values.address,
+             shown="`127.0.0.1` (this machine only; on Swarm every interface, or `PDL_HUB_CONNECT_IP` where this "
+             "host's name does not resolve)"),
+    Variable("PDL_HUB_PORT", "The hub's public port (the proxy's), on `PDL_HUB_IP`.",
+             values.port, trait="JupyterHub.port", shown="`8000` (with `PDL_TLS_CERT`: `PDL_PUBLIC_URL`'s port, 443)"),
+    Variable("PDL_TLS_CERT", "The hub serves HTTPS itself with this certificate (PEM, the chain after it), which "
+             "must name the hub's host and its wildcard, `hub.lab.example` and `*.hub.lab.example`."),
+    Variable("PDL_TLS_KEY", "The private key of `PDL_TLS_CERT` (PEM, unencrypted, mode 0600)."),
+    Variable("PDL_HTTP_PORT", "With `PDL_TLS_CERT`: the port whose plain HTTP is redirected to HTTPS (0: none).",
+             values.whole_number, shown="`80`"),
+    Variable("PDL_TLS_PROXY", "The addresses (comma-separated) of a reverse proxy in front of the hub that serves "
+             "HTTPS for it; the hub then serves plain HTTP to it, and takes a client's address from the proxy's "
+             "`X-Forwarded-For`.", values.addresses),
+    Variable("PDL_HSTS_S", "Seconds browsers are told to open the hub and its users' servers over HTTPS only "
+             "(`Strict-Transport-Security`, with `includeSubDomains`; 0: not sent).", values.seconds, default="0"),
     Variable("PDL_HUB_INTERNAL_PORT", "The hub's own API, which servers call.", values.port,
              trait="JupyterHub.hub_port"),
     Variable("PDL_PROXY_API_PORT", "configurable-http-proxy's API, on 127.0.0.1.", values.port, default="8001"),

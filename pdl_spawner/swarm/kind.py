@@ -76,8 +76,6 @@ KIND = ClusterKind(
                  trait="PDLSwarmSpawner.default_gpus", shown="none"),
         Variable("PDL_HUB_CONNECT_IP", "This node's address as the other nodes reach it.",
                  shown="required"),
-        Variable("PDL_HUB_IP", "Where the proxy listens.",
-                 shown="every interface (`PDL_HUB_CONNECT_IP` where this host's name does not resolve)"),
         Variable("PDL_NODES", "The nodes whose GPUs PDL uses, e.g. `gpu1,gpu2,gpu3`.", values.names,
                  trait="PDLSwarmSpawner.nodes", shown="every node"),
         Variable("PDL_NOTEBOOK_IMAGE", "The image of the servers and engines.", trait="PDLSwarmSpawner.image"),

@@ -71,7 +71,8 @@ from pdl_spawner.accounts.lab_logins import LAB_LOGINS
 from pdl_spawner.kinds import kind_named
 c.PDLAuthenticator.first_admin = ""  # no account is made: only the settings are read
 login = PDLAuthenticator(config=c, db=orm.new_session_factory("sqlite://")())
-made = {"JupyterHub": JupyterHub(config=c), "PDLAuthenticator": login,
+from jupyterhub.proxy import ConfigurableHTTPProxy
+made = {"JupyterHub": JupyterHub(config=c), "PDLAuthenticator": login, "ConfigurableHTTPProxy": ConfigurableHTTPProxy(config=c),
         **{lab.__name__: lab(config=c) for lab in LAB_LOGINS}}
 from types import SimpleNamespace
 user = SimpleNamespace(name="probe", admin=False, url="/user/probe/", escaped_name="probe", id=1, server=None,

@@ -710,6 +710,28 @@ def test_sign_ups_are_limited_per_client_address_whatever_headers_the_client_sen
 
 
 @pytest.mark.unit
+def test_behind_the_labs_reverse_proxy_a_client_is_counted_at_the_address_that_proxy_saw():
+    """Behind a proxy that terminates TLS (``PDL_TLS_PROXY``), every client reaches the
+    hub from the proxy's address: counted there, one visitor's sign-ups would use up
+    everyone's. The proxy's own entry is skipped, and only it: what the client wrote
+    before it still does not count."""
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest
+
+    import pdl_spawner.accounts.pages as account_pages
+
+    through_proxy = HTTPServerRequest(method="POST", uri="/hub/signup", headers=HTTPHeaders(
+        {"X-Forwarded-For": "10.9.9.9, 203.0.113.9, 127.0.0.1"}))  # the client's, the proxy's, the hub proxy's
+    assert account_pages.client_address(through_proxy, trusted=("127.0.0.1",)) == "203.0.113.9"
+    assert account_pages.client_address(through_proxy) == "127.0.0.1"  # no proxy named: the last hop
+    forged = HTTPServerRequest(method="POST", uri="/hub/signup", headers=HTTPHeaders(
+        {"X-Forwarded-For": "127.0.0.1, 203.0.113.9, 127.0.0.1"}))
+    assert account_pages.client_address(forged, trusted=("127.0.0.1",)) == "203.0.113.9"
+    only_proxy = HTTPServerRequest(method="POST", uri="/hub/signup", headers=HTTPHeaders(
+        {"X-Forwarded-For": "127.0.0.1"}))
+    assert account_pages.client_address(only_proxy, trusted=("127.0.0.1",)) == "127.0.0.1"
+
+
+@pytest.mark.unit
 @pytest.mark.timing
 def test_a_sign_ups_password_is_hashed_off_the_event_loop_and_429_beyond_the_cap(authenticator_db, tmp_path,
                                                                                  monkeypatch):
