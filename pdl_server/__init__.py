@@ -14,7 +14,8 @@
   extension), through which the hub, the supervisor and kernels reach it;
   :mod:`pdl_server.lease_client`: the supervisor's and a kernel's side of that API.
 - :mod:`pdl_server.entry_gate`: strangers get the hub's answer for a stopped server, so
-  that no visitor can tell who is working now.
+  that no visitor can tell who is working now; :mod:`pdl_server.secure_cookies`: over
+  https, the server's own cookies are Secure too.
 - :mod:`pdl_server.status_file`: what the kernel runs, written for the Cluster panel.
 - :mod:`pdl_server.world`: the ranks of a cell (their order, results, the engine
   call), shared by the kernel and the panel.
@@ -27,4 +28,5 @@ engine is told, :mod:`pdl.engine_contract`.
 
 
 def _jupyter_server_extension_points():
-    return [{"module": "pdl_server.lease_api"}, {"module": "pdl_server.entry_gate"}]
+    return [{"module": "pdl_server.lease_api"}, {"module": "pdl_server.entry_gate"},
+            {"module": "pdl_server.secure_cookies"}]

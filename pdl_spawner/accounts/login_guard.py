@@ -73,9 +73,13 @@ def remember_browser(handler: web.RequestHandler | None, username: str) -> None:
     for ``username`` (nothing without a handler)."""
     if handler is None:
         return
+    # Secure as JupyterHub's own cookies are: over an https public URL (a proxy in front
+    # may reach the hub in plain HTTP), else over an https request
+    public_url = handler.settings.get("public_url")
+    secure = public_url.scheme == "https" if public_url else handler.request.protocol == "https"
     handler.set_signed_cookie(KNOWN_BROWSER_COOKIE.format(name=username), username,
                               expires_days=KNOWN_BROWSER_DAYS, path=handler.hub.base_url, httponly=True,
-                              secure=handler.request.protocol == "https", samesite="Strict")
+                              secure=secure, samesite="Strict")
 
 
 class LoginGuard:

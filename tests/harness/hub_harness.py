@@ -173,7 +173,7 @@ class Hub:
 
     def __init__(self, root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
                  hub_env: dict | None = None, extra_config: str = "", signs_up_later: tuple[str, ...] = (),
-                 public_host: str = PUBLIC_HOST):
+                 public_host: str = PUBLIC_HOST, public_url: str | None = None, port: int | None = None):
         self.root = Path(root)
         self.users = users
         self.signs_up_later = signs_up_later  # listed users the harness does not sign up (a test does)
@@ -181,6 +181,9 @@ class Hub:
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.url = f"http://{public_host}:{self.port}"  # the hub's public URL (PDL_PUBLIC_URL)
+        if public_url:  # a lab's name, e.g. https://hub.lab.test; the hub on its port unless told (a proxy in front)
+            self.url = public_url.rstrip("/")
+            self.port = port or urlsplit(public_url).port or {"https": 443, "http": 80}[urlsplit(public_url).scheme]
         # fixed for the hub's lifetime: running servers keep talking to these after a restart
         self.internal_port, self.proxy_api_port = free_port(), free_port()
         self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin/view.py)
@@ -566,12 +569,14 @@ def openmp_wait_env() -> dict[str, str]:
 
 def hub_fixture(root: Path, users: list[str], pool: list[str], spawner_env: dict | None = None,
                 hub_env: dict | None = None, extra_config: str = "", start: bool = True,
-                signs_up_later: tuple[str, ...] = (), public_host: str = PUBLIC_HOST):
+                signs_up_later: tuple[str, ...] = (), public_host: str = PUBLIC_HOST, public_url: str | None = None,
+                port: int | None = None):
     """For a ``hub`` fixture (``yield from``): a :class:`Hub` :func:`running` in ``root``.
     The Swarm's is ``swarm_hub_harness.swarm_hub_fixture``; a fixture that prepares more
     before its tests (spawns servers) uses ``with running(Hub(...)) as hub:``."""
     with running(Hub(root, users, pool, spawner_env=spawner_env, hub_env=hub_env, extra_config=extra_config,
-                     signs_up_later=signs_up_later, public_host=public_host), start=start) as hub:
+                     signs_up_later=signs_up_later, public_host=public_host, public_url=public_url, port=port),
+                 start=start) as hub:
         yield hub
 
 

@@ -91,6 +91,7 @@ class ImageHub(SwarmHub):
         self.passwords: dict[str, str] = {}
         self.image = hub_image
         self.proc = None
+        self.kept_logs: dict[str, str] = {}  # as SwarmHub's: servers' logs kept when a failing test stops them
 
     # -- Docker on the manager ---------------------------------------------------------
 
@@ -114,6 +115,8 @@ class ImageHub(SwarmHub):
         until the hub answers, then log the admin in for an API token and sign the other
         listed users up (once: the state volume keeps them)."""
         self.image = image or self.image
+        if not self.token:  # the first start: no container or state of a killed run's (its users signed up)
+            self.shell(f"docker rm -f {CONTAINER}; docker volume rm -f {STATE_VOLUME}", check=False)
         self.shell(for_the_sim(self.run_command, self.swarm, self.image, self.notebook_image))
         wait_until(self._up, 120, what=lambda: f"the hub image to answer at {self.url}:\n{self.log_tail()}")
         if not self.token:

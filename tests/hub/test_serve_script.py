@@ -42,8 +42,10 @@ def serve_says(tmp_path, **env) -> str:
                                  env={**clean, **ports, "PDL_STATE_DIR": str(tmp_path / "state"), **env},
                                  start_new_session=True)
     try:
+        # until the hub runs: a Ctrl-C while it starts its proxy (a session of its own) left
+        # that proxy running, its port held, after the test
         deadline = time.monotonic() + 120
-        while "Ctrl-C stops the hub" not in log.read_text() and time.monotonic() < deadline:
+        while "JupyterHub is now running" not in log.read_text() and time.monotonic() < deadline:
             assert serve.poll() is None, log.read_text()
             time.sleep(0.2)
     finally:

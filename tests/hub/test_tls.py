@@ -152,3 +152,22 @@ def test_a_private_key_others_can_read_is_refused(tmp_path, ca):
     issued.key.chmod(0o644)
     assert refusal(load_config(tmp_path, **tls_env(issued))) == (
         f"PDL_TLS_KEY: {issued.key} is open to group or others (mode 644): chmod 600 it")
+
+
+def test_the_docs_self_signed_certificate_is_one_the_hub_serves(tmp_path):
+    """docs/admin.md's commands for a trial certificate, run as written (its folder
+    moved here): the hub takes what they make for hub.lab.example."""
+    import re
+    import subprocess
+
+    from hub_config_probe import REPO
+    from pdl_spawner.hub.tls import certificate_problem
+
+    section = (REPO / "docs" / "admin.md").read_text().split("\n## Opening the hub to the lab\n", 1)[1]
+    commands = re.search(r"```bash\n(.*?)```", section.split("\n## ", 1)[0], re.S).group(1)
+    assert "/etc/pdl/tls" in commands
+    done = subprocess.run(["bash", "-euc", commands.replace("/etc/pdl/tls", str(tmp_path / "tls"))],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert certificate_problem(str(tmp_path / "tls" / "hub.crt"), str(tmp_path / "tls" / "hub.key"),
+                               "hub.lab.example") is None
