@@ -49,7 +49,9 @@ def configure(c, found: dict[str, Any], state_dir: Path) -> None:
         storage = data_storage(found)
     except ValueError as e:
         raise SystemExit(f"jupyterhub_config.py: {e}") from None
-    c.JupyterHub.hub_ip = "0.0.0.0"
+    # the hub's own API on the cluster's network only (the servers and engines call it
+    # there), never on the lab's interface where the proxy may listen
+    c.JupyterHub.hub_ip = connect_ip
     c.JupyterHub.hub_connect_ip = connect_ip  # this node's address
     c.PDLAuthenticator.enable_signup = True  # servers are containers: kept apart without root too
     c.PDLSwarmSpawner.client_kwargs = {"base_url": found["DOCKER_HOST"]}

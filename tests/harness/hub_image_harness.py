@@ -2,7 +2,8 @@
 
 :func:`readme_commands` reads "Replicate on another cluster" from README.md: the
 ``docker run`` command and the upgrade's ``docker stop``/``docker rm`` line. The tests
-change only the registry, the addresses, the public URL (:data:`PUBLIC_NAME`) and the
+change only the registry, the addresses, the public URL (:data:`PUBLIC_NAME`), the
+certificate's folder (the test CA's, for the public name and its wildcard) and the
 Docker socket's host path (:func:`for_the_sim`), and add ``-e PDL_PREFLIGHT_SKIP=gpu``
 (the simulated nodes declare GPUs torch cannot see); each change must find its text in
 the README exactly once, so the README and the tests cannot drift apart. :class:`ImageHub` runs the command with
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,14 +34,17 @@ STATE_VOLUME = "pdl-hub-state"
 #: The README's placeholders, and the versions its example names.
 README_HUB_IMAGE = "REGISTRY/pdl-hub:0.1.0"
 README_NOTEBOOK_IMAGE = "REGISTRY/pdl-notebook:0.1.0"
-README_PUBLIC_URL = "http://hub.lab.example:8000"
+README_PUBLIC_URL = "https://hub.lab.example"
+README_TLS_FOLDER = "/etc/pdl/tls"
+#: The files the README's command names in its certificate folder.
+TLS_FILES = ("hub.crt", "hub.key")
 #: The hub's public name in the tests: it and its subdomains lead to node1, as a lab's
 #: wildcard DNS entry would (host_names: the tests' clients and Chromium).
 PUBLIC_NAME = "pdl-hub.test"
 
 
 def public_url() -> str:
-    return f"http://{PUBLIC_NAME}:8000"
+    return f"https://{PUBLIC_NAME}"
 
 
 def readme_commands() -> tuple[str, str]:
@@ -59,9 +64,9 @@ def replace_once(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def for_the_sim(command: str, swarm, hub_image: str, notebook_image: str) -> str:
-    """The README's ``docker run`` with the sim's registry (none: local tags), addresses
-    and manager socket."""
+def for_the_sim(command: str, swarm, hub_image: str, notebook_image: str, tls_folder: Path) -> str:
+    """The README's ``docker run`` with the sim's registry (none: local tags), addresses,
+    certificate folder (``tls_folder``, holding :data:`TLS_FILES`) and manager socket."""
     nodes = ",".join(swarm.hostname(i) for i in swarm.node_ids())
     command = replace_once(command, README_HUB_IMAGE, hub_image)
     command = replace_once(command, README_NOTEBOOK_IMAGE, notebook_image)
@@ -69,16 +74,19 @@ def for_the_sim(command: str, swarm, hub_image: str, notebook_image: str) -> str
     command = replace_once(command, "PDL_NODES=gpu1,gpu2,gpu3", f"PDL_NODES={nodes}")
     command = replace_once(command, f"PDL_PUBLIC_URL={README_PUBLIC_URL}", f"PDL_PUBLIC_URL={public_url()}")
     command = replace_once(command, "-v /var/run/docker.sock:", f"-v {swarm.socket_path(1)}:")
+    command = replace_once(command, f"-v {README_TLS_FOLDER}:", f"-v {tls_folder}:")
     # the fake GPUs are invisible to torch: the preflight's GPU check would stop every cell
     return replace_once(command, f" {hub_image}", f" -e PDL_PREFLIGHT_SKIP=gpu {hub_image}")
 
 
 class ImageHub(SwarmHub):
     """The hub image run by the README's command on node1 of ``swarm``, users as the
-    README lists them (the first, ``alice``, is the admin). The REST calls of
-    :class:`~hub_harness.Hub` use the admin's own API token, made after her login."""
+    README lists them (the first, ``alice``, is the admin), with ``tls`` (a
+    :class:`~lab_tls.Issued` for :data:`PUBLIC_NAME` and its wildcard) as its certificate.
+    The REST calls of :class:`~hub_harness.Hub` use the admin's own API token, made after
+    her login; they and the tests' own must trust the CA (``REQUESTS_CA_BUNDLE``)."""
 
-    def __init__(self, root: Path, swarm, hub_image: str, notebook_image: str = "pdl-notebook:test"):
+    def __init__(self, root: Path, swarm, hub_image: str, tls, notebook_image: str = "pdl-notebook:test"):
         # Hub's attributes the REST helpers use; nothing of a local hub process is started
         self.root, self.swarm = Path(root), swarm
         self.notebook_image = notebook_image
@@ -92,6 +100,11 @@ class ImageHub(SwarmHub):
         self.image = hub_image
         self.proc = None
         self.kept_logs: dict[str, str] = {}  # as SwarmHub's: servers' logs kept when a failing test stops them
+        self.tls_folder = self.root / "tls"  # what the README mounts from /etc/pdl/tls
+        self.tls_folder.mkdir(mode=0o700, exist_ok=True)
+        for name, source in zip(TLS_FILES, (tls.cert, tls.key)):
+            shutil.copyfile(source, self.tls_folder / name)
+        (self.tls_folder / TLS_FILES[1]).chmod(0o600)
 
     # -- Docker on the manager ---------------------------------------------------------
 
@@ -117,7 +130,7 @@ class ImageHub(SwarmHub):
         self.image = image or self.image
         if not self.token:  # the first start: no container or state of a killed run's (its users signed up)
             self.shell(f"docker rm -f {CONTAINER}; docker volume rm -f {STATE_VOLUME}", check=False)
-        self.shell(for_the_sim(self.run_command, self.swarm, self.image, self.notebook_image))
+        self.shell(for_the_sim(self.run_command, self.swarm, self.image, self.notebook_image, self.tls_folder))
         wait_until(self._up, 120, what=lambda: f"the hub image to answer at {self.url}:\n{self.log_tail()}")
         if not self.token:
             self.token = self.own_token(self.users[0])

@@ -24,7 +24,8 @@ from sim_host import remove_links, remove_namespaces, run
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _worker() -> int:
+def worker_index() -> int:
+    """This pytest worker's number (gw3: 3; 0 without xdist): its laptop's subnet or address."""
     name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     return int(name[2:]) if name[2:].isdigit() else 0
 
@@ -46,7 +47,7 @@ class Laptop:
     cluster's bridge instead of the root namespace."""
 
     def __init__(self, folder: Path, names: list[str], ca_pem: Path, on_bridge: OnBridge | None = None):
-        k = _worker()
+        k = worker_index()
         self.netns = f"pdl-laptop{k}"
         self.outer = f"pdl-lt{k}"  # the veth's other end: in the root namespace, or on the bridge
         self.hub_addr, self.addr = f"10.80.{k}.1", f"10.80.{k}.2"

@@ -1,10 +1,14 @@
 """Replicate on another cluster exactly as the README says, on the simulated swarm.
 
 The hub *image* is started by the README's own ``docker run`` command (read from
-README.md; only the registry, the addresses and the socket's host path change:
-tests/harness/hub_image_harness.py) on node1, the manager, whose host name resolves
-nowhere. The admin logs in and asks for 3 GPUs in a real browser, trains across the
-three nodes from a notebook's kernel, and then the hub is upgraded in place as the
+README.md; only the registry, the addresses, the certificate's folder and the socket's
+host path change: tests/harness/hub_image_harness.py) on node1, the manager, whose host
+name resolves nowhere; it serves HTTPS with a certificate of a CA the test makes. From
+"her laptop", a network namespace on the swarm's network whose hosts file alone gives it
+the hub's names and whose Chromium trusts that CA (tests/harness/laptop.py), the admin
+opens the hub's name over plain HTTP, is sent to HTTPS, logs in, asks for 3 GPUs and runs
+a ``%%distributed -n 3`` cell in a notebook; she trains across the three nodes from a
+notebook's kernel, and then the hub is upgraded in place as the
 README says: its container replaced by the release build of the hub image
 (scripts/release-images, as the release workflow runs it) on the same state volume,
 while a cell runs. The server, its engines (the same tasks), the GPU reservation and
@@ -21,9 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from browser_harness import chromium_page
 from hub_harness import REPO, Kernel, running
-from hub_image_harness import CONTAINER, ImageHub
+from hub_image_harness import CONTAINER, PUBLIC_NAME, ImageHub
+from lab_access import check_https_all_the_way, train_from_the_laptop
+from lab_tls import TestCA
+from laptop import OnBridge, laptop as laptop_namespace, worker_index
 from swarm_harness import HOST_DOCKER
 from swarm_hub_harness import DDP_CELL, DDP_RESULT, pdl_objects
 
@@ -59,9 +65,27 @@ def release_image(swarm):
 
 
 @pytest.fixture(scope="module")
-def hub(swarm, tmp_path_factory):
-    with running(ImageHub(tmp_path_factory.mktemp("hub-image"), swarm, hub_image="pdl-hub:test")) as hub:
-        yield hub
+def ca(tmp_path_factory):
+    return TestCA(tmp_path_factory.mktemp("lab-ca"))
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory, ca):
+    tls = ca.issue([PUBLIC_NAME, f"*.{PUBLIC_NAME}"])
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("REQUESTS_CA_BUNDLE", str(ca.pem))  # the tests' own calls trust the lab's CA
+        with running(ImageHub(tmp_path_factory.mktemp("hub-image"), swarm, hub_image="pdl-hub:test",
+                              tls=tls)) as hub:
+            yield hub
+
+
+@pytest.fixture(scope="module")
+def laptop(swarm, hub, ca, tmp_path_factory):
+    """The admin's laptop on the swarm's network (10.77.0.50 and up), the manager its hub."""
+    on_bridge = OnBridge(swarm.bridge_ns, f"{swarm.SUBNET}.{50 + worker_index()}", swarm.node_addr(1))
+    with laptop_namespace(tmp_path_factory.mktemp("laptop"), [PUBLIC_NAME, f"{hub.users[0]}.{PUBLIC_NAME}"], ca.pem,
+                          on_bridge) as machine:
+        yield machine
 
 
 def engine_tasks(swarm, user: str) -> dict[str, str]:
@@ -72,21 +96,15 @@ def engine_tasks(swarm, user: str) -> dict[str, str]:
             for t in s.tasks(filters={"desired-state": "running"})}
 
 
-def test_the_readmes_command_trains_across_three_nodes_and_upgrades_in_place(hub, swarm, release_image, tmp_path):
+def test_the_readmes_command_trains_across_three_nodes_and_upgrades_in_place(hub, swarm, laptop, release_image,
+                                                                               tmp_path):
     admin = hub.users[0]
     assert hub.shell(f"docker exec {CONTAINER} hostname").stdout.strip() == swarm.hostname(1)
 
-    # log in and ask for 3 GPUs, in a browser
-    with chromium_page(tmp_path) as page:
-        page.goto(f"{hub.url}/hub/login")
-        page.fill("#username_input", admin)
-        page.fill("#password_input", hub.password(admin))
-        page.click("#login_submit")
-        page.wait_for_url("**/hub/spawn**", timeout=30_000)
-        assert "3 of 3 GPUs free" in page.inner_text("form")
-        page.fill("input[name=workers]", "3")
-        page.click("form [type=submit]")
-        page.wait_for_url(f"**/user/{admin}/lab**", timeout=300_000)
+    # from her laptop: http:// sent to https, log in, ask for 3 GPUs, a cell on them in a notebook
+    visit = train_from_the_laptop(laptop, hub, admin, 3, tmp_path)
+    assert "3 of 3 GPUs free" in visit.spawn_form
+    check_https_all_the_way(visit, hub, 3)
     services, _ = pdl_objects(swarm, admin)
     assert services == [f"pdl-{admin}", *(f"pdl-{admin}-engine-{i}" for i in range(3))]
     tasks = engine_tasks(swarm, admin)
@@ -131,3 +149,13 @@ def test_the_readmes_command_trains_across_three_nodes_and_upgrades_in_place(hub
     assert out["error"] is None, out
     seen = sorted(re.findall(r"rank (\d) (\d+) (\d+)", out["stdout"]))
     assert seen == [(str(r), str(100 + r), str(1000 + r)) for r in range(3)], out["stdout"]
+
+
+def test_from_the_laptop_the_proxys_api_and_the_admin_view_do_not_answer(hub, laptop):
+    """On the manager, the lab's users reach HTTPS and the redirect of plain HTTP; the
+    proxy's API and the admin view stay on its loopback."""
+    from pdl_spawner.settings.variables import VARIABLES
+
+    inside = [int(v.default) for v in VARIABLES if v.name in ("PDL_PROXY_API_PORT", "PDL_ADMIN_VIEW_PORT")]
+    assert len(inside) == 2 and laptop.can_connect(443) and laptop.can_connect(80)
+    assert [port for port in inside if laptop.can_connect(port)] == [], "answers on the manager's network"

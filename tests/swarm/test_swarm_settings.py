@@ -78,3 +78,11 @@ def test_the_servers_engine_host_leaves_the_engines_to_the_hub():
     host = host_for(ServerContract(kind="swarm", workers=3, controller_secret="/run/secrets/pdl-notebook.json"),
                     cluster=None)
     assert type(host) is SwarmServices and host.workers == 3
+
+
+def test_the_hubs_own_api_listens_on_the_managers_cluster_address_not_where_the_proxy_does(tmp_path):
+    """The servers and engines call the hub's API at ``PDL_HUB_CONNECT_IP``; the lab's
+    interface, where the proxy serves users (here every interface), never carries it."""
+    got = settings(probe(tmp_path, ["JupyterHub.hub_ip", "JupyterHub.hub_connect_ip", "JupyterHub.ip"],
+                         **dict(REQUIRED, PDL_HUB_CONNECT_IP="10.0.0.5", PDL_HUB_IP="0.0.0.0")))
+    assert got == {"JupyterHub.hub_ip": "10.0.0.5", "JupyterHub.hub_connect_ip": "10.0.0.5", "JupyterHub.ip": "0.0.0.0"}
