@@ -33,8 +33,9 @@ class SlurmHub(Hub):
     """The project's hub config in its Slurm mode (``PDL_SPAWNER=slurm``), on the simulated cluster."""
 
     def __init__(self, root, slurm, users: list[str], extra_config: str = "", hub_env: dict | None = None,
-                 spawner_env: dict | None = None):
-        """``spawner_env``: more of the servers' (and so the engines') environment."""
+                 spawner_env: dict | None = None, public_url: str | None = None):
+        """``spawner_env``: more of the servers' (and so the engines') environment;
+        ``public_url``: a lab's name (:class:`~hub_harness.Hub`)."""
         env = {"PDL_PREFLIGHT_SKIP": "gpu", **openmp_wait_env(), **(spawner_env or {})}
         config = f"""
 # the simulated nodes declare fake GPUs that torch cannot see: the preflight's GPU check is off
@@ -50,7 +51,7 @@ c.Spawner.start_timeout = 120
             # the cluster enforces associations: the hub adds each account to the lab's
             "PDL_SLURM_ACCOUNT": slurm_harness.LAB_ACCOUNT,
             **(hub_env or {}),
-        }, extra_config=config)
+        }, extra_config=config, public_url=public_url)
         # the admin view tells PDL's jobs by the accounts' prefix: jupyterhub_config.py
         # gives it the one from the environment
         self.hub_env["PDL_ACCOUNT_PREFIX"] = self.account_prefix
@@ -106,10 +107,10 @@ def spawn_and_sum(hub: SlurmHub, user: str, gpus: int) -> tuple[dict[str, str], 
 
 
 def slurm_hub_fixture(root, slurm, users: list[str], extra_config: str = "", hub_env: dict | None = None,
-                      spawner_env: dict | None = None):
+                      spawner_env: dict | None = None, public_url: str | None = None):
     """For a ``hub`` fixture on the simulated Slurm cluster (``yield from``): a
     :class:`SlurmHub` :func:`~hub_harness.running` in ``root``; afterwards no job of its
     users is left."""
     with running(SlurmHub(root, slurm, users, extra_config=extra_config, hub_env=hub_env,
-                          spawner_env=spawner_env)) as hub:
+                          spawner_env=spawner_env, public_url=public_url)) as hub:
         yield hub
