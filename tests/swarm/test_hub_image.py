@@ -135,7 +135,10 @@ def test_the_readmes_command_trains_across_three_nodes_and_upgrades_in_place(hub
     hub.start(release_image)
     image = hub.shell(f"docker inspect -f '{{{{.Config.Image}}}}' {CONTAINER}").stdout.strip()
     assert image == release_image
-    assert hub.server_ready(admin)
+    # the new hub takes her server back in the background once its init_spawners_timeout
+    # (10 s) has passed: its check of the server, which asks the hub's API not yet up,
+    # answers 503 until then, and JupyterHub retries it within its http_timeout (30 s)
+    hub.wait_ready(admin, timeout=60)
     assert engine_tasks(swarm, admin) == tasks, "the engines were restarted"
     r = hub.spawn("bob", 1)
     assert r.status_code == 409 and "0 of 3 are free" in r.json()["message"], r.text
