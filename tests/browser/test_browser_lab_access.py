@@ -16,30 +16,12 @@ import contextlib
 import pytest
 
 import host_names
-from browser_harness import require_chromium
 from hub_harness import free_port, hub_fixture
-from lab_access import check_https_all_the_way, train_from_the_laptop
-from lab_tls import TestCA
-from laptop import laptop as laptop_namespace
+from lab_access import HOST, URL, check_https_all_the_way, train_from_the_laptop
+from lab_access import ca, laptop  # noqa: F401 (the module's fixtures)
 from nginx_front import nginx_in_front
 
 pytestmark = pytest.mark.browser
-
-HOST = "hub.lab.test"
-URL = f"https://{HOST}"
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory):
-    return TestCA(tmp_path_factory.mktemp("lab-ca"))
-
-
-@pytest.fixture(scope="module")
-def laptop(tmp_path_factory, ca):
-    require_chromium()
-    with laptop_namespace(tmp_path_factory.mktemp("laptop"), [HOST, f"ann.{HOST}"], ca.pem) as machine:
-        yield machine
-
 
 #: The two ways in: the hub serves HTTPS itself, or the lab's nginx does in front of it.
 WAYS = ("the-hub-serves-tls", "nginx-in-front")

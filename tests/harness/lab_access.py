@@ -12,9 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
 import requests
 
 from browser_harness import CHROMIUM_ARGS, require_chromium
+from lab_tls import TestCA
+from laptop import laptop as laptop_namespace
+
+#: The lab's hub name in the tests (its users' servers under it), and its address.
+HOST = "hub.lab.test"
+URL = f"https://{HOST}"
 
 #: The line rank 0 prints: ``rank 0 of <n> over TLS``.
 RANK_LINE = "rank {rank} of {world} over TLS"
@@ -31,6 +38,22 @@ def notebook(cells: list[str]) -> dict:
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
         "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
                    "source": source} for i, source in enumerate(cells)]}
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory):
+    """A module's fixture (import it): the lab's :class:`~lab_tls.TestCA`."""
+    return TestCA(tmp_path_factory.mktemp("lab-ca"))
+
+
+@pytest.fixture(scope="module")
+def laptop(tmp_path_factory, ca):
+    """A module's fixture (import it): ann's :class:`~laptop.Laptop`, whose hosts file sends
+    :data:`HOST` and ``ann.`` :data:`HOST` to the hub's end of its veth in the root
+    namespace, its browser trusting ``ca``; skips without Chromium."""
+    require_chromium()
+    with laptop_namespace(tmp_path_factory.mktemp("laptop"), [HOST, f"ann.{HOST}"], ca.pem) as machine:
+        yield machine
 
 
 @dataclass

@@ -16,28 +16,11 @@ from __future__ import annotations
 import pytest
 
 import host_names
-from browser_harness import require_chromium
-from lab_access import check_https_all_the_way, train_from_the_laptop
-from lab_tls import TestCA
-from laptop import laptop as laptop_namespace
+from lab_access import HOST, URL, check_https_all_the_way, train_from_the_laptop
+from lab_access import ca, laptop  # noqa: F401 (the module's fixtures)
 from slurm_hub_harness import slurm_engines, slurm_hub_fixture
 
 pytestmark = [pytest.mark.slurm, pytest.mark.browser]
-
-HOST = "hub.lab.test"
-URL = f"https://{HOST}"
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory):
-    return TestCA(tmp_path_factory.mktemp("lab-ca"))
-
-
-@pytest.fixture(scope="module")
-def laptop(tmp_path_factory, ca):
-    require_chromium()
-    with laptop_namespace(tmp_path_factory.mktemp("laptop"), [HOST, f"ann.{HOST}"], ca.pem) as machine:
-        yield machine
 
 
 @pytest.fixture(scope="module")
