@@ -179,11 +179,12 @@ class Hub:
         self.signs_up_later = signs_up_later  # listed users the harness does not sign up (a test does)
         self.pool = pool
         self.token = secrets.token_hex(16)
-        self.port = free_port()
-        self.url = f"http://{public_host}:{self.port}"  # the hub's public URL (PDL_PUBLIC_URL)
         if public_url:  # a lab's name, e.g. https://hub.lab.test; the hub on its port unless told (a proxy in front)
             self.url = public_url.rstrip("/")
             self.port = port or urlsplit(public_url).port or {"https": 443, "http": 80}[urlsplit(public_url).scheme]
+        else:
+            self.port = free_port()
+            self.url = f"http://{public_host}:{self.port}"  # the hub's public URL (PDL_PUBLIC_URL)
         # fixed for the hub's lifetime: running servers keep talking to these after a restart
         self.internal_port, self.proxy_api_port = free_port(), free_port()
         self.admin_view_port = free_port()  # the pdl-admin service (pdl_spawner/admin/view.py)

@@ -59,9 +59,9 @@ def nginx_in_front(folder: Path, address: str, host: str, cert: Path, key: Path,
     check = subprocess.run([NGINX, "-t", "-p", str(folder), "-c", str(main)], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     # a session of its own: its workers go with it (a worker left behind keeps ports 443 and 80)
-    proc = subprocess.Popen([NGINX, "-p", str(folder), "-c", str(main), "-g", "daemon off;"],
-                            stdout=subprocess.DEVNULL, stderr=open(folder / "stderr.log", "wb"),
-                            start_new_session=True)
+    with open(folder / "stderr.log", "wb") as stderr:  # the child keeps its own copy
+        proc = subprocess.Popen([NGINX, "-p", str(folder), "-c", str(main), "-g", "daemon off;"],
+                                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
 
     def listening() -> bool:
         if proc.poll() is not None:
