@@ -24,13 +24,20 @@ variable                  field            meaning
                                            joins as it starts (``:``-separated
                                            folders; the embedded default as root)
 ========================= ================ ==========================================
+
+The engine's own command is :data:`ENGINE_COMMAND` (ipyparallel's arguments follow it).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+#: The command of PDL's engine, before ipyparallel's engine arguments: a cold start runs
+#: it (:mod:`pdl.runtime.boot`), a warm parent forks it (:mod:`pdl.runtime.warm_parent`).
+ENGINE_COMMAND = (sys.executable, "-m", "pdl.runtime.boot", "engine")
 
 #: Field name -> environment variable, in the table's order.
 VARIABLES = {

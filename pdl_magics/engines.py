@@ -30,7 +30,7 @@ import ipyparallel as ipp
 
 from pdl.lease import LeaseFiles, Refusal, Release, Want
 from pdl.slots import default_pool
-from pdl_server import clusters, status_file
+from pdl_server import clusters, status_file, warm_engines
 from pdl_server.lease_client import LeaseClient
 from pdl_server.session_clock import END_MARGIN_S, session_end
 from pdl_server.world import Rank, call_engine, rank_order
@@ -117,6 +117,7 @@ class Engines:
                 self._cluster = ipp.Cluster.from_file(self.cluster_file)
             else:
                 self._cluster = clusters.new_cluster(cluster_id=self._name)
+                warm_engines.warm_up()
                 clusters.start_controller(self._cluster)
             with quiet_empty_location_lookup():
                 self._client = self._cluster.connect_client_sync()
@@ -406,6 +407,7 @@ class Engines:
             self._client = None
         if self._cluster is not None and not self.is_hub:
             self._cluster.stop_cluster_sync()
+            warm_engines.stop_warm_parent()
         self._cluster = None
         self._info.clear()
         self._views.clear()

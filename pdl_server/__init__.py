@@ -8,7 +8,10 @@
 - :mod:`pdl_server.engine_hosts`: the engine host's protocol, and the one its kind's
   plug-in names (``PDL_KIND``), chosen once from the contract.
 - :mod:`pdl_server.clusters`: the engine launcher: the user's ipyparallel controller
-  and engines, started by the supervisor and reached by the kernel.
+  and engines, started by the supervisor and reached by the kernel;
+  :mod:`pdl_server.warm_engines`: engines forked from a warm parent that has imported
+  torch and ipyparallel once; :mod:`pdl_server.launcher_thread`: the one thread they are
+  all started from.
 - :mod:`pdl_server.lease_owner`: the one owner of the server's engine lease, in its
   Jupyter server; :mod:`pdl_server.lease_api`: its HTTP API (a Jupyter server
   extension), through which the hub, the supervisor and kernels reach it;

@@ -13,42 +13,33 @@ Two cases, same engines:
   one engine per slot of this machine's pool, and stopped when the kernel exits.
 
 Every engine and controller runs through :mod:`pdl.runtime.boot`, so it is pinned
-to its slot and dies with the process that started it. They are all started from one
-thread that lives as long as the process (:func:`on_launcher_thread`): Linux's
+to its slot and dies with the process that started it. Where the process that starts
+them warmed up first (:func:`pdl_server.warm_engines.warm_up`), engines on this machine
+are forked from a warm parent that has imported torch and ipyparallel once
+(:mod:`pdl_server.warm_engines`). They are all started from one
+thread that lives as long as the process (:func:`pdl_server.launcher_thread.on_launcher_thread`): Linux's
 parent-death signal follows the *thread* that forked a child, so engines started
 from a thread that ends (a worker thread, a kernel subshell) would die with it.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import sys
-import threading
 from pathlib import Path
 
 import ipyparallel as ipp
 
 from pdl.contract import ServerContract
+from pdl.engine_contract import ENGINE_COMMAND
 from pdl.lease import Holding, LeaseFiles
 from pdl.slots import engine_env
+from pdl_server.launcher_thread import on_launcher_thread
+from pdl_server.warm_engines import WarmEngineSetLauncher
 
 #: Seconds to wait for a controller's connection files and for engines to register.
 ENGINE_TIMEOUT_S = 60
 
 _BOOT = [sys.executable, "-m", "pdl.runtime.boot"]
-#: The thread every engine and controller is started from; idle between starts, it
-#: ends only with the process.
-_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdl-launcher")
-
-
-def on_launcher_thread(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` run on the launcher thread (blocking; its result or its
-    exception), so that processes it starts live as long as this process."""
-    if threading.current_thread().name.startswith("pdl-launcher"):
-        return fn(*args, **kwargs)
-    return _LAUNCHER.submit(fn, *args, **kwargs).result()
-
-
 def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_atexit=True,
                 controller_ip: str = "127.0.0.1"):
     """An ipyparallel Cluster whose processes run through pdl.runtime.boot, its
@@ -60,6 +51,7 @@ def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_ate
         controller_ip=controller_ip,
         shutdown_atexit=shutdown_atexit,
         engine_timeout=ENGINE_TIMEOUT_S,
+        engine_launcher_class=WarmEngineSetLauncher,
         log_level=30,
         **kwargs,
     )
@@ -100,7 +92,7 @@ def start_engine(cluster, slot: str, *, environment: dict[str, str], command: li
     """Start the engine of ``slot`` (blocking) as its own engine set, with ``environment``
     and ``command`` (default: an engine through :mod:`pdl.runtime.boot`)."""
     on_launcher_thread(cluster.start_engines_sync, n=1, engine_set_id=slot_engine_set_id(slot),
-                       environment=environment, engine_cmd=command or [*_BOOT, "engine"])
+                       environment=environment, engine_cmd=command or list(ENGINE_COMMAND))
 
 
 def start_slot_engines(cluster, slots: list[str], pool: list[str]) -> None:

@@ -52,6 +52,11 @@ class EngineHost:
     def forget_readings(cls) -> None:
         """Forget this process's readings of :meth:`scheduler_end` (the hub just moved it)."""
 
+    def warm_up(self) -> None:
+        """Get ready to start engines in a fraction of a second, before the controller
+        starts (default: nothing; hosts whose engines run on this machine start the warm
+        parent they are forked from, :func:`pdl_server.warm_engines.warm_up`)."""
+
     def start(self) -> None:
         """Start the engines of the spawn (blocking until their processes are started)."""
 

@@ -40,7 +40,7 @@ from typing import Callable
 
 from pdl.contract import ServerContract
 from pdl.lease import Grant, LeaseFiles
-from pdl_server import clusters
+from pdl_server import clusters, warm_engines
 from pdl_server.engine_hosts import EngineHost, host_for, log
 from pdl_server.lease_client import LeaseClient, server_address
 from pdl_server.session_clock import session_end
@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         # The server first, so the user's spawn finishes without waiting for engines;
         # %%distributed waits for them on first use.
         server = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *argv], env=env)
+        host.warm_up()
         clusters.start_controller(cluster, secret=secret, ports=contract.controller_ports)
         host.start()
         idle = contract.idle_timeout_s
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 server.kill()
         cluster.stop_cluster_sync()
+        warm_engines.stop_warm_parent()
 
 
 if __name__ == "__main__":

@@ -15,4 +15,6 @@ controller), never in the hub or the notebook's kernel.
   without communication, the gradient's bytes, an all-reduce sweep between nodes).
 - :mod:`pdl.runtime.boot`: the engine and controller process entry point (pinned to
   its slot, dies with its parent, no new privileges).
+- :mod:`pdl.runtime.warm_parent`: the warm parent the engines of a server are forked
+  from, after it imported torch and ipyparallel once.
 """

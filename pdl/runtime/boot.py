@@ -96,24 +96,33 @@ def controller_kwargs() -> dict:
     return {"config": controller_config(read_secret(path))}
 
 
+def run_engine(args: list[str]) -> None:
+    """Be an engine with ipyparallel's arguments ``args``: join the slot's cgroups, pin
+    the slot's cores, keep freed memory, then run ipyparallel's engine (returns when it
+    ends). Shared by a cold engine (:func:`main`) and a forked one
+    (:mod:`pdl.runtime.warm_parent`)."""
+    join_slot_cgroups()
+    pin_cpus()
+    keep_freed_memory()
+    from ipyparallel.engine.app import main as run
+
+    sys.argv = ["pdl-engine", *args]
+    run()
+
+
 def main() -> None:
     role, args = sys.argv[1], sys.argv[2:]
     os.umask(0o077)
     die_with_parent()
-    kwargs = {}
     if role == "engine":
-        join_slot_cgroups()
-        pin_cpus()
-        keep_freed_memory()
-        from ipyparallel.engine.app import main as run
+        run_engine(args)
     elif role == "controller":
         from ipyparallel.controller.app import main as run
 
-        kwargs = controller_kwargs()
+        sys.argv = ["pdl-controller", *args]
+        run(**controller_kwargs())
     else:
         sys.exit(f"pdl.runtime.boot: unknown role {role!r}; use 'engine' or 'controller'")
-    sys.argv = [f"pdl-{role}", *args]
-    run(**kwargs)
 
 
 if __name__ == "__main__":

@@ -916,6 +916,7 @@ ROLES = (
     ("jupyterhub.singleuser", "server"),
     ("pdl.runtime.boot controller", "controller"),
     ("pdl.runtime.boot engine", "engine"),
+    ("pdl.runtime.warm_parent", "warm parent"),
     ("ipykernel", "kernel"),
 )
 
@@ -924,7 +925,7 @@ ROLES = (
 #: helper between its fork and its exec (the server's jupyter-lsp runs ``npm prefix -g``
 #: in the background after the server is up; an engine starts its nanny), so it is
 #: "other". A controller's schedulers are lasting forks of it, and stay "controller".
-SINGLE_PROCESS_ROLES = frozenset({"pdl-singleuser", "server", "engine", "kernel"})
+SINGLE_PROCESS_ROLES = frozenset({"pdl-singleuser", "server", "engine", "kernel", "warm parent"})
 
 
 def _command_line(pid: int) -> str | None:

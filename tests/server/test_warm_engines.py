@@ -1,0 +1,134 @@
+"""Engines forked from a warm parent (pdl_server.warm_engines, pdl.runtime.warm_parent):
+one torch import per server, each engine its own slot, threads, device, keys and random
+state, a replacement forked from the same parent, a cold start where forking cannot be
+used, and nobody but the server able to ask the parent for an engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import ipyparallel as ipp
+import psutil
+import pytest
+
+from pdl.engine_contract import ENGINE_COMMAND
+from pdl.process import pid_alive
+from pdl.runtime.warm_parent import refusal
+from pdl.slots import engine_env
+from pdl_server import clusters, warm_engines
+from waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+POOL = ["gpu:0", "gpu:1"]
+
+
+@ipp.interactive
+def inside_the_engine() -> dict:
+    """What an engine says of itself (run by ``apply``, before any cell imported torch)."""
+    import os
+    import sys
+
+    warm = "torch" in sys.modules  # a cold engine imports torch only when a cell does
+    import numpy
+    import torch
+    from ipyparallel.engine.app import IPEngine
+
+    return dict(pid=os.getpid(), parent=os.getppid(), session=os.getsid(0), torch_before=warm,
+                cpus=sorted(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
+                omp=os.environ.get("OMP_NUM_THREADS"), visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                slot=os.environ.get("PDL_SLOT"), cuda_initialised=torch.cuda.is_initialized(),
+                key=IPEngine.instance().curve_publickey.decode(), draw=float(numpy.random.random()),
+                command=open("/proc/self/cmdline", "rb").read().replace(b"\0", b" ").decode(),
+                shown_env=dict(item.decode().split("=", 1)
+                               for item in open("/proc/self/environ", "rb").read().split(b"\0") if b"=" in item))
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """A local cluster whose process warmed up (the parent inherits 4 OpenMP threads)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    c = clusters.new_cluster(cluster_id=f"warm{os.getpid()}", profile_dir=str(tmp_path / "profile"))
+    parent = warm_engines.warm_up()
+    clusters.start_controller(c)
+    try:
+        yield c, parent
+    finally:
+        c.stop_cluster_sync()
+        warm_engines.stop_warm_parent()
+        assert not pid_alive(parent.pid)
+
+
+def engines_report(c, count: int) -> list[dict]:
+    client = c.connect_client_sync()
+    try:
+        client.wait_for_engines(count, timeout=60)
+        return sorted(client[:].apply_sync(inside_the_engine), key=lambda r: r["slot"])
+    finally:
+        client.close()
+
+
+def test_engines_of_one_server_are_forked_from_one_warm_parent_each_with_its_own_state(cluster):
+    c, parent = cluster
+    clusters.start_slot_engines(c, POOL, POOL)
+    first, second = engines_report(c, 2)
+    for engine, slot in zip((first, second), POOL):
+        assert engine["parent"] == parent.pid and engine["torch_before"], engine  # imported once, there
+        assert engine["slot"] == slot and engine["visible"] == slot[-1], engine  # its own device
+        assert engine["cpus"] == sorted(int(c) for c in engine_env(slot, POOL)["PDL_CPUS"].split(",")), engine
+        assert engine["omp"] == engine_env(slot, POOL)["OMP_NUM_THREADS"] != "4", engine
+        assert engine["threads"] == int(engine["omp"]), engine  # not the parent's 4
+        assert engine["session"] == engine["pid"] and not engine["cuda_initialised"], engine
+        assert " ".join(ENGINE_COMMAND) in engine["command"], engine  # ps shows an engine
+        assert engine["shown_env"]["PDL_SLOT"] == slot and "PDL_WARM_ROOM" not in engine["shown_env"], engine
+    assert first["key"] != second["key"], "two engines with one CurveZMQ keypair"
+    assert first["draw"] != second["draw"], "two engines drew the same 'random' number"
+
+
+def test_a_killed_engine_is_replaced_from_the_same_parent_and_leaves_no_zombie(cluster):
+    c, parent = cluster
+    clusters.start_slot_engines(c, POOL, POOL)
+    before = {e["slot"]: e for e in engines_report(c, 2)}
+    victim = before["gpu:0"]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(victim), 10, interval=0.05, what="the killed engine to be reaped")
+    assert not psutil.pid_exists(victim), "the warm parent left the killed engine a zombie"
+    clusters.restart_slot_engine(c, "gpu:0", POOL)
+    client = c.connect_client_sync()
+    try:
+        wait_until(lambda: len(client.ids) == 2 and all(
+            r["pid"] != victim for r in client[:].apply_sync(inside_the_engine)), 60, interval=0.2,
+            what="the replacement to register")
+        after = {e["slot"]: e for e in client[:].apply_sync(inside_the_engine)}
+    finally:
+        client.close()
+    assert after["gpu:0"]["parent"] == parent.pid and after["gpu:0"]["pid"] != victim
+    assert after["gpu:1"]["pid"] == before["gpu:1"]["pid"]
+
+
+def test_without_its_warm_parent_an_engine_starts_cold(cluster):
+    c, parent = cluster
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.process.wait()
+    clusters.start_slot_engines(c, POOL[:1], POOL)
+    (engine,) = engines_report(c, 1)
+    assert engine["parent"] == os.getpid() and not engine["torch_before"], engine
+    assert engine["slot"] == "gpu:0" and engine["threads"] == int(engine["omp"])
+
+
+def test_a_warm_parent_reaches_only_the_server_and_forks_only_pdls_engine(cluster):
+    c, parent = cluster
+    listening = [conn for conn in psutil.Process(parent.pid).net_connections(kind="all")
+                 if conn.status == psutil.CONN_LISTEN or conn.laddr]
+    assert listening == [], f"the warm parent can be reached from outside: {listening}"
+    assert "only PDL's engine" in refusal([sys.executable, "-c", "import os; os.system('id')"])
+    assert "only PDL's engine" in refusal(["/bin/sh", "-c", "id"])
+    assert refusal([*ENGINE_COMMAND, "--cluster-id=x"]) is None
+    with open(os.devnull, "rb") as stdin, open(os.devnull, "wb") as out:
+        assert parent.fork(["/bin/sh", "-c", "id"], {}, "/", stdin.fileno(), out.fileno()) is None
+        # a refused stranger's command does not spoil the parent for PDL's engines
+    clusters.start_slot_engines(c, POOL[:1], POOL)
+    (engine,) = engines_report(c, 1)
+    assert engine["parent"] == parent.pid
