@@ -117,7 +117,7 @@ class Engines:
                 self._cluster = ipp.Cluster.from_file(self.cluster_file)
             else:
                 self._cluster = clusters.new_cluster(cluster_id=self._name)
-                warm_engines.warm_up()
+                warm_engines.warm_up(self._cluster)
                 clusters.start_controller(self._cluster)
             with quiet_empty_location_lookup():
                 self._client = self._cluster.connect_client_sync()
@@ -407,7 +407,7 @@ class Engines:
             self._client = None
         if self._cluster is not None and not self.is_hub:
             self._cluster.stop_cluster_sync()
-            warm_engines.stop_warm_parent()
+            warm_engines.stop_warm_parent(self._cluster)
         self._cluster = None
         self._info.clear()
         self._views.clear()

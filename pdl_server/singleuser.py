@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 server.kill()
         cluster.stop_cluster_sync()
-        warm_engines.stop_warm_parent()
+        warm_engines.stop_warm_parent(cluster)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 importing torch and ipyparallel on its own.
 
 A process that starts engines (the user's server, a kernel's local cluster) calls
-:func:`warm_up` once, before it starts its controller, so the parent imports while the
-controller starts. The cluster's engines are then launched by :class:`WarmEngineSetLauncher`
+:func:`warm_up` once per cluster, before it starts the cluster's controller, so the
+parent imports while the controller starts; each cluster has its own parent, ended
+with it (:func:`stop_warm_parent`). The cluster's engines are then launched by :class:`WarmEngineSetLauncher`
 (:func:`pdl_server.clusters.new_cluster` names it): each of PDL's own engines is forked
 by the warm parent, with exactly the environment, working folder and output file that
 ipyparallel's own launcher gives a cold engine; ipyparallel then watches it, signals it
@@ -93,31 +94,37 @@ class WarmParent:
             self.process.wait()
 
 
-_parent: WarmParent | None = None
-_parent_lock = threading.Lock()
+#: The warm parent of each cluster of this process, by (profile folder, cluster id).
+_parents: dict[tuple[str, str], WarmParent] = {}
+_parents_lock = threading.Lock()
 
 
-def warm_up() -> WarmParent:
-    """This process's warm parent, started now if it is not running (non-blocking: it
-    imports in the background; the first engine's fork waits for that)."""
-    global _parent
-    with _parent_lock:
-        if _parent is None or _parent.process.poll() is not None:
-            _parent = on_launcher_thread(WarmParent)
-        return _parent
+def _key(cluster) -> tuple[str, str]:
+    return str(cluster.profile_dir), str(cluster.cluster_id)
 
 
-def warm_parent() -> WarmParent | None:
-    """The running warm parent of this process, or None (never warmed up, or gone)."""
-    parent = _parent
+def warm_up(cluster) -> WarmParent:
+    """The warm parent of ``cluster``'s engines, started now if it is not running
+    (non-blocking: it imports in the background; the first engine's fork waits for that)."""
+    with _parents_lock:
+        parent = _parents.get(_key(cluster))
+        if parent is None or parent.process.poll() is not None:
+            parent = _parents[_key(cluster)] = on_launcher_thread(WarmParent)
+        return parent
+
+
+def warm_parent(profile_dir: str, cluster_id: str) -> WarmParent | None:
+    """The running warm parent of the cluster ``cluster_id`` in ``profile_dir``, or None
+    (never warmed up, or gone)."""
+    parent = _parents.get((str(profile_dir), str(cluster_id)))
     return parent if parent is not None and parent.process.poll() is None else None
 
 
-def stop_warm_parent() -> None:
-    """End this process's warm parent, if it has one (its engines with it)."""
-    global _parent
-    with _parent_lock:
-        parent, _parent = _parent, None
+def stop_warm_parent(cluster) -> None:
+    """End the warm parent of ``cluster``, if it has one (the engines forked from it with
+    it); other clusters' are left alone."""
+    with _parents_lock:
+        parent = _parents.pop(_key(cluster), None)
     if parent is not None:
         parent.close()
 
@@ -127,7 +134,7 @@ class WarmEngineLauncher(LocalEngineLauncher):
     it can be (see the module docstring), else started as ipyparallel starts it."""
 
     def start(self):
-        parent = warm_parent()
+        parent = warm_parent(self.profile_dir, self.cluster_id)
         if parent is None or self.state != "before" or tuple(self.args[:len(ENGINE_COMMAND)]) != ENGINE_COMMAND:
             return super().start()
         env = os.environ.copy()

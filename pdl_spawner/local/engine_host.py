@@ -18,7 +18,7 @@ class LocalSlots(SlotEngines):
         return cls(cluster, list(contract.slots))
 
     def warm_up(self) -> None:
-        warm_engines.warm_up()
+        warm_engines.warm_up(self.cluster)
 
     def launch(self, slot: str) -> None:
         clusters.start_slot_engines(self.cluster, [slot], self.slots)

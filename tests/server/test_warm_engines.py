@@ -51,13 +51,13 @@ def cluster(tmp_path, monkeypatch):
     """A local cluster whose process warmed up (the parent inherits 4 OpenMP threads)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     c = clusters.new_cluster(cluster_id=f"warm{os.getpid()}", profile_dir=str(tmp_path / "profile"))
-    parent = warm_engines.warm_up()
+    parent = warm_engines.warm_up(c)
     clusters.start_controller(c)
     try:
         yield c, parent
     finally:
         c.stop_cluster_sync()
-        warm_engines.stop_warm_parent()
+        warm_engines.stop_warm_parent(c)
         assert not pid_alive(parent.pid)
 
 
@@ -132,3 +132,17 @@ def test_a_warm_parent_reaches_only_the_server_and_forks_only_pdls_engine(cluste
     clusters.start_slot_engines(c, POOL[:1], POOL)
     (engine,) = engines_report(c, 1)
     assert engine["parent"] == parent.pid
+
+
+def test_ending_one_clusters_warm_parent_leaves_another_clusters_engines_running(cluster, tmp_path):
+    """Each cluster has its own warm parent: a kernel that closes one of its sessions must
+    not take the engines of another with it (they die with their parent)."""
+    c, parent = cluster
+    clusters.start_slot_engines(c, POOL[:1], POOL)
+    (engine,) = engines_report(c, 1)
+    other = clusters.new_cluster(cluster_id=f"other{os.getpid()}", profile_dir=str(tmp_path / "other"))
+    other_parent = warm_engines.warm_up(other)
+    assert other_parent.pid != parent.pid
+    warm_engines.stop_warm_parent(other)
+    assert not pid_alive(other_parent.pid)
+    assert pid_alive(engine["pid"]) and warm_engines.warm_parent(c.profile_dir, c.cluster_id) is parent

@@ -78,6 +78,14 @@ def test_dispatch_bench_compares_distributed_with_px_on_the_same_engines(tmp_pat
     assert re.search(r"p50 \d+\.\d+, p99 \d+\.\d+", out), out
 
 
+@pytest.mark.timeout(300)
+def test_engine_start_bench_compares_warm_engines_with_ipyparallels_cold_ones(tmp_path):
+    out = run_bench(tmp_path, "engine_start.py", "-n", "2", "--rounds", "1")
+    rows = TABLE_ROW.findall(out)
+    assert any(r.startswith("| warm |") for r in rows) and any(r.startswith("| cold |") for r in rows), out
+    assert re.search(r"CPU-s per engine start \d+\.\dx", out), out
+
+
 @pytest.mark.timeout(400)
 def test_scaling_bench_runs_the_same_script_on_pdl_and_torchrun(tmp_path):
     out = run_bench(tmp_path, "scaling.py", "--max-n", "2", "--batch", "8", "--width", "4", "--steps", "2",
