@@ -8,11 +8,13 @@ flips every round, so load changes hit both alike), both with PDL's engine comma
 
 - **warm**: PDL's launcher (:mod:`pdl_server.warm_engines`), the warm parent started
   before the controller, as a user's server does;
-- **cold**: ipyparallel's ``LocalEngineSetLauncher``, each engine its own Python that
-  imports everything (how every engine started before the warm parent).
+- **cold**: no warm parent, so PDL's launcher starts each engine as ipyparallel's own
+  ``LocalEngineSetLauncher`` does, its own Python that imports everything (how every
+  engine started before the warm parent, and how Slurm's steps still do).
 
 Measured, per round and way: the seconds from asking for ``-n`` engines to the first
-result of a call on all of them (a cell's first output, less the cell); the CPU-seconds
+result of a call on all of them that imports what a first ``%%distributed`` cell does
+(torch, torch.distributed, PDL's engine runtime); the CPU-seconds
 of each engine process and its nanny by then, and the same with the warm parent's own
 (its imports) shared over the ``-n`` engines; after one engine is killed (SIGKILL), the
 seconds until its replacement answers. Prints medians per way and the ratios cold / warm.
@@ -50,14 +52,17 @@ def _cpu_s(pid: int) -> float:
 
 
 def _answer():
+    """What a first ``%%distributed`` cell makes an engine import (torch, its collectives,
+    PDL's runtime), then its pid."""
     import os
 
-    return os.getpid()
+    import torch.distributed  # noqa: F401
+    import pdl.runtime.engine  # noqa: F401
+
+    return os.getpid(), os.environ["PDL_SLOT"]
 
 
 def one_round(way: str, slots: list[str], profile: str) -> dict:
-    from ipyparallel.cluster.launcher import LocalEngineSetLauncher
-
     from pdl_server import clusters, warm_engines
 
     cluster = clusters.new_cluster(cluster_id=f"bench-{way}-{os.getpid()}-{time.monotonic_ns()}",
@@ -65,31 +70,33 @@ def one_round(way: str, slots: list[str], profile: str) -> dict:
     parent = None
     if way == "warm":
         parent = warm_engines.warm_up(cluster)
-    else:
-        cluster.engine_launcher_class = LocalEngineSetLauncher
     clusters.start_controller(cluster)
     client = cluster.connect_client_sync()
     try:
         started = time.monotonic()
         clusters.start_slot_engines(cluster, slots, slots)
         client.wait_for_engines(len(slots), timeout=120)
-        pids = client[:].apply_sync(_answer)
+        answers = client[:].apply_sync(_answer)
+        pids = [pid for pid, _ in answers]
         first_s = time.monotonic() - started
         engines_cpu = [_cpu_s(pid) for pid in pids]
         parent_cpu = _cpu_s(parent.pid) - sum(engines_cpu) if parent is not None else 0.0
-        victim = pids[0]
+        victim, victim_slot = answers[0]
         os.kill(victim, signal.SIGKILL)
         while psutil.pid_exists(victim):
             time.sleep(0.01)
         started = time.monotonic()
-        clusters.restart_slot_engine(cluster, slots[0], slots)
+        clusters.restart_slot_engine(cluster, victim_slot, slots)
+        deadline = started + 60
         while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{way}: the replaced engine did not answer within 60 s")
             try:
                 live = client[:].apply_sync(_answer)
             except Exception:  # noqa: BLE001 - the dead engine is still listed for a moment
                 time.sleep(0.02)
                 continue
-            if len(live) == len(slots) and victim not in live:
+            if len(live) == len(slots) and victim not in [pid for pid, _ in live]:
                 break
             time.sleep(0.02)
         replace_s = time.monotonic() - started
