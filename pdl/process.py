@@ -25,6 +25,18 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def reap_exited_children() -> None:
+    """Collect every exited child of this process (orphans re-parented here too), without
+    waiting, so none lingers as a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def die_with_parent() -> None:
     """Linux only: get SIGKILL when the parent process exits; no-op elsewhere.
 

@@ -81,14 +81,10 @@ def refusal(argv) -> str | None:
 
 
 def _reap(signum=None, frame=None) -> None:
-    """Reap every engine that has exited, so none lingers as a zombie."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    """SIGCHLD: reap every engine that has exited."""
+    from pdl.process import reap_exited_children
+
+    reap_exited_children()
 
 
 def serve(sock: socket.socket) -> dict | None:

@@ -20,13 +20,14 @@ CMD, and once CMD has exited, stops whatever of it is left: SIGTERM, then SIGKIL
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import psutil
+
+from pdl.process import reap_exited_children
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: Seconds what CMD left has to exit after SIGTERM, before SIGKILL.
@@ -52,23 +53,12 @@ def descendants() -> list[psutil.Process]:
     return found
 
 
-def reap() -> None:
-    """Collect every exited child (orphans re-parented here), without waiting."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def stop_leftovers(grace_s: float = GRACE_S) -> None:
     """SIGTERM every descendant, SIGKILL those still there after ``grace_s``, until none is left."""
     deadline = time.monotonic() + grace_s
     sig = signal.SIGTERM
     while True:
-        reap()
+        reap_exited_children()
         left = descendants()
         if not left:
             return
