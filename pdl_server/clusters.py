@@ -24,7 +24,6 @@ from a thread that ends (a worker thread, a kernel subshell) would die with it.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import ipyparallel as ipp
@@ -39,7 +38,6 @@ from pdl_server.warm_engines import WarmEngineSetLauncher
 #: Seconds to wait for a controller's connection files and for engines to register.
 ENGINE_TIMEOUT_S = 60
 
-_BOOT = [sys.executable, "-m", "pdl.runtime.boot"]
 def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_atexit=True,
                 controller_ip: str = "127.0.0.1"):
     """An ipyparallel Cluster whose processes run through pdl.runtime.boot, its
@@ -85,7 +83,8 @@ def start_controller(cluster, *, secret: dict | None = None, ports: tuple[int, .
 
         install_controller_files(secret, Path(cluster.profile_dir) / "security", cluster.cluster_id)
         args += [arg for arg in CONTROLLER_ARGS if arg not in args]  # traitlets refuses an option twice
-    on_launcher_thread(cluster.start_controller_sync, controller_cmd=[*_BOOT, "controller"], controller_args=args)
+    on_launcher_thread(cluster.start_controller_sync, controller_cmd=[*ENGINE_COMMAND[:-1], "controller"],
+                       controller_args=args)
 
 
 def start_engine(cluster, slot: str, *, environment: dict[str, str], command: list[str] | None = None) -> None:

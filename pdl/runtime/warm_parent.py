@@ -23,8 +23,8 @@ dropped), working folder and descriptors, leads a session of its own, shows the
 engine's command line and environment (``ps``, ``/proc/<pid>/cmdline`` and
 ``/proc/<pid>/environ``: :func:`show_as`), reseeds what was seeded at
 import (NumPy's global generator; Python's ``random`` reseeds itself at a fork), sets
-its thread counts from its own environment (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``:
-torch and the BLAS read theirs at import, here), then joins its slot's cgroups and pins
+its thread counts from its own ``OMP_NUM_THREADS`` (torch's OpenMP and MKL, and the
+BLAS: they read the parent's at import, here), then joins its slot's cgroups and pins
 its cores as a cold engine does (:mod:`pdl.runtime.boot`).
 """
 
@@ -37,6 +37,7 @@ import socket
 import sys
 
 from pdl.engine_contract import ENGINE_COMMAND
+from pdl.process import die_with_parent, reap_exited_children
 
 #: What the warm parent imports once for all its engines: what every engine imports
 #: before or at its first cell.
@@ -80,17 +81,10 @@ def refusal(argv) -> str | None:
     return None
 
 
-def _reap(signum=None, frame=None) -> None:
-    """SIGCHLD: reap every engine that has exited."""
-    from pdl.process import reap_exited_children
-
-    reap_exited_children()
-
-
 def serve(sock: socket.socket) -> dict | None:
     """Answer requests until the other end closes (returns None, in this process), or
     return the request a forked child is to become (in that child)."""
-    signal.signal(signal.SIGCHLD, _reap)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: reap_exited_children())  # no engine lingers a zombie
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, 2)
@@ -204,8 +198,6 @@ def become_engine(request: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pdl.process import die_with_parent
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if ROOM_VARIABLE not in os.environ:  # once, at once: make room for the engines' own (show_as)
         os.execve(sys.executable, [*ENGINE_COMMAND[:2], "pdl.runtime.warm_parent", argv[0], ROOM_ARGUMENT],
