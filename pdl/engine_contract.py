@@ -38,6 +38,11 @@ from dataclasses import dataclass
 #: The command of PDL's engine, before ipyparallel's engine arguments: a cold start runs
 #: it (:mod:`pdl.runtime.boot`), a warm parent forks it (:mod:`pdl.runtime.warm_parent`).
 ENGINE_COMMAND = (sys.executable, "-m", "pdl.runtime.boot", "engine")
+#: Seconds an engine waits for its controller's answer to its registration, and a cell
+#: for engines to register: a controller slowed by a busy machine answers late, and an
+#: engine that gave up after ipyparallel's 5 s exited unregistered (forked engines ask
+#: at once, as the controller starts).
+ENGINE_TIMEOUT_S = 60
 
 #: Field name -> environment variable, in the table's order.
 VARIABLES = {

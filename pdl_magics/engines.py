@@ -307,15 +307,25 @@ class Engines:
                 clusters.restart_slot_engine(self._cluster, info["slot"], self.pool())
 
     def _wait_until_live(self, target: int) -> None:
-        """Wait until ``target`` live engines are known, or raise :class:`RanksStuck`."""
+        """Wait until ``target`` live engines are known, or raise :class:`RanksStuck`.
+        Like :meth:`_wait_for_registrations`, it asks the controller every
+        :data:`NOTICE_LOOK_S` for engines the client's notices missed (a replacement that
+        registered while this client's subscription started)."""
         deadline = time.monotonic() + clusters.ENGINE_TIMEOUT_S
+        next_look = time.monotonic() + NOTICE_LOOK_S
         while True:
             self._refresh()
             if len(self._info) >= target:
                 return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise RanksStuck(f"only {len(self._info)} of {target} engines registered within "
                                  f"{clusters.ENGINE_TIMEOUT_S} s")
+            if now >= next_look:
+                next_look = now + NOTICE_LOOK_S
+                if self.registered_ids() - set(self._client.ids):
+                    self._reconnect()
+                    continue
             time.sleep(0.2)
 
     def _refresh(self) -> None:

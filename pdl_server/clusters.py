@@ -29,14 +29,12 @@ from pathlib import Path
 import ipyparallel as ipp
 
 from pdl.contract import ServerContract
-from pdl.engine_contract import ENGINE_COMMAND
+from pdl.engine_contract import ENGINE_COMMAND, ENGINE_TIMEOUT_S
 from pdl.lease import Holding, LeaseFiles
 from pdl.slots import engine_env
 from pdl_server.launcher_thread import on_launcher_thread
 from pdl_server.warm_engines import WarmEngineSetLauncher
 
-#: Seconds to wait for a controller's connection files and for engines to register.
-ENGINE_TIMEOUT_S = 60
 
 def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_atexit=True,
                 controller_ip: str = "127.0.0.1"):

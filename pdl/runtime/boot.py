@@ -25,6 +25,7 @@ import ctypes
 import os
 import sys
 
+from pdl.engine_contract import ENGINE_TIMEOUT_S
 from pdl.process import die_with_parent
 
 _M_TRIM_THRESHOLD = -1
@@ -99,14 +100,15 @@ def controller_kwargs() -> dict:
 def run_engine(args: list[str]) -> None:
     """Be an engine with ipyparallel's arguments ``args``: join the slot's cgroups, pin
     the slot's cores, keep freed memory, then run ipyparallel's engine (returns when it
-    ends). Shared by a cold engine (:func:`main`) and a forked one
+    ends), which waits up to :data:`~pdl.engine_contract.ENGINE_TIMEOUT_S` for its
+    controller to answer its registration. Shared by a cold engine (:func:`main`) and a forked one
     (:mod:`pdl.runtime.warm_parent`)."""
     join_slot_cgroups()
     pin_cpus()
     keep_freed_memory()
     from ipyparallel.engine.app import main as run
 
-    sys.argv = ["pdl-engine", *args]
+    sys.argv = ["pdl-engine", f"--IPEngine.timeout={ENGINE_TIMEOUT_S}", *args]  # later arguments win
     run()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import ipyparallel as ipp
 import psutil
@@ -40,7 +41,7 @@ def inside_the_engine() -> dict:
                 cpus=sorted(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
                 omp=os.environ.get("OMP_NUM_THREADS"), visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
                 slot=os.environ.get("PDL_SLOT"), cuda_initialised=torch.cuda.is_initialized(),
-                key=IPEngine.instance().curve_publickey.decode(), draw=float(numpy.random.random()),
+                key=IPEngine.instance().curve_publickey.decode(), engine_id=IPEngine.instance().id, draw=float(numpy.random.random()),
                 command=open("/proc/self/cmdline", "rb").read().replace(b"\0", b" ").decode(),
                 shown_env=dict(item.decode().split("=", 1)
                                for item in open("/proc/self/environ", "rb").read().split(b"\0") if b"=" in item))
@@ -98,9 +99,9 @@ def test_a_killed_engine_is_replaced_from_the_same_parent_and_leaves_no_zombie(c
     clusters.restart_slot_engine(c, "gpu:0", POOL)
     client = c.connect_client_sync()
     try:
-        wait_until(lambda: len(client.ids) == 2 and all(
-            r["pid"] != victim for r in client[:].apply_sync(inside_the_engine)), 60, interval=0.2,
-            what="the replacement to register")
+        # the victim's id stays listed until the controller misses its heart: ask only the live two
+        wait_until(lambda: len(client.ids) == 2 and before["gpu:0"]["engine_id"] not in client.ids, 60,
+                   what="the replacement to register and the victim to be unregistered")
         after = {e["slot"]: e for e in client[:].apply_sync(inside_the_engine)}
     finally:
         client.close()
@@ -146,3 +147,30 @@ def test_ending_one_clusters_warm_parent_leaves_another_clusters_engines_running
     warm_engines.stop_warm_parent(other)
     assert not pid_alive(other_parent.pid)
     assert pid_alive(engine["pid"]) and warm_engines.warm_parent(c.profile_dir, c.cluster_id) is parent
+
+
+def test_engines_forked_while_the_controller_is_stalled_register_once_it_answers(cluster, tmp_path):
+    """A forked engine asks to register at once, while the controller may still be busy
+    starting on a loaded machine: it waits for the answer (ipyparallel's own 5 s made it
+    exit unregistered, and a cell found one engine of two)."""
+    c, _parent = cluster
+    security = tmp_path / "profile" / "security"
+    wait_until(lambda: len(list(security.glob(f"ipcontroller-{c.cluster_id}-*.json"))) >= 2, 60,
+               what="the controller's connection files")
+    controller = psutil.Process(c.controller.process.pid)
+    stalled = [controller, *controller.children(recursive=True)]
+    for process in stalled:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        clusters.start_slot_engines(c, POOL, POOL)
+        time.sleep(8)  # the stall: longer than ipyparallel's 5 s
+    finally:
+        for process in stalled:
+            process.send_signal(signal.SIGCONT)
+    client = c.connect_client_sync()
+    try:
+        client.wait_for_engines(len(POOL), timeout=clusters.ENGINE_TIMEOUT_S, interactive=False)
+        assert all(clusters.engine_set_running(es) for es in c.engines.values()), "an engine exited"
+        assert sorted(info["slot"] for info in client[:].apply_sync(inside_the_engine)) == POOL
+    finally:
+        client.close()
