@@ -212,14 +212,21 @@ class Engines:
             except TimeoutError:
                 if waiting.done():  # the wait's own end: not all registered in time
                     raise
-            if self.registered_ids() - set(self._client.ids):
-                self._reconnect()
+            if self._caught_up_on_missed_notices():
                 waiting = self._client.wait_for_engines(target, timeout=max(0.0, deadline - time.monotonic()),
                                                         block=False)
 
     def registered_ids(self) -> set[int]:
         """The engines the controller has registered now (asked of it, not of the notices)."""
         return {eid for eid in self._client.queue_status() if isinstance(eid, int)}
+
+    def _caught_up_on_missed_notices(self) -> bool:
+        """Whether the controller has engines this client missed the notices of; if so, a
+        new client (:meth:`_reconnect`), which knows them all, has taken over."""
+        if not self.registered_ids() - set(self._client.ids):
+            return False
+        self._reconnect()
+        return True
 
     def _reconnect(self) -> None:
         """A new client of the same controller in place of this one (which missed a notice)."""
@@ -323,8 +330,7 @@ class Engines:
                                  f"{clusters.ENGINE_TIMEOUT_S} s")
             if now >= next_look:
                 next_look = now + NOTICE_LOOK_S
-                if self.registered_ids() - set(self._client.ids):
-                    self._reconnect()
+                if self._caught_up_on_missed_notices():
                     continue
             time.sleep(0.2)
 
