@@ -16,10 +16,17 @@ request carries :data:`MARK_HEADER` with the hub's mark (:func:`relay_mark`), wh
 hub answers itself instead of relaying again. The mark is no secret from the lab's
 users (every server is told it, ``PDL_RELAY_MARK``): with it a request gets the hub's
 answer one hop sooner, nothing more; an anonymous visitor does not know it.
+
+The two sides are different processes (a user's Jupyter server does more per request
+than the hub), and a stranger could tell them apart by the clock alone: in a run, the
+medians of 80 answers were 3.7 ms at a running server and 2.8 ms where none ran. So
+neither side writes its answer sooner than :data:`ANSWER_FLOOR_S` after the request
+arrived: both then answer in the same time wherever their own work is shorter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import hmac
@@ -33,6 +40,10 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "transfer-encoding", "upgrade"})
 #: Seconds the hub has to answer a relayed request.
 TIMEOUT_S = 10.0
+#: Seconds after a stranger's request arrived before its answer is written, on both
+#: sides: above either side's own work on a machine at rest (2-4 ms), so that the work
+#: does not show in the answer's time.
+ANSWER_FLOOR_S = 0.02
 
 
 @functools.lru_cache(maxsize=4)
@@ -49,7 +60,8 @@ def is_marked(request, mark: str) -> bool:
 async def answer_from_hub(handler: web.RequestHandler, hub_origin: str, mark: str) -> None:
     """Relay ``handler``'s request as it came (method, path and query, headers, body) to
     the hub at ``hub_origin`` (``http://host:port``), marked, and write the hub's answer
-    as ``handler``'s, then finish it. HTTPError(503) where the hub does not answer."""
+    as ``handler``'s, then finish it, no sooner than :data:`ANSWER_FLOOR_S` after the
+    request arrived. HTTPError(503) where the hub does not answer."""
     request = handler.request
     headers = {name: value for name, value in request.headers.get_all()
                if name.lower() not in HOP_BY_HOP and name.lower() not in ("content-length", MARK_HEADER.lower())}
@@ -62,7 +74,10 @@ async def answer_from_hub(handler: web.RequestHandler, hub_origin: str, mark: st
     try:
         answer = await httpclient.AsyncHTTPClient().fetch(relayed, raise_error=False)
     except (OSError, httpclient.HTTPClientError):  # refused, or no answer in time (tornado's 599)
-        raise web.HTTPError(503, "the hub does not answer") from None
+        answer = None
+    await asyncio.sleep(max(0.0, ANSWER_FLOOR_S - request.request_time()))
+    if answer is None:
+        raise web.HTTPError(503, "the hub does not answer")
     handler.clear()
     for name in list(handler._headers):  # tornado's and the handler's defaults: the hub's headers only
         handler.clear_header(name)

@@ -24,7 +24,7 @@ import requests
 
 from browser_harness import chromium_page
 from hub_harness import Hub, Kernel, hub_fixture, origin_answers, runs_as_root
-from pdl import entry_ticket
+from pdl import entry_ticket, hub_relay
 from waiting import wait_until
 
 pytestmark = [
@@ -210,8 +210,11 @@ def test_a_stranger_cannot_tell_a_running_server_from_a_stopped_one_or_none(hub)
 def test_a_stranger_waits_as_long_at_a_running_server_as_where_none_runs(hub):
     """The same attack by the clock: a running server's gate relays a stranger's request
     to the hub, one hop more than the proxy's, and the hub relays the same request to
-    itself where no server runs (with any token checked as a server checks it), so that
-    the medians agree within the ratio the login's timing test takes."""
+    itself where no server runs (with any token checked as a server checks it), and
+    neither answers sooner than hub_relay.ANSWER_FLOOR_S after the request arrived.
+    Without the floor the user's server, a process that does more per request than the
+    hub, answered 1.2-1.33 times as slowly (medians of 80); with it the medians agree
+    within 1.1."""
     seconds: dict[tuple[str, str], list[float]] = {}
     for _ in range(40):
         for headers in ({}, {"Authorization": "token made-up"}):
@@ -224,4 +227,5 @@ def test_a_stranger_waits_as_long_at_a_running_server_as_where_none_runs(hub):
     for headers in ({}, {"Authorization": "token made-up"}):
         none_runs = statistics.median(seconds[("nobody", str(headers))])
         for user in ("ben", "ann"):
-            assert 1 / 1.3 <= statistics.median(seconds[(user, str(headers))]) / none_runs <= 1.3, seconds
+            assert 1 / 1.1 <= statistics.median(seconds[(user, str(headers))]) / none_runs <= 1.1, seconds
+    assert min(min(times) for times in seconds.values()) >= hub_relay.ANSWER_FLOOR_S, seconds
