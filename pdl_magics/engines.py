@@ -203,10 +203,20 @@ class Engines:
         vain (seen in a run: the engine's registration finished 11 ms after the kernel's
         client connected). So every :data:`NOTICE_LOOK_S` the wait asks the controller which
         engines it has; for one the client does not know, a new client (whose connection
-        reply lists every engine) takes over."""
+        reply lists every engine) takes over.
+
+        ipyparallel's wait counts the client's engines, then (after making its progress
+        bar) listens for notices, in the calling thread while the client's own thread
+        handles them: a registration handled in between is counted by the client but
+        never wakes the wait, which then ends only at its timeout (seen in two runs on the
+        simulated swarm: the cell waited 60 s for an engine its client knew, and idle
+        engines were released under it). So the wait also ends once the client knows
+        ``target`` engines after the wait began listening."""
         deadline = time.monotonic() + clusters.ENGINE_TIMEOUT_S
         waiting = self._client.wait_for_engines(target, timeout=clusters.ENGINE_TIMEOUT_S, block=False)
         while True:
+            if len(self._client.ids) >= target:  # counted since it listens, or before: no notice will come
+                return
             try:
                 return waiting.result(timeout=NOTICE_LOOK_S)
             except TimeoutError:
