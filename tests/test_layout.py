@@ -132,7 +132,7 @@ def test_each_package_docstring_names_every_module_it_holds(package):
 
 
 #: The tests of the whole repository, beside tests/<side>/: this one, and the docs' references.
-REPOSITORY_TESTS = (Path("test_layout.py"), Path("test_doc_references.py"))
+REPOSITORY_TESTS = (Path("test_layout.py"), Path("test_doc_references.py"), Path("test_suite_report.py"))
 
 
 def test_every_test_file_lives_in_the_folder_of_its_side():
