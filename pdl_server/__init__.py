@@ -3,6 +3,8 @@
 - :mod:`pdl_server.singleuser`: ``pdl-singleuser``, the server supervisor: the
   Jupyter server, the ipyparallel controller and the engines, kept running and
   released when idle (the engine lease, :mod:`pdl.lease`).
+- :mod:`pdl_server.jupyter_process`: the Jupyter server's process, started without
+  JupyterLab's node calls for yarn's registry.
 - :mod:`pdl_server.session_clock`: the end of the server's session (Slurm: its job's
   time limit), the warning before it and the release just before it.
 - :mod:`pdl_server.engine_hosts`: the engine host's protocol, and the one its kind's

@@ -3,7 +3,7 @@
 The PDL spawner runs ``pdl-singleuser <jupyterhub-singleuser args>`` with the server
 contract (:mod:`pdl.contract`) in the environment. This process
 
-1. runs ``jupyterhub-singleuser`` with ``PDL_CLUSTER_FILE`` exported, so every
+1. runs ``jupyterhub-singleuser`` (through :mod:`pdl_server.jupyter_process`) with ``PDL_CLUSTER_FILE`` exported, so every
    kernel's ``%%distributed`` finds the cluster;
 2. starts the user's ipyparallel controller in ``$PDL_CLUSTER_DIR`` (default
    ``~/.pdl/cluster``), on 127.0.0.1 or ``PDL_CONTROLLER_IP``;
@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The server first, so the user's spawn finishes without waiting for engines;
         # %%distributed waits for them on first use.
-        server = subprocess.Popen([sys.executable, "-m", "jupyterhub.singleuser", *argv], env=env)
+        server = subprocess.Popen([sys.executable, "-m", "pdl_server.jupyter_process", "jupyterhub.singleuser", *argv],
+                                  env=env)
         host.warm_up()
         clusters.start_controller(cluster, secret=secret, ports=contract.controller_ports)
         host.start()

@@ -6,16 +6,23 @@ paid in CPU seconds by each of them, on the machine every user shares.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.unit
 
 #: The processes PDL starts per hub and per spawn, by the modules they run.
-STARTED_PROCESSES = ("jupyterhub.app", "jupyterhub.singleuser", "pdl_server.singleuser",
+STARTED_PROCESSES = ("jupyterhub.app", "jupyterhub.singleuser", "pdl_server.singleuser", "pdl_server.jupyter_process",
                      "pdl_spawner.admin.view", "jupyterlab")
 
 
@@ -31,40 +38,68 @@ def test_no_process_of_a_spawn_compiles_iri_grammars_at_start():
     assert loaded == "[]", f"a spawn's processes load the IRI grammars: {loaded}"
 
 
-@pytest.mark.integration
-def test_a_users_server_starts_without_scanning_for_language_servers(tmp_path):
-    """A spawn pays for no work the first page does not need: jupyter-lsp's scan for
-    language servers (``npm prefix -g`` and a look for 19 programs, none of which PDL
-    ships) is off (PDL's jupyter_server_config.d/pdl.json)."""
-    import socket
-    import time
-    import urllib.error
-    import urllib.request
-
+@contextlib.contextmanager
+def lab_server(tmp_path: Path, path_first: Path | None = None):
+    """A JupyterLab server started as pdl-singleuser starts a user's server (through
+    pdl_server.jupyter_process, PDL's Jupyter config from this prefix), on a free 127.0.0.1 port with the token ``t0ken``, ``path_first`` (a
+    folder) first on its PATH; yields (its base URL, its log file) once it answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY"))}
     env.update(HOME=str(tmp_path), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+    if path_first is not None:
+        env["PATH"] = f"{path_first}{os.pathsep}{env.get('PATH', '')}"
     with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+        server = subprocess.Popen([sys.executable, "-m", "pdl_server.jupyter_process", "jupyterlab",
+                                   "--no-browser", f"--port={port}",
                                    "--ip=127.0.0.1", "--IdentityProvider.token=t0ken", "--allow-root",
                                    f"--ServerApp.root_dir={tmp_path}"], env=env, stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token=t0ken", timeout=2).read()
+                urllib.request.urlopen(f"{url}/api/status?token=t0ken", timeout=2).read()
                 break
             except (urllib.error.URLError, OSError):
                 assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
                 time.sleep(0.2)
-        with pytest.raises(urllib.error.HTTPError) as lsp:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/lsp/status?token=t0ken", timeout=10)
-        assert lsp.value.code == 404
+        yield url, log
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.integration
+def test_a_users_server_starts_without_scanning_for_language_servers(tmp_path):
+    """A spawn pays for no work the first page does not need: jupyter-lsp's scan for
+    language servers (``npm prefix -g`` and a look for 19 programs, none of which PDL
+    ships) is off (PDL's jupyter_server_config.d/pdl.json)."""
+    with lab_server(tmp_path) as (url, log):
+        with pytest.raises(urllib.error.HTTPError) as lsp:
+            urllib.request.urlopen(f"{url}/lsp/status?token=t0ken", timeout=10)
+        assert lsp.value.code == 404
     text = log.read_text()
     assert "language server" not in text.lower() and "Skipped non-installed server" not in text, text[-2000:]
+
+
+@pytest.mark.integration
+def test_a_users_server_starts_and_serves_the_lab_without_running_node(tmp_path):
+    """JupyterLab asked node for yarn's registry (``node yarn.js config --json``) at every
+    server's start, twice (at its import and for its server's options), for builds a
+    user's server never makes (pdl_server/jupyter_process.py). A stand-in ``node`` first
+    on the server's PATH records every call: none, up to the Lab's first page."""
+    real_node = shutil.which("node")
+    if real_node is None:
+        pytest.skip("needs node (JupyterLab's calls go to it only where it is installed)")
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    calls = tmp_path / "node-calls"
+    (stand_in / "node").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {real_node} "$@"\n')
+    (stand_in / "node").chmod(0o755)
+    with lab_server(tmp_path, path_first=stand_in) as (url, log):
+        page = urllib.request.urlopen(f"{url}/lab?token=t0ken", timeout=30)
+        assert page.status == 200 and b"jupyter-config-data" in page.read()
+    assert not calls.exists(), f"the server ran node: {calls.read_text()}"
