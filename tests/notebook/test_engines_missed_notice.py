@@ -27,6 +27,15 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
+def local_session_env(tmp_path, monkeypatch):
+    """A kernel's local session, outside any hub, its files under ``tmp_path``."""
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    monkeypatch.delenv("PDL_CLUSTER_FILE", raising=False)
+    monkeypatch.delenv("PDL_SLOTS", raising=False)
+    monkeypatch.setenv("PDL_STATUS_DIR", str(tmp_path / "status"))
+
+
+@pytest.fixture
 def deaf_first_client(monkeypatch):
     """The first client connected drops the controller's registration notices."""
     connect = ipp.Cluster.connect_client
@@ -43,11 +52,8 @@ def deaf_first_client(monkeypatch):
     return made
 
 
-def test_a_cell_runs_although_its_client_missed_the_engines_registration(tmp_path, monkeypatch, deaf_first_client):
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    monkeypatch.delenv("PDL_CLUSTER_FILE", raising=False)
-    monkeypatch.delenv("PDL_SLOTS", raising=False)
-    monkeypatch.setenv("PDL_STATUS_DIR", str(tmp_path / "status"))
+def test_a_cell_runs_although_its_client_missed_the_engines_registration(monkeypatch, local_session_env,
+                                                                         deaf_first_client):
     monkeypatch.setattr(clusters, "ENGINE_TIMEOUT_S", 30)  # the failure, were the notice awaited, in 30 s
     session = DistributedSession(local_slots=["cpu:0"])
     out, err = io.StringIO(), io.StringIO()
@@ -83,11 +89,7 @@ def notice_before_listening(monkeypatch):
 
 
 def test_a_cell_runs_at_once_on_an_engine_registered_while_the_wait_began_to_listen(
-        tmp_path, monkeypatch, notice_before_listening):
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    monkeypatch.delenv("PDL_CLUSTER_FILE", raising=False)
-    monkeypatch.delenv("PDL_SLOTS", raising=False)
-    monkeypatch.setenv("PDL_STATUS_DIR", str(tmp_path / "status"))
+        monkeypatch, local_session_env, notice_before_listening):
     monkeypatch.setattr(clusters, "ENGINE_TIMEOUT_S", 120)  # were the notice awaited: 120 s, then the cell
     session = DistributedSession(local_slots=["cpu:0"])
     out, err = io.StringIO(), io.StringIO()
