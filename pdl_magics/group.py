@@ -30,6 +30,10 @@ from .engines import Engines
 from .errors import DistributedUsageError
 
 
+#: Seconds each rank waits to reach its peers' addresses before a group across hosts forms.
+PEER_ROUTE_WAIT_S = 30.0
+
+
 class ProcessGroup:
     """The torch.distributed group (or Horovod world) of this session's current world."""
 
@@ -50,6 +54,8 @@ class ProcessGroup:
         key = (*base, self._generation)
         self._key = None
         self._stop_rendezvous()
+        if len({r.host for r in world}) > 1:
+            self._await_routes(world)
         calls = self._horovod_calls(world, key, timeout_s) if backend == "horovod" else \
             self._torch_calls(world, key, timeout_s)
         ars = [self.engines.call_async(r.engine_id, *call) for r, call in zip(world, calls)]
@@ -62,6 +68,20 @@ class ProcessGroup:
                 f"could not set up {what} on rank {r.rank} ({r.host}): {e.ename}: {e.evalue}"
             ) from None
         self._key = key
+
+    def _await_routes(self, world: list[Rank]) -> None:
+        """Every rank reaches every other rank's address (at most :data:`PEER_ROUTE_WAIT_S`
+        seconds) before the group's connections are made: an overlay network may route to
+        a container that just started only seconds later (:mod:`pdl.runtime.peer_routes`).
+        RuntimeError naming the first rank that reached not all of them."""
+        addrs = [r.addr for r in world]
+        answers = self.engines.call_all([r.engine_id for r in world], "unreached_peers", addrs, PEER_ROUTE_WAIT_S)
+        for r, unreached in zip(world, answers):
+            if unreached:
+                raise RuntimeError(
+                    f"rank {r.rank} ({r.host}) has no route to {', '.join(unreached)} after "
+                    f"{PEER_ROUTE_WAIT_S:g} s: the cluster's network does not connect the engines "
+                    f"of this server (ask the admin to check it)")
 
     def forget(self) -> None:
         """The next cell forms a new group (the current one may be broken half-way:

@@ -8,6 +8,8 @@ controller), never in the hub or the notebook's kernel.
   own steps around it.
 - :mod:`pdl.runtime.identity`: who this engine is (host, address, pid, slot).
 - :mod:`pdl.runtime.group_sockets`: the sockets of the process group, cut on demand.
+- :mod:`pdl.runtime.peer_routes`: whether this rank reaches its peers' addresses yet,
+  asked before a group connects across hosts.
 - :mod:`pdl.runtime.horovod_group`: joining a Horovod world the kernel set up.
 - :mod:`pdl.runtime.preflight`: what this rank runs on, and the all-reduce smoke test.
 - :mod:`pdl.runtime.stacks`: this rank's Python stack on request (the hang watchdog).

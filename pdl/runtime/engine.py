@@ -24,6 +24,7 @@ from pdl.runtime import horovod_group as horovod_engine
 from pdl.runtime.identity import describe  # noqa: F401 - called by name (pdl_server.world.call_engine)
 from pdl.runtime.interrupts import CellInterrupts, report_stopped
 from pdl.runtime.group_sockets import GroupSockets
+from pdl.runtime.peer_routes import unreached_peers  # noqa: F401 - called by name, as describe
 from pdl.netaddr import free_port  # noqa: F401 - called by name, as describe
 
 #: Key of the process group this engine belongs to, or None. One group at a

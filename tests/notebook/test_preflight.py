@@ -4,12 +4,14 @@ Unit tests feed the pure checks hand-written probe answers. The integration test
 run the real probe and all-reduce on real local engines; the only thing made up
 there is the planted fault, injected for real into one engine process (a
 ``horovod`` module of another version, an interface that does not exist) and
-removed afterwards.
+removed afterwards (for a route not there yet, a probe of the engine's that answers
+"No route to host").
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import socket
 import time
@@ -22,6 +24,7 @@ from IPython.utils.capture import capture_output
 from engines_harness import SLOTS, strip_ansi
 from pdl.runtime import preflight as engine_side
 from pdl_magics import DistributedSession, PreflightFailed
+from pdl_magics import group as group_module
 from pdl_magics.magics import DistributedMagics
 from pdl_magics.preflight import (
     COLUMNS,
@@ -386,6 +389,59 @@ def test_check_names_the_rank_and_host_of_a_planted_fault(ip, pdl_session, fault
         assert "✗" in cap.outputs[0].data["text/plain"]  # the table is shown too
     with capture_output():
         ip.run_line_magic("pdl", "check")  # fault gone: passes again
+
+
+def across_hosts(world):
+    """``world`` as if each rank ran on its own node, at its own loopback address (the
+    engines stay where they are: the ranks now meet on a TCPStore and check their routes)."""
+    return [dataclasses.replace(r, host=f"node-{r.rank}", addr=f"127.0.0.{r.rank + 1}") for r in world]
+
+
+@contextlib.contextmanager
+def no_route_yet(session, rank: int, addr: str, for_s: float):
+    """For ``for_s`` seconds from now, rank ``rank``'s engine finds no route to ``addr``
+    (as on an overlay network whose node has not yet learnt where a new container runs)."""
+    view = session.client[session.world(len(SLOTS))[rank].engine_id]
+    session.group.forget()  # the group of these engines, if any, is formed anew
+    view.execute(f"""
+import errno, time
+import pdl.runtime.peer_routes as _pdl_routes
+_pdl_real_probe, _pdl_routed_at = _pdl_routes.probe, time.monotonic() + {for_s!r}
+def _pdl_probe(addr, timeout_s):
+    if addr == {addr!r} and time.monotonic() < _pdl_routed_at:
+        time.sleep(min(timeout_s, 0.05))
+        return errno.EHOSTUNREACH
+    return _pdl_real_probe(addr, timeout_s)
+_pdl_routes.probe = _pdl_probe
+""", block=True)
+    try:
+        yield
+    finally:
+        view.execute("_pdl_routes.probe = _pdl_real_probe", block=True)
+        session.group.forget()  # the next test forms its group on the real world
+
+
+@pytest.mark.integration
+def test_a_group_across_hosts_waits_for_a_route_that_comes_late(pdl_session):
+    world = across_hosts(pdl_session.world(len(SLOTS)))
+    started = time.monotonic()
+    with no_route_yet(pdl_session, 1, "127.0.0.3", for_s=2.0):
+        report = run_checks(pdl_session.engines, pdl_session.group, world)
+    assert report.ok, report.problems
+    assert time.monotonic() - started >= 2.0  # the group formed once rank 1 reached rank 2
+    assert all(s["value"] == 6.0 for s in report.smoke)  # and its all-reduce went through
+
+
+@pytest.mark.integration
+def test_a_route_that_never_comes_is_named_by_rank_host_and_address(pdl_session, monkeypatch):
+    monkeypatch.setattr(group_module, "PEER_ROUTE_WAIT_S", 1.0)
+    world = across_hosts(pdl_session.world(len(SLOTS)))
+    with no_route_yet(pdl_session, 1, "127.0.0.3", for_s=600.0):
+        report = run_checks(pdl_session.engines, pdl_session.group, world)
+    assert [p.reason for p in report.problems] == [
+        "rank 1 (node-1) has no route to 127.0.0.3 after 1 s: the cluster's network does not "
+        "connect the engines of this server (ask the admin to check it)"]
+    assert not report.smoke  # nothing ran
 
 
 @pytest.mark.integration
