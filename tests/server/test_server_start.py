@@ -9,15 +9,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from hub_harness import free_port
+from waiting import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -43,9 +44,7 @@ def lab_server(tmp_path: Path, path_first: Path | None = None):
     """A JupyterLab server started as pdl-singleuser starts a user's server (through
     pdl_server.jupyter_process, PDL's Jupyter config from this prefix), on a free 127.0.0.1 port with the token ``t0ken``, ``path_first`` (a
     folder) first on its PATH; yields (its base URL, its log file) once it answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "JPY"))}
     env.update(HOME=str(tmp_path), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
@@ -57,15 +56,16 @@ def lab_server(tmp_path: Path, path_first: Path | None = None):
                                    "--ip=127.0.0.1", "--IdentityProvider.token=t0ken", "--allow-root",
                                    f"--ServerApp.root_dir={tmp_path}"], env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token=t0ken", timeout=2).read()
+            return True
+        except (urllib.error.URLError, OSError):
+            assert server.poll() is None, log.read_text()[-2000:]
+            return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token=t0ken", timeout=2).read()
-                break
-            except (urllib.error.URLError, OSError):
-                assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-                time.sleep(0.2)
+        wait_until(answers, 60, what=lambda: f"the Lab server to answer: {log.read_text()[-2000:]}")
         yield url, log
     finally:
         server.terminate()
