@@ -94,7 +94,12 @@ def test_request_that_cannot_be_met_fails_fast_and_reserves_nothing(clean):
     hub = clean
     assert hub.spawn("alice", 5).status_code in (201, 202)
     hub.wait_ready("alice")
-    before = engine_processes(hub.root)
+    # her server answers before all her engines run: count them once all five do
+    def all_five():
+        found = engine_processes(hub.root)
+        return found if len(found) == 5 else None
+
+    before = wait_until(all_five, 60, what="alice's five engines")
     started = time.monotonic()
     r = hub.spawn("bob", 2)
     assert time.monotonic() - started < 5
