@@ -17,6 +17,7 @@ Rank order is (host, slot index, engine id), see :func:`~pdl_server.world.rank_o
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -46,6 +47,11 @@ NOTICE_LOOK_S = 5.0
 LEASE_WAIT_S = 120.0
 #: Seconds the server may take to record a release it is due to make (its supervision period, twice).
 RELEASE_SEEN_S = 4.0
+#: The least level of the kernel's own Cluster log that reaches the notebook. In a kernel,
+#: ipyparallel logs to the cell's output, and an engine set that stops (an idle release,
+#: a replaced engine) logs the engines' last 100 lines of output there, tracebacks of
+#: their shutdown included; PDL says what happened in one line of its own instead.
+KERNEL_CLUSTER_LOG_LEVEL = logging.ERROR
 
 
 @contextlib.contextmanager
@@ -114,9 +120,9 @@ class Engines:
         """The client, connecting (and starting a local controller) on first use."""
         if self._client is None:
             if self.is_hub:
-                self._cluster = ipp.Cluster.from_file(self.cluster_file)
+                self._cluster = ipp.Cluster.from_file(self.cluster_file, log_level=KERNEL_CLUSTER_LOG_LEVEL)
             else:
-                self._cluster = clusters.new_cluster(cluster_id=self._name)
+                self._cluster = clusters.new_cluster(cluster_id=self._name, log_level=KERNEL_CLUSTER_LOG_LEVEL)
                 warm_engines.warm_up(self._cluster)
                 clusters.start_controller(self._cluster)
             with quiet_empty_location_lookup():

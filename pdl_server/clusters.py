@@ -24,6 +24,7 @@ from a thread that ends (a worker thread, a kernel subshell) would die with it.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import ipyparallel as ipp
@@ -37,9 +38,10 @@ from pdl_server.warm_engines import WarmEngineSetLauncher
 
 
 def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_atexit=True,
-                controller_ip: str = "127.0.0.1"):
+                controller_ip: str = "127.0.0.1", log_level: int = logging.WARNING):
     """An ipyparallel Cluster whose processes run through pdl.runtime.boot, its
-    controller listening on ``controller_ip`` (engines on other nodes: their route here)."""
+    controller listening on ``controller_ip`` (engines on other nodes: their route here),
+    logging from ``log_level`` up (:mod:`logging`'s levels)."""
     kwargs = {"profile_dir": profile_dir} if profile_dir else {}
     cluster = ipp.Cluster(
         cluster_id=cluster_id,
@@ -48,7 +50,7 @@ def new_cluster(*, cluster_id: str, profile_dir: str | None = None, shutdown_ate
         shutdown_atexit=shutdown_atexit,
         engine_timeout=ENGINE_TIMEOUT_S,
         engine_launcher_class=WarmEngineSetLauncher,
-        log_level=30,
+        log_level=log_level,
         **kwargs,
     )
     # ipyparallel writes a profile into profile_dir; make sure its parent exists.

@@ -724,6 +724,9 @@ class Kernel:
         self.id = kernel_id
         self.session = uuid.uuid4().hex
         self.ws = None
+        #: What the kernel printed while :meth:`execute` waited, for an earlier request
+        #: (in a notebook, the output of a cell that ran before): e.g. a log line of its own.
+        self.stray_output = ""
         self._connect()
 
     #: Seconds the websocket may go unread before :meth:`send` opens a new one: the server
@@ -780,6 +783,8 @@ class Kernel:
             finally:
                 self._read_at = time.monotonic()
             if msg.get("parent_header", {}).get("msg_id") != msg_id or msg["channel"] != "iopub":
+                if msg["channel"] == "iopub" and msg["msg_type"] == "stream":
+                    self.stray_output += msg["content"]["text"]
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":

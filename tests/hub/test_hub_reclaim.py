@@ -58,6 +58,8 @@ def test_idle_engines_release_their_slots_to_a_waiting_user_and_come_back(hub):
         assert (f"UsageError: your engines were stopped (engines idle for {IDLE_S} s) and cannot come back now: "
                 "Not enough free workers: you asked for 2, 0 of 2 are free") in out["stderr"], out
         assert "sum" not in out["stdout"]
+        # ...and the engines' stop showed nothing else: no log of theirs reached her notebook
+        assert "Traceback" not in kernel.stray_output and "IPEngine" not in kernel.stray_output, kernel.stray_output
 
         # bob stops: alice's next cell brings engines back and runs, with her kernel's state
         hub.api("DELETE", "/users/bob/server")
