@@ -3,7 +3,8 @@ local and Slurm kinds' server part), and the bounds the hub puts around them (as
 
 - :mod:`pdl_spawner.host.server`: the server as a local process tree
   (:class:`~pdl_spawner.host.server.HostServer`); :mod:`pdl_spawner.host.workers`: what
-  its kinds' sources of workers share.
+  its kinds' sources of workers share; :mod:`pdl_spawner.host.listening`: when a
+  started server first accepts connections, so the hub sees it at once.
 - :mod:`pdl_spawner.host.device_cgroup`: per-server GPU device isolation and process
   tracking; :mod:`pdl_spawner.host.port_filter`: which ports of the hub's range a
   server may bind (its own); :mod:`pdl_spawner.host.bpf`: eBPF programs on cgroups,

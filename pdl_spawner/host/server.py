@@ -30,7 +30,9 @@ from is its :class:`~pdl_spawner.host.workers.HostWorkers` (``self.workers``).
   of the hub was given (the server's, then its ipyparallel controller's: told in the
   server contract, so the controller never picks a port that another user's
   controller may take before it binds), the bind filter, the process, and the engine
-  lease's watch. A failure releases what was claimed.
+  lease's watch; ``start`` returns once the server listens on its port
+  (:mod:`~pdl_spawner.host.listening`), so the hub's first check finds it. A failure
+  releases what was claimed.
 - **Stop.** The process tree, then whatever is left in the server's cgroup, then the
   workers (the source's ``release``). ``clear_state`` (the server found gone) frees the
   workers by owner on the database thread (the source's ``release_blocking``).
@@ -56,8 +58,8 @@ from traitlets.config import LoggingConfigurable
 from pdl.connection import CONTROLLER_PORTS
 from pdl.contract import ServerContract, cluster_dir_in
 from pdl_spawner.accounts import unix_accounts
-from pdl_spawner.host import (account_limits, cgroup_v2, cpu_limits, device_cgroup, port_filter, private_ipc,
-                              private_tmp)
+from pdl_spawner.host import (account_limits, cgroup_v2, cpu_limits, device_cgroup, listening, port_filter,
+                              private_ipc, private_tmp)
 from pdl_spawner.hub import metrics
 from pdl_spawner.hub.db_thread import submit
 
@@ -584,6 +586,8 @@ class HostServer(LoggingConfigurable):
             if self.system_users:
                 await asyncio.to_thread(self.place_servers)
             self.watch_lease()
+            # return once it listens: the hub's own backoff would see it seconds later
+            await listening.wait_until_listening(*url, timeout_s=self.http_timeout, ended=self.server_ended)
             return url
         except BaseException:
             await asyncio.shield(self.workers.release())
@@ -596,6 +600,10 @@ class HostServer(LoggingConfigurable):
         if self.system_users and not self._account_ready:
             await asyncio.to_thread(self.prepare_account)
             self._account_ready = True
+
+    def server_ended(self) -> bool:
+        """Whether the process :meth:`launch_server` started has exited."""
+        return self.proc is None or self.proc.poll() is not None
 
     async def launch_server(self):
         """Start the server's process (JupyterHub's LocalProcessSpawner.start, with this
