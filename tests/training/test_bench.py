@@ -86,6 +86,15 @@ def test_engine_start_bench_compares_warm_engines_with_ipyparallels_cold_ones(tm
     assert re.search(r"CPU-s per engine start \d+\.\dx", out), out
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the bench's hub gives its user a Unix account: needs root")
+def test_spawn_to_output_bench_drives_both_trees_through_a_browser(tmp_path):
+    out = run_bench(tmp_path, "spawn_to_output.py", "--rounds", "1", timeout=540)
+    rows = TABLE_ROW.findall(out)
+    assert any(r.startswith("| this tree |") for r in rows) and any(r.startswith("| peer 109cffc |") for r in rows), out
+    assert re.search(r"^peer / this tree: spawn → Lab \d+\.\d\dx, .* idle return \d+\.\d\dx$", out, re.M), out
+
+
 @pytest.mark.timeout(400)
 def test_scaling_bench_runs_the_same_script_on_pdl_and_torchrun(tmp_path):
     out = run_bench(tmp_path, "scaling.py", "--max-n", "2", "--batch", "8", "--width", "4", "--steps", "2",
