@@ -11,10 +11,12 @@ asks for 2 workers on the spawn page and runs ``%%distributed -n 2`` cells whose
 prints both ranks' pids (a cell's output is rank 0's). Measured, in seconds, with the bench's own clock:
 
 - **spawn → Lab**: from the spawn form's submit to JupyterLab's launcher on the page;
-- **open notebook**: from going to the notebook's address to its kernel's "Idle";
+- **open notebook**: from a double-click on the notebook in the Lab's file browser to
+  its kernel's "Idle";
 - **first cell**: from Run All to the line of the first ``%%distributed -n 2`` cell
   (the engines were started at the spawn);
-- **spawn → first output**: the three above and the notebook's upload together;
+- **spawn → first output**: the three above together (not the bench's own steps
+  between them: putting the notebook in the user's home, refreshing the file browser);
 - **replaced**: rank 1's engine killed (SIGKILL), from running the next cell to its
   line with rank 1's new pid;
 - **idle return**: once the hub has reclaimed the idle engines
@@ -117,9 +119,14 @@ def drive(hub, page, tree: Path, requests) -> dict:
                        headers={"Authorization": f"token {hub.user_token(USER)}"},
                        json={"type": "notebook", "content": notebook()})
     put.raise_for_status()
+    # as the user would open it: in the Lab that is open, from its file browser (the
+    # bench's upload and the browser's refresh are not the user's time)
+    page.click('.jp-FileBrowser [data-command="filebrowser:refresh"]', timeout=10_000)
+    item = page.locator(".jp-DirListing-item", has_text="bench.ipynb")
+    item.wait_for(timeout=30_000)
     opened = time.monotonic()
-    # ?reset: no restored workspace dialogs; wait for Idle before running (jupyterlab#15420)
-    page.goto(f"{hub.user_url(USER)}/lab/tree/bench.ipynb?reset")
+    item.dblclick()
+    # wait for Idle before running (jupyterlab#15420)
     page.wait_for_selector("#jp-main-statusbar >> text=Idle", timeout=90_000)
     seconds["open_notebook"] = time.monotonic() - opened
 
@@ -128,7 +135,7 @@ def drive(hub, page, tree: Path, requests) -> dict:
     page.click("text=Run All Cells", timeout=10_000)
     wait_for_line(page, 1, hub)
     seconds["first_cell"] = time.monotonic() - ran
-    seconds["spawn_to_output"] = time.monotonic() - started
+    seconds["spawn_to_output"] = seconds["spawn_to_lab"] + seconds["open_notebook"] + seconds["first_cell"]
     for index in range(2, len(TAGS) + 1):  # Run All ran every cell: let them all finish
         wait_for_line(page, index, hub)
     line = ranks_line(output(page, 1))

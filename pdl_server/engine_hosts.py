@@ -65,6 +65,12 @@ class EngineHost:
         for good and cannot be restarted (a Slurm job that ended), else None."""
         return None
 
+    def dead_slots(self) -> list[str]:
+        """The slots whose engine process is not running, for :meth:`tend` to restart
+        (cheap: the supervisor asks a few times a second); none by default, where the
+        host restarts nothing."""
+        return []
+
     def release(self, reason: str) -> Release:
         """Stop the engines (or leave that to the hub) and say what is given back."""
         raise NotImplementedError

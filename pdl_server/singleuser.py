@@ -45,8 +45,25 @@ from pdl_server.engine_hosts import EngineHost, host_for, log
 from pdl_server.lease_client import LeaseClient, server_address
 from pdl_server.session_clock import session_end
 
-#: Seconds between checks that every slot's engine is alive.
+#: Seconds between two rounds of the supervisor: restarts, idle releases, the session's
+#: end, the hub's GPU flag.
 SUPERVISE_PERIOD_S = 2.0
+#: Seconds between two looks at the engines' processes within a round: an engine that
+#: dies starts the next round at once, so its replacement is not a round late.
+DEATH_CHECK_S = 0.25
+
+
+def wait_for_round(host: EngineHost, stop: threading.Event) -> bool:
+    """Wait :data:`SUPERVISE_PERIOD_S`, or less: until an engine of ``host`` that was
+    alive when the wait began dies. True once ``stop`` is set (then at once)."""
+    dead_before = set(host.dead_slots())
+    deadline = time.monotonic() + SUPERVISE_PERIOD_S
+    while True:
+        left = deadline - time.monotonic()
+        if stop.wait(max(0.0, min(DEATH_CHECK_S, left))):
+            return True
+        if left <= DEATH_CHECK_S or not set(host.dead_slots()) <= dead_before:
+            return False
 
 
 class IdleTracker:
@@ -114,7 +131,9 @@ class IdleTracker:
 def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | None = None,
               idle_timeout_s: float = 0.0, lease: LeaseClient | None = None,
               files: LeaseFiles | None = None) -> None:
-    """Keep ``host``'s engines running until ``stop`` is set.
+    """Keep ``host``'s engines running until ``stop`` is set: an engine that dies is
+    restarted within :data:`DEATH_CHECK_S` of its death; the rest is looked at every
+    :data:`SUPERVISE_PERIOD_S`.
 
     With a ``lease`` (the client of the lease's owner, in the user's Jupyter server) and
     its ``files`` (read only: the session's end, the hub's GPU flag): once no engine has
@@ -154,7 +173,7 @@ def supervise(host: EngineHost, stop: threading.Event, tracker: IdleTracker | No
                     tracker.reset()
                 released = False
             continue
-        if stop.wait(SUPERVISE_PERIOD_S):
+        if wait_for_round(host, stop):
             return
         if tracker is not None and lease is not None and tracker.idle_s() >= idle_timeout_s \
                 and release(f"engines idle for {idle_timeout_s:g} s", idle_timeout_s):

@@ -14,7 +14,7 @@ import pytest
 
 from pdl.contract import ServerContract
 from pdl.lease import FILES, Grant, Release, Want, encode
-from pdl_server import clusters, engine_hosts
+from pdl_server import clusters, engine_hosts, singleuser
 from pdl_server.singleuser import IdleTracker, supervise
 from pdl_spawner.local.engine_host import LocalSlots
 from lease_server import lease_server
@@ -162,6 +162,27 @@ def test_a_killed_engine_is_restarted_on_its_slot(cluster, supervised):
     os.kill(killed, signal.SIGKILL)
     wait_until(lambda: running(cluster, "cpu:0") and engine_pid(cluster, "cpu:0") != killed, 60,
                what="the killed engine to be restarted on its slot")
+
+
+@pytest.mark.integration
+def test_a_killed_engines_replacement_starts_at_once_not_at_the_supervisors_next_round(
+        cluster, supervised, monkeypatch):
+    monkeypatch.setattr(singleuser, "SUPERVISE_PERIOD_S", 120.0)  # a round later would be minutes
+    looked = threading.Event()
+
+    class Slots(LocalSlots):
+        def dead_slots(self):  # LocalSlots's own, telling the test when the supervisor first looked
+            dead = super().dead_slots()
+            looked.set()
+            return dead
+
+    supervised(Slots(cluster, ["cpu:0", "cpu:1"]))
+    assert looked.wait(30), "the supervisor never looked at its engines"
+    killed = engine_pid(cluster, "cpu:1")
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: running(cluster, "cpu:1") and engine_pid(cluster, "cpu:1") != killed, 30,
+               what="the killed engine's replacement, within the supervisor's round")
+    assert running(cluster, "cpu:0")
 
 
 @pytest.mark.integration
