@@ -79,7 +79,8 @@ def test_notebook_trains_on_three_engines_and_recovers_from_failures(clean):
     hub = clean
     assert hub.spawn("alice", 3).status_code in (201, 202)
     hub.wait_ready("alice")
-    engines = engine_processes(hub.root)
+    # her server answers before her engines run (the spawn returns once it listens)
+    engines = wait_until(lambda: e if len(e := engine_processes(hub.root)) == 3 else None, 60, what="3 engines")
     assert sorted(e["PDL_SLOT"] for e in engines.values()) == ["cpu:0", "cpu:1", "cpu:2"]
 
     check_notebook(hub, "alice")

@@ -88,7 +88,9 @@ def test_a_session_ends_with_a_release_the_next_cell_explains_and_a_forged_lease
     for user in ("alice", "bob"):
         hub.wait_ready(user)
     bobs_slot = slot_of(hub, "bob")
-    bobs_engines = [pid for pid, role in hub.processes_of("bob").items() if role == "engine"]
+    # his server answers before his engine runs (the spawn returns once it listens)
+    bobs_engines = wait_until(lambda: [pid for pid, role in hub.processes_of("bob").items() if role == "engine"],
+                              60, what="bob's engine")
     assert len(bobs_engines) == 1, hub.processes_of("bob")
     forge_a_lease_that_never_ends(hub, "bob")
 
